@@ -1,0 +1,394 @@
+"""Process model, timing and JSON report shared by the benchmark drivers.
+
+Every producer and every consumer runs in its own OS process. The parent:
+
+1. runs the driver's ``prepare`` step (e.g. delete and re-declare the queue),
+2. starts the consumers, then the producers, and waits until all have
+   connected and subscribed (each reports ``ready``),
+3. sets one shared start event; producers start publishing,
+4. waits until every worker has reported (bounded by ``--timeout``).
+
+Consumers publish their running receive counts in a shared array (one slot
+each, no lock); a consumer stops once the sum reaches ``--count``. Timing is
+CLOCK_MONOTONIC (``time.monotonic_ns``), which is system-wide on Linux, so
+the first send and last receive of different processes can be compared, and
+so can the 8-byte big-endian send stamp at the start of each message body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import math
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+import traceback
+from array import array
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from multiprocessing.sharedctypes import SynchronizedArray
+from multiprocessing.synchronize import Event
+from typing import Any
+
+STAMP_BYTES = 8
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Shared:
+    """Objects shared between the parent and all worker processes."""
+
+    start: Event
+    abort: Event
+    received: SynchronizedArray[ctypes.c_longlong]
+    results: mp.Queue[tuple[str, str, int, Any]]
+
+
+@dataclass
+class Worker:
+    """What one worker process knows about its role in the run."""
+
+    role: str  # "producer" or "consumer"
+    index: int
+    count: int  # messages to send (producer) or the run's total (consumer)
+    args: argparse.Namespace
+    shared: Shared
+
+    def ready(self) -> None:
+        """Tell the parent this worker is connected and set up."""
+        self.shared.results.put(("ready", self.role, self.index, None))
+
+    def wait_start(self) -> bool:
+        """Block until the parent starts the run; False if it aborted."""
+        deadline = time.monotonic() + READY_TIMEOUT_S + self.args.timeout
+        while time.monotonic() < deadline:
+            if self.shared.start.wait(0.05):
+                return True
+            if self.shared.abort.is_set():
+                return False
+        return False
+
+    def aborted(self) -> bool:
+        """True once the parent gave up on the run."""
+        return self.shared.abort.is_set()
+
+    def note_received(self, n: int) -> bool:
+        """Publish this consumer's count; True once all consumers got ``count``."""
+        received = self.shared.received
+        received[self.index] = n
+        return sum(received) >= self.count
+
+
+@dataclass
+class ProducerStats:
+    """What a producer reports back."""
+
+    sent: int = 0
+    confirmed: int = 0
+    first_send_ns: int = 0
+    last_confirm_ns: int = 0
+    cpu_s: float = 0.0
+    server: str = ""
+    error: str = ""
+
+
+@dataclass
+class ConsumerStats:
+    """What a consumer reports back; latencies are nanoseconds."""
+
+    received: int = 0
+    first_recv_ns: int = 0
+    last_recv_ns: int = 0
+    cpu_s: float = 0.0
+    server: str = ""
+    error: str = ""
+    latencies: array[int] = field(default_factory=lambda: array("q"))
+
+
+def add_common_args(parser: argparse.ArgumentParser, default_port: int) -> None:
+    """Add the options every driver accepts."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=default_port)
+    parser.add_argument("--producers", type=int, default=1)
+    parser.add_argument("--consumers", type=int, default=1)
+    parser.add_argument("--count", type=int, default=100_000, help="messages in total")
+    parser.add_argument("--size", type=int, default=1024, help="body bytes (>= 8)")
+    parser.add_argument("--window", type=int, default=256, help="unconfirmed per producer")
+    parser.add_argument("--prefetch", type=int, default=256, help="unacked per consumer")
+    parser.add_argument("--queue", default="tandem-bench")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the run")
+    parser.add_argument("--broker", default="", help="broker name for the report")
+    parser.add_argument(
+        "--broker-pid", type=int, default=0, help="broker PID whose CPU use to report"
+    )
+    parser.add_argument(
+        "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="event loop"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Reject option values the drivers cannot honour."""
+    if args.size < STAMP_BYTES:
+        raise SystemExit("--size must be at least 8 (the send stamp)")
+    for name in ("producers", "consumers", "count", "window", "prefetch"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be at least 1")
+    if args.count < args.producers:
+        raise SystemExit("--count must be at least --producers")
+
+
+def run_loop(args: argparse.Namespace, main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on the chosen event loop implementation."""
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
+
+
+def make_body_filler(size: int) -> bytes:
+    """Return the constant part of a body: everything after the stamp."""
+    return bytes(i % 251 for i in range(size - STAMP_BYTES))
+
+
+def _worker_entry(
+    fn: Callable[[Worker], ProducerStats | ConsumerStats], worker: Worker
+) -> None:
+    """Run one worker and send its stats (or its failure) to the parent."""
+    try:
+        stats = fn(worker)
+    except BaseException as exc:  # noqa: BLE001 - report any failure
+        stats = (
+            ProducerStats() if worker.role == "producer" else ConsumerStats()
+        )
+        stats.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    worker.shared.results.put(("done", worker.role, worker.index, stats))
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user+system) used so far by process ``pid``."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
+def percentile(sorted_values: array[int], q: float) -> float:
+    """Nearest-rank percentile of pre-sorted values (0 if empty)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return float(sorted_values[rank - 1])
+
+
+def run_benchmark(
+    args: argparse.Namespace,
+    client: str,
+    producer: Callable[[Worker], ProducerStats],
+    consumer: Callable[[Worker], ConsumerStats],
+    prepare: Callable[[argparse.Namespace], None] | None = None,
+) -> dict[str, Any]:
+    """Run one benchmark and return the report; raise SystemExit on failure."""
+    check_args(args)
+    if prepare is not None:
+        prepare(args)
+    ctx = mp.get_context("fork")
+    shared = Shared(
+        start=ctx.Event(),
+        abort=ctx.Event(),
+        received=ctx.Array(ctypes.c_longlong, args.consumers, lock=False),
+        results=ctx.Queue(),
+    )
+    base, extra = divmod(args.count, args.producers)
+    workers = [
+        Worker("consumer", i, args.count, args, shared) for i in range(args.consumers)
+    ] + [
+        Worker("producer", i, base + (1 if i < extra else 0), args, shared)
+        for i in range(args.producers)
+    ]
+    procs = [
+        ctx.Process(
+            target=_worker_entry,
+            args=(producer if w.role == "producer" else consumer, w),
+            name=f"{client}-{w.role}-{w.index}",
+            daemon=True,
+        )
+        for w in workers
+    ]
+    for proc in procs:
+        proc.start()
+    stats: dict[tuple[str, int], ProducerStats | ConsumerStats] = {}
+    try:
+        _wait_ready(shared, procs, stats)
+        broker_cpu0 = _proc_cpu_s(args.broker_pid) if args.broker_pid else math.nan
+        wall0 = time.monotonic()
+        shared.start.set()
+        deadline = wall0 + args.timeout
+        while len(stats) < len(procs):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                kind, role, index, payload = shared.results.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    break
+                continue
+            if kind == "done":
+                stats[(role, index)] = payload
+                if payload.error:
+                    break
+        wall = time.monotonic() - wall0
+        broker_cpu = _proc_cpu_s(args.broker_pid) - broker_cpu0 if args.broker_pid else math.nan
+    finally:
+        shared.abort.set()
+        _collect_stragglers(shared, procs, stats)
+    return _report(args, client, stats, wall, broker_cpu)
+
+
+def _wait_ready(
+    shared: Shared,
+    procs: list[Any],
+    stats: dict[tuple[str, int], ProducerStats | ConsumerStats],
+) -> None:
+    """Wait until every worker is connected; fail fast on a worker error."""
+    ready = 0
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while ready < len(procs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SystemExit(f"error: only {ready} of {len(procs)} workers got ready")
+        try:
+            kind, role, index, payload = shared.results.get(timeout=min(left, 0.5))
+        except queue.Empty:
+            continue
+        if kind == "ready":
+            ready += 1
+        elif kind == "done":
+            stats[(role, index)] = payload
+            if payload.error:
+                raise SystemExit(f"error: {role} {index} failed: {payload.error}")
+
+
+def _collect_stragglers(
+    shared: Shared,
+    procs: list[Any],
+    stats: dict[tuple[str, int], ProducerStats | ConsumerStats],
+) -> None:
+    """Give aborted workers a moment to report, then kill what is left."""
+    deadline = time.monotonic() + 10
+    while len(stats) < len(procs) and time.monotonic() < deadline:
+        try:
+            kind, role, index, payload = shared.results.get(timeout=0.2)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        if kind == "done":
+            stats[(role, index)] = payload
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+def _report(
+    args: argparse.Namespace,
+    client: str,
+    stats: dict[tuple[str, int], ProducerStats | ConsumerStats],
+    wall: float,
+    broker_cpu: float,
+) -> dict[str, Any]:
+    """Check completeness and build the JSON report."""
+    prods = [s for (r, _), s in sorted(stats.items()) if r == "producer"]
+    cons = [s for (r, _), s in sorted(stats.items()) if r == "consumer"]
+    assert all(isinstance(s, ProducerStats) for s in prods)
+    assert all(isinstance(s, ConsumerStats) for s in cons)
+    errors = [s.error for s in [*prods, *cons] if s.error]
+    received = sum(s.received for s in cons)  # type: ignore[union-attr]
+    confirmed = sum(s.confirmed for s in prods)  # type: ignore[union-attr]
+    problems = []
+    if errors:
+        problems.append("worker error: " + errors[0])
+    if len(prods) < args.producers or len(cons) < args.consumers:
+        problems.append(
+            f"only {len(prods)}/{args.producers} producers and "
+            f"{len(cons)}/{args.consumers} consumers reported"
+        )
+    if received != args.count or confirmed != args.count:
+        problems.append(
+            f"after {wall:.1f}s (timeout {args.timeout:.0f}s): received {received} "
+            f"and confirmed {confirmed} of {args.count} messages"
+        )
+    if problems:
+        raise SystemExit("error: " + "; ".join(problems))
+    first = min(s.first_send_ns for s in prods)  # type: ignore[union-attr]
+    last = max(s.last_recv_ns for s in cons)  # type: ignore[union-attr]
+    duration = (last - first) / 1e9
+    lat = array("q")
+    for s in cons:
+        lat.extend(s.latencies)  # type: ignore[union-attr]
+    lat = array("q", sorted(lat))
+    servers = [s.server for s in [*prods, *cons] if s.server]
+    return {
+        "broker": args.broker or (servers[0] if servers else "unknown"),
+        "client": client,
+        "producers": args.producers,
+        "consumers": args.consumers,
+        "size": args.size,
+        "count": args.count,
+        "window": args.window,
+        "prefetch": args.prefetch,
+        "msgs_per_s": round(args.count / duration, 1),
+        "latency_ms": {
+            "p50": round(percentile(lat, 0.50) / 1e6, 3),
+            "p99": round(percentile(lat, 0.99) / 1e6, 3),
+            "p999": round(percentile(lat, 0.999) / 1e6, 3),
+            "max": round(float(lat[-1]) / 1e6, 3),
+        },
+        "duration_s": round(duration, 4),
+        "cpu_pct": {
+            "producers": [round(100 * s.cpu_s / duration, 1) for s in prods],
+            "consumers": [round(100 * s.cpu_s / duration, 1) for s in cons],
+            "broker": None if math.isnan(broker_cpu) else round(100 * broker_cpu / wall, 1),
+        },
+        "loop": args.loop,
+    }
+
+
+def print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Print the report as JSON (``--json``) or as one readable line."""
+    if args.json:
+        print(json.dumps(report), flush=True)
+        return
+    lat = report["latency_ms"]
+    print(
+        f"{report['broker']} {report['client']} {report['producers']}+"
+        f"{report['consumers']}: {report['msgs_per_s']:.0f} msg/s, "
+        f"p50 {lat['p50']} ms, p99 {lat['p99']} ms, p99.9 {lat['p999']} ms, "
+        f"{report['duration_s']} s, cpu% {report['cpu_pct']}",
+        flush=True,
+    )
+
+
+def main_guard(fn: Callable[[], None]) -> None:
+    """Run a driver's main, turning Ctrl-C into a clean non-zero exit."""
+    try:
+        fn()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()

@@ -1,0 +1,271 @@
+"""The blocking API: the asyncio client on a private event-loop thread.
+
+Each call hands a coroutine to that loop and waits for it; asynchronous sends
+use a semaphore for the window so the caller blocks only when it is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+from ..errors import CallTimeout, IllegalState, TandemError
+from .connection import AsyncConnection, FailureEvent
+from .message import Message, ReceivedMessage
+from .session import AsyncConsumer, AsyncProducer, AsyncSession, SendCallback
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="tandem-client", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise IllegalState("blocking call from the client's own thread (inside a listener?)")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise CallTimeout(f"no result within {timeout}s") from None
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(5)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class Connection:
+    """`tandem.connect(url, **options)`: a blocking connection."""
+
+    def __init__(self, lt: _LoopThread, aio: AsyncConnection) -> None:
+        self._lt = lt
+        self.aio = aio
+
+    @property
+    def server(self) -> str:
+        return self.aio.server
+
+    @property
+    def node_id(self) -> str:
+        return self.aio.node_id
+
+    def session(self, transacted: bool = False, ack_mode: str = "auto") -> Session:
+        return Session(self, self._lt.run(self.aio.create_session(transacted, ack_mode)))
+
+    def manage(self, op: str, **args: Any) -> Any:
+        return self._lt.run(self.aio.manage(op, **args))
+
+    def add_failure_listener(self, listener: Callable[[FailureEvent, TandemError | None], None]) -> None:
+        self.aio.add_failure_listener(listener)
+
+    @property
+    def closed(self) -> bool:
+        return self.aio.closed
+
+    def close(self) -> None:
+        try:
+            self._lt.run(self.aio.close(), timeout=10)
+        finally:
+            self._lt.stop()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Session:
+    def __init__(self, conn: Connection, aio: AsyncSession) -> None:
+        self.connection = conn
+        self.aio = aio
+        self._run = conn._lt.run
+
+    def create_producer(self, address: str | None = None, window: int | None = None) -> Producer:
+        prod = self.aio.create_producer(address, window)
+        return Producer(self, prod)
+
+    def create_consumer(self, queue: str, filter: str | None = None, window: int | None = None) -> Consumer:
+        return Consumer(self, self._run(self.aio.create_consumer(queue, filter, window)))
+
+    def create_browser(self, queue: str, filter: str | None = None, window: int | None = None) -> Consumer:
+        return Consumer(self, self._run(self.aio.create_browser(queue, filter, window)))
+
+    def subscribe(
+        self, address: str, subscription: str | None = None, durable: bool = False, filter: str | None = None
+    ) -> Consumer:
+        return Consumer(self, self._run(self.aio.subscribe(address, subscription, durable, filter)))
+
+    def create_queue(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        return self._run(self.aio.create_queue(name, **kwargs))
+
+    def delete_queue(self, name: str, force: bool = False) -> int:
+        return self._run(self.aio.delete_queue(name, force))
+
+    def close(self) -> None:
+        self._run(self.aio.close())
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Producer:
+    def __init__(self, session: Session, aio: AsyncProducer) -> None:
+        self.session = session
+        self.aio = aio
+        self._lt = session.connection._lt
+        self._window = threading.BoundedSemaphore(aio.window)
+
+    def send(self, body: Message | bytes | str, **fields: Any) -> None:
+        """Send and wait for the confirmation (durable: on disk)."""
+        self._lt.run(self.aio.send(body, **fields))
+
+    def send_async(self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any) -> None:
+        """Send without waiting for the confirmation; blocks only while the window is full.
+
+        `callback(error_or_None)` runs on the client thread when the broker answers.
+        """
+        self.session.aio._check()
+        timeout = self.aio.session.conn.options.call_timeout / 1000
+        if not self._window.acquire(timeout=timeout):
+            raise CallTimeout(f"send window stayed full for {timeout:.1f}s")
+        release = self._window.release
+
+        def done(exc: BaseException | None) -> None:
+            release()
+            if callback is not None:
+                callback(exc)
+
+        def go() -> None:
+            try:
+                self.aio.send_nowait(body, done, **fields)
+            except BaseException as exc:
+                done(exc)
+
+        self._lt.call_soon(go)
+
+    def flush(self) -> None:
+        """Wait until every send so far is confirmed."""
+
+        async def _flush() -> None:
+            await asyncio.sleep(0)
+            await self.aio.flush()
+
+        self._lt.run(_flush())
+
+
+class Consumer:
+    def __init__(self, session: Session, aio: AsyncConsumer) -> None:
+        self.session = session
+        self.aio = aio
+        self._run = session.connection._lt.run
+        self._lt = session.connection._lt
+
+    def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
+        """The next message, or None after `timeout` seconds."""
+        msg = self._run(self.aio.receive(timeout))
+        return _Blocking.wrap(msg, self._lt) if msg is not None else None
+
+    def __iter__(self) -> Iterator[ReceivedMessage]:
+        while True:
+            try:
+                msg = self.receive()
+            except IllegalState:
+                return
+            if msg is not None:
+                yield msg
+
+    def set_listener(self, listener: Callable[[ReceivedMessage], Any] | None) -> None:
+        """Messages are passed to `listener` on a dedicated thread, in order."""
+        if listener is None:
+            self._lt.call_soon(self.aio.set_listener, None)
+            return
+        worker = _ListenerThread(listener, self._lt)
+
+        def on_message(msg: ReceivedMessage) -> None:
+            worker.submit(_Blocking.wrap(msg, self._lt))
+
+        self._lt.call_soon(self.aio.set_listener, on_message)
+
+    def close(self) -> None:
+        self._run(self.aio.close())
+
+    @property
+    def queue(self) -> str:
+        return self.aio.queue
+
+
+class _Blocking(ReceivedMessage):
+    """A received message whose ack() blocks until the broker confirms it."""
+
+    _lt: _LoopThread
+
+    @classmethod
+    def wrap(cls, msg: ReceivedMessage, lt: _LoopThread) -> ReceivedMessage:
+        msg.__class__ = cls
+        msg._lt = lt  # type: ignore[attr-defined]
+        return msg
+
+    def ack(self) -> Any:
+        inner = ReceivedMessage.ack
+
+        async def _ack() -> None:
+            await inner(self)
+
+        return self._lt.run(_ack())
+
+
+class _ListenerThread:
+    def __init__(self, listener: Callable[[ReceivedMessage], Any], lt: _LoopThread) -> None:
+        import queue as _q
+
+        self.listener = listener
+        self.q: _q.SimpleQueue[ReceivedMessage] = _q.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="tandem-listener", daemon=True)
+        self.thread.start()
+
+    def submit(self, msg: ReceivedMessage) -> None:
+        self.q.put(msg)
+
+    def _run(self) -> None:
+        import logging
+
+        while True:
+            msg = self.q.get()
+            try:
+                self.listener(msg)
+            except Exception:
+                logging.getLogger("tandem.client").exception("message listener raised")
+
+
+def connect(url: str, **options: Any) -> Connection:
+    """Open a blocking connection: `tandem.connect("tcp://127.0.0.1:61616")`."""
+    lt = _LoopThread()
+    try:
+        timeout = None
+        aio = lt.run(AsyncConnection.connect(url, **options), timeout)
+    except BaseException:
+        lt.stop()
+        raise
+    return Connection(lt, aio)

@@ -1,0 +1,109 @@
+"""Messages as the application sees them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..core.message import DEFAULT_PRIORITY, PROPERTY_TYPES, MessageData, Properties, RoutingType
+from ..errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from .session import AsyncConsumer
+
+
+@dataclass
+class Message:
+    """An outgoing message. `ttl` (ms) sets `expiration` relative to the send time."""
+
+    body: bytes | str = b""
+    properties: Properties | None = None
+    durable: bool = True
+    priority: int = DEFAULT_PRIORITY
+    expiration: int = 0
+    ttl: int = 0
+    dedup_id: str | None = None
+    address: str | None = None
+    routing_type: str | None = None
+
+    def to_data(self, default_address: str | None) -> MessageData:
+        address = self.address or default_address
+        if not address:
+            raise InvalidArgument("a message needs an address (producer default or message.address)")
+        if self.properties:
+            for key, value in self.properties.items():
+                if not isinstance(key, str) or not isinstance(value, PROPERTY_TYPES):
+                    raise InvalidArgument(
+                        f"property {key!r}: values must be str, int, float, bool or bytes, got {type(value).__name__}"
+                    )
+        if not 0 <= self.priority <= 9:
+            raise InvalidArgument(f"priority must be 0-9, got {self.priority}")
+        body = self.body.encode() if isinstance(self.body, str) else bytes(self.body)
+        now = time.time_ns() // 1_000_000
+        expiration = self.expiration or (now + self.ttl if self.ttl > 0 else 0)
+        rt = RoutingType.parse(self.routing_type) if self.routing_type else RoutingType.ANY
+        return MessageData(
+            address,
+            self.durable,
+            self.priority,
+            expiration,
+            now,
+            self.dedup_id,
+            int(rt),
+            self.properties or None,
+            body,
+        )
+
+
+@dataclass(eq=False)
+class ReceivedMessage:
+    """A delivered message. `ack()` acknowledges it (cumulatively in `client` ack mode)."""
+
+    id: int
+    body: bytes
+    address: str
+    properties: dict[str, Any]
+    durable: bool
+    priority: int
+    timestamp: int
+    expiration: int
+    dedup_id: str | None
+    delivery_count: int
+    seq: int
+    size: int
+    _consumer: AsyncConsumer | None = field(default=None, repr=False)
+
+    @property
+    def redelivered(self) -> bool:
+        return self.delivery_count > 1
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+    def ack(self) -> Awaitable[None]:
+        """Acknowledge (asyncio API: await it to know the ack is durable)."""
+        if self._consumer is None:
+            from ..errors import IllegalState
+
+            raise IllegalState("this message was not delivered by a consumer (browsed messages need no ack)")
+        return self._consumer.ack_message(self)
+
+    @classmethod
+    def from_data(cls, d: MessageData, mid: int, delivery_count: int, seq: int, size: int) -> ReceivedMessage:
+        return cls(
+            mid,
+            d.body,
+            d.address,
+            d.properties or {},
+            d.durable,
+            d.priority,
+            d.timestamp,
+            d.expiration,
+            d.dedup_id,
+            delivery_count,
+            seq,
+            size,
+        )

@@ -1,0 +1,117 @@
+"""Connection URLs and options (Artemis's client knobs, in snake_case, with Artemis's defaults)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..config import DEFAULT_NATIVE_PORT, parse_host_port
+from ..errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """Every option can come from the URL query or from keyword arguments (keywords win).
+
+    Times are milliseconds, as in Artemis.
+    """
+
+    reconnect_attempts: int = 0
+    initial_connect_attempts: int = 1
+    retry_interval: int = 2000
+    retry_interval_multiplier: float = 1.0
+    max_retry_interval: int = 2000
+    client_failure_check_period: int = 30_000
+    connection_ttl: int = 60_000
+    call_timeout: int = 30_000
+    connect_timeout: int = 10_000
+    ha: bool = False
+    consumer_window_size: int = -2  # -2: the broker's default-consumer-window-size
+    producer_window_size: int = 1000  # unconfirmed sends in flight per producer
+    client_id: str | None = None
+    username: str | None = None
+    password: str | None = None
+    max_frame_size: int = 100 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.reconnect_attempts < -1 or self.initial_connect_attempts < -1:
+            raise InvalidArgument("`reconnect_attempts` and `initial_connect_attempts` must be >= -1")
+        for name in ("retry_interval", "max_retry_interval", "client_failure_check_period", "call_timeout"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"`{name}` must be > 0 (milliseconds)")
+        if self.retry_interval_multiplier < 1.0:
+            raise InvalidArgument("`retry_interval_multiplier` must be >= 1.0")
+        if self.producer_window_size < 1:
+            raise InvalidArgument("`producer_window_size` must be >= 1")
+        if self.consumer_window_size < -2:
+            raise InvalidArgument("`consumer_window_size` must be -1 (unbounded), 0 (pull) or a byte count")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ConnectOptions)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    ftype = _FIELDS[name].type
+    if not isinstance(value, str):
+        return value
+    try:
+        if ftype == "bool":
+            low = value.lower()
+            if low in ("true", "1", "yes", "on"):
+                return True
+            if low in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(value)
+        if ftype == "int":
+            return int(value)
+        if ftype == "float":
+            return float(value)
+    except ValueError:
+        raise InvalidArgument(f"option `{name}`: cannot read {value!r} as {ftype}") from None
+    return value
+
+
+def parse_url(url: str, **overrides: Any) -> tuple[list[tuple[str, int]], ConnectOptions]:
+    """`tcp://a:61616,tcp://b:61617?ha=true&reconnect_attempts=-1` → hosts and options."""
+    text = url.strip()
+    query = ""
+    if "?" in text:
+        text, query = text.split("?", 1)
+    hosts: list[tuple[str, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.startswith("tcp://"):
+            part = part[len("tcp://") :]
+        elif "://" in part:
+            raise InvalidArgument(f"unsupported URL scheme in {part!r} (use tcp://host:port)")
+        part = part.rstrip("/")
+        if ":" not in part:
+            part = f"{part}:{DEFAULT_NATIVE_PORT}"
+        try:
+            hosts.append(parse_host_port(part))
+        except ValueError as exc:
+            raise InvalidArgument(f"bad server address in URL: {exc}") from None
+    if not hosts:
+        raise InvalidArgument(f"no server address in URL {url!r}")
+    values: dict[str, Any] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in _FIELDS:
+            raise InvalidArgument(f"unknown connection option `{key}` in URL")
+        values[key] = _coerce(key, value)
+    for key, value in overrides.items():
+        if key not in _FIELDS:
+            raise InvalidArgument(f"unknown connection option `{key}`")
+        values[key] = _coerce(key, value)
+    # Departure from Artemis (docs/decisions/0002): several servers mean HA with endless retries.
+    if len(hosts) > 1:
+        values.setdefault("ha", True)
+        if values.get("ha"):
+            values.setdefault("reconnect_attempts", -1)
+    try:
+        return hosts, ConnectOptions(**values)
+    except TypeError as exc:
+        raise InvalidArgument(str(exc)) from None

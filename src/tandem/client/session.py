@@ -1,0 +1,438 @@
+"""Sessions, producers and consumers (asyncio API)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..core.message import MessageData
+from ..errors import ConnectionLost, IllegalState, InvalidArgument, TandemError
+from ..protocol import native as p
+from .message import Message, ReceivedMessage
+
+if TYPE_CHECKING:
+    from .connection import AsyncConnection, Channel
+
+ACK_MODES = ("auto", "client", "individual")
+_decode_data = msgspec.msgpack.Decoder(MessageData).decode
+
+Listener = Callable[[ReceivedMessage], Any]
+SendCallback = Callable[[BaseException | None], None]
+
+
+def as_message(body: Message | bytes | str, **fields: Any) -> Message:
+    if isinstance(body, Message):
+        if fields:
+            raise InvalidArgument("pass either a Message or a body with keyword fields, not both")
+        return body
+    if not isinstance(body, (bytes, bytearray, memoryview, str)):
+        raise InvalidArgument(f"message body must be bytes or str, got {type(body).__name__}")
+    return Message(body if isinstance(body, str) else bytes(body), **fields)
+
+
+class AsyncSession:
+    def __init__(self, conn: AsyncConnection, channel: Channel, transacted: bool, ack_mode: str) -> None:
+        if ack_mode not in ACK_MODES:
+            raise InvalidArgument(f"ack_mode must be one of {', '.join(ACK_MODES)}, got {ack_mode!r}")
+        self.conn = conn
+        self.channel = channel
+        self.transacted = transacted
+        self.ack_mode = ack_mode
+        self.consumers: dict[int, AsyncConsumer] = {}
+        self.producers: list[AsyncProducer] = []
+        self._consumer_ids = itertools.count(1)
+        self.closed = False
+
+    # --------------------------------------------------------------- factories
+    def create_producer(self, address: str | None = None, window: int | None = None) -> AsyncProducer:
+        self._check()
+        prod = AsyncProducer(self, address, window or self.conn.options.producer_window_size)
+        self.producers.append(prod)
+        return prod
+
+    async def create_consumer(
+        self, queue: str, filter: str | None = None, window: int | None = None, browse_only: bool = False
+    ) -> AsyncConsumer:
+        self._check()
+        cid = next(self._consumer_ids)
+        w = self.conn.options.consumer_window_size if window is None else window
+        consumer = AsyncConsumer(self, cid, queue, browse_only)
+        self.consumers[cid] = consumer
+        ch = self.channel
+        try:
+            result = await self.conn.call(
+                ch, lambda cmd: p.CreateConsumer(ch.id, cmd, cid, queue, filter, w, browse_only)
+            )
+        except BaseException:
+            self.consumers.pop(cid, None)
+            raise
+        consumer.window = int(result["window"])
+        consumer.queue = result["queue"]
+        return consumer
+
+    async def create_browser(self, queue: str, filter: str | None = None, window: int | None = None) -> AsyncConsumer:
+        """A consumer that sees messages without removing them (no acks)."""
+        return await self.create_consumer(queue, filter, window, browse_only=True)
+
+    async def create_queue(
+        self,
+        name: str,
+        address: str | None = None,
+        routing_type: str = "anycast",
+        durable: bool = True,
+        filter: str | None = None,
+        temporary: bool = False,
+        exists_ok: bool = False,
+        max_consumers: int = -1,
+    ) -> dict[str, Any]:
+        return await self.conn.manage(  # type: ignore[no-any-return]
+            "queue.create",
+            name=name,
+            address=address,
+            routing_type=routing_type,
+            durable=durable,
+            filter=filter,
+            temporary=temporary,
+            exists_ok=exists_ok,
+            max_consumers=max_consumers,
+        )
+
+    async def delete_queue(self, name: str, force: bool = False) -> int:
+        res = await self.conn.manage("queue.delete", name=name, force=force)
+        return int(res["removed"])
+
+    async def subscribe(
+        self, address: str, subscription: str | None = None, durable: bool = False, filter: str | None = None
+    ) -> AsyncConsumer:
+        """Pub/sub: a multicast queue on `address` (temporary unless named and durable) and a consumer on it."""
+        if subscription is None:
+            if durable:
+                raise InvalidArgument("a durable subscription needs a name")
+            subscription = f"{address}.sub.{id(self):x}.{next(self._consumer_ids)}"
+        await self.create_queue(
+            subscription,
+            address,
+            "multicast",
+            durable=durable,
+            filter=filter,
+            temporary=not durable,
+            exists_ok=durable,
+        )
+        return await self.create_consumer(subscription)
+
+    # ------------------------------------------------------------ lifecycle
+    def _check(self) -> None:
+        if self.closed:
+            raise IllegalState("session is closed")
+        self.conn.check_open()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        for c in list(self.consumers.values()):
+            c._emit_pending()
+        for prod in self.producers:
+            try:
+                await prod.flush()
+            except TandemError:
+                pass
+        self.closed = True
+        ch = self.channel
+        try:
+            if not self.conn.closed:
+                await self.conn.call(ch, lambda cmd: p.CloseSession(ch.id, cmd))
+        finally:
+            for c in self.consumers.values():
+                c._mark_closed(None)
+            self.consumers.clear()
+            self.conn.channels.pop(ch.id, None)
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------ from connection
+    def _deliver(self, pkt: p.Deliver) -> None:
+        c = self.consumers.get(pkt.consumer_id)
+        if c is not None:
+            c._on_deliver(pkt)
+
+    def _consumer_closed(self, cid: int, err: TandemError) -> None:
+        c = self.consumers.pop(cid, None)
+        if c is not None:
+            c._mark_closed(err)
+
+    def _connection_failed(self, err: TandemError) -> None:
+        for c in self.consumers.values():
+            c._mark_closed(err)
+        for prod in self.producers:
+            prod._wake_all()
+
+
+class AsyncProducer:
+    """Sends to one address (or to each message's own). Durable sends are confirmed after fsync."""
+
+    def __init__(self, session: AsyncSession, address: str | None, window: int) -> None:
+        self.session = session
+        self.address = address
+        self.window = window
+        self.in_flight = 0
+        self._room: asyncio.Future[None] | None = None
+        self._idle: asyncio.Future[None] | None = None
+
+    def _encode_send(self, msg: Message) -> tuple[p.SendData, MessageData]:
+        ch = self.session.channel
+        data = msg.to_data(self.address)
+        return p.SendData(ch.id, ch.cmd(), data), data
+
+    def send_nowait(
+        self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
+    ) -> asyncio.Future[None] | None:
+        """Send without waiting (ignores the window). Returns a future unless a callback is given."""
+        self.session._check()
+        msg = as_message(body, **fields)
+        conn = self.session.conn
+        pkt, _data = self._encode_send(msg)
+        self.in_flight += 1
+        fut: asyncio.Future[None] | None = None
+        if callback is None:
+            fut = conn.loop.create_future()
+            fut.add_done_callback(self._done_future)
+            conn.pipeline(self.session.channel, pkt, fut)
+        else:
+            conn.pipeline(self.session.channel, pkt, self._wrap(callback))
+        return fut
+
+    def _wrap(self, callback: SendCallback) -> SendCallback:
+        def done(exc: BaseException | None) -> None:
+            self._done()
+            callback(exc)
+
+        return done
+
+    def _done_future(self, fut: asyncio.Future[None]) -> None:
+        self._done()
+
+    def _done(self) -> None:
+        self.in_flight -= 1
+        room = self._room
+        if room is not None and self.in_flight < self.window and not room.done():
+            room.set_result(None)
+        idle = self._idle
+        if idle is not None and self.in_flight == 0 and not idle.done():
+            idle.set_result(None)
+
+    def _wake_all(self) -> None:
+        for fut in (self._room, self._idle):
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    async def send_async(
+        self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
+    ) -> asyncio.Future[None] | None:
+        """Wait for room in the window, then send; the confirmation arrives later."""
+        while self.in_flight >= self.window:
+            self.session._check()
+            self._room = self.session.conn.loop.create_future()
+            await self._room
+            self._room = None
+        await self.session.conn.drain()
+        return self.send_nowait(body, callback, **fields)
+
+    async def send(self, body: Message | bytes | str, **fields: Any) -> None:
+        """Send and wait for the broker's confirmation (durable: after fsync)."""
+        fut = await self.send_async(body, **fields)
+        assert fut is not None
+        timeout = self.session.conn.options.call_timeout / 1000
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            from ..errors import CallTimeout
+
+            raise CallTimeout(f"send not confirmed within {timeout:.1f}s (call_timeout)") from None
+
+    async def flush(self) -> None:
+        """Wait until every send so far is confirmed (or failed)."""
+        while self.in_flight > 0:
+            self.session.conn.check_open()
+            self._idle = self.session.conn.loop.create_future()
+            await self._idle
+            self._idle = None
+
+
+class AsyncConsumer:
+    """Receives from one queue with credit-based flow control."""
+
+    def __init__(self, session: AsyncSession, cid: int, queue: str, browse_only: bool) -> None:
+        self.session = session
+        self.id = cid
+        self.queue = queue
+        self.browse_only = browse_only
+        self.window = -1
+        self.buffer: deque[ReceivedMessage] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._consumed = 0
+        self._pull_pending = False
+        self._listener: Listener | None = None
+        self._listener_task: asyncio.Task[None] | None = None
+        self.closed = False
+        self.error: TandemError | None = None
+
+    # ------------------------------------------------------------ inbound
+    def _on_deliver(self, pkt: p.Deliver) -> None:
+        raw = pkt.message
+        size = len(raw)
+        msg = ReceivedMessage.from_data(_decode_data(raw), pkt.message_id, pkt.delivery_count, pkt.seq, size)
+        if not self.browse_only:
+            msg._consumer = self
+        self._pull_pending = False
+        self.buffer.append(msg)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _mark_closed(self, err: TandemError | None) -> None:
+        self.closed = True
+        self.error = err
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -------------------------------------------------- handing to the app
+    def _handed(self, msg: ReceivedMessage) -> ReceivedMessage:
+        """Account for a message the application now has: credits back, auto-ack."""
+        conn = self.session.conn
+        w = self.window
+        if w > 0:
+            self._consumed += msg.size
+            if self._consumed >= w // 2 or self._consumed >= w:
+                conn.send_packet(p.Flow(self.session.channel.id, self.id, self._consumed))
+                self._consumed = 0
+        if self.session.ack_mode == "auto" and not self.browse_only:
+            conn.schedule_ack(self, msg.id)
+        return msg
+
+    def _request_one(self) -> None:
+        if self.window == 0 and not self._pull_pending and not self.buffer and not self.closed:
+            self._pull_pending = True
+            self.session.conn.send_packet(p.Flow(self.session.channel.id, self.id, 1))
+
+    def receive_nowait(self) -> ReceivedMessage | None:
+        if self.buffer:
+            return self._handed(self.buffer.popleft())
+        self._raise_if_closed()
+        self._request_one()
+        return None
+
+    async def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
+        """The next message, or None after `timeout` seconds (None: wait for ever)."""
+        loop = self.session.conn.loop
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self.buffer:
+            self._raise_if_closed()
+            self._request_one()
+            self._waiter = loop.create_future()
+            try:
+                if deadline is None:
+                    await self._waiter
+                else:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        return None
+                    try:
+                        await asyncio.wait_for(self._waiter, left)
+                    except TimeoutError:
+                        if not self.buffer:
+                            return None
+            finally:
+                self._waiter = None
+        return self._handed(self.buffer.popleft())
+
+    def _raise_if_closed(self) -> None:
+        if self.closed:
+            if self.error is not None:
+                raise self.error if not isinstance(self.error, ConnectionLost) else ConnectionLost(self.error.message)
+            raise IllegalState("consumer is closed")
+
+    def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ReceivedMessage]:
+        while True:
+            try:
+                msg = await self.receive()
+            except IllegalState:
+                return
+            if msg is not None:
+                yield msg
+
+    def set_listener(self, listener: Listener | None) -> None:
+        """Call `listener(message)` for each message (a coroutine function is awaited in order)."""
+        self._listener = listener
+        if listener is not None and self._listener_task is None:
+            self._listener_task = self.session.conn.loop.create_task(self._run_listener())
+
+    async def _run_listener(self) -> None:
+        while not self.closed and self._listener is not None:
+            try:
+                msg = await self.receive()
+            except TandemError:
+                return
+            if msg is None or self._listener is None:
+                continue
+            try:
+                res = self._listener(msg)
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:
+                import logging
+
+                logging.getLogger("tandem.client").exception("message listener raised")
+
+    # ------------------------------------------------------------------ acks
+    def ack_message(self, msg: ReceivedMessage) -> Awaitable[None]:
+        session = self.session
+        mode = session.ack_mode
+        conn = session.conn
+        conn.check_open()
+        fut: asyncio.Future[None] = conn.loop.create_future()
+        if mode == "auto":
+            fut.set_result(None)  # already acknowledged automatically
+            return fut
+        ch = session.channel
+        conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, msg.id, mode == "client"), fut)
+        return fut
+
+    def _emit_ack(self, mid: int) -> None:
+        ch = self.session.channel
+        conn = self.session.conn
+        if not conn.closed and not self.closed:
+            conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, mid, True), None)
+
+    def _emit_pending(self) -> None:
+        conn = self.session.conn
+        mid = conn._pending_acks.pop(self, None)
+        if mid is not None:
+            self._emit_ack(mid)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self._emit_pending()
+        self.closed = True
+        if self._listener_task is not None:
+            self._listener_task.cancel()
+        session = self.session
+        session.consumers.pop(self.id, None)
+        ch = session.channel
+        if not session.conn.closed:
+            await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id))
+        self._mark_closed(None)

@@ -1,0 +1,182 @@
+"""Broker configuration: TOML → frozen, validated structs with Artemis's names in kebab-case.
+
+Every key has a default, so an empty file (or none) is a working single broker.
+Unknown or ill-typed keys stop start-up with a message naming the key and file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from .errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+DEFAULT_NATIVE_PORT = 61616
+DEFAULT_STOMP_PORT = 61613
+
+RoutingTypeName = Literal["anycast", "multicast"]
+
+
+class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="kebab"):
+    pass
+
+
+class AcceptorConfig(_Conf, frozen=True):
+    """A listening socket: `bind` is host:port, `protocol` native or stomp."""
+
+    name: str = "native"
+    protocol: Literal["native"] = "native"
+    bind: str = f"127.0.0.1:{DEFAULT_NATIVE_PORT}"
+
+
+class QueueConfig(_Conf, frozen=True):
+    name: str
+    durable: bool = True
+    filter: str | None = None
+    max_consumers: int = -1
+
+
+class AddressConfig(_Conf, frozen=True):
+    """A pre-declared address and its queues (Artemis `<addresses>`)."""
+
+    name: str
+    routing_type: RoutingTypeName = "anycast"
+    queues: list[QueueConfig] = []
+
+
+class BrokerConfig(_Conf, frozen=True):
+    name: str = "tandem"
+    data_directory: str = "./data"
+    persistence_enabled: bool = True
+    acceptors: list[AcceptorConfig] = msgspec.field(default_factory=lambda: [AcceptorConfig()])
+    addresses: list[AddressConfig] = []
+
+    # Wire limits and liveness.
+    max_frame_size: int = 100 * MiB
+    connection_ttl: int = 60_000
+    connection_ttl_override: int = -1
+    connection_check_period: int = 2_000
+
+    # Journal (DESIGN.md §4).
+    journal_file_size: int = 10 * MiB
+    journal_min_files: int = 2
+    journal_pool_files: int = 10
+    journal_buffer_timeout: int = 500_000
+    journal_buffer_size: int = 490 * KiB
+    journal_compact_percentage: int = 30
+    journal_compact_min_files: int = 10
+    journal_datasync: bool = True
+    journal_sync_non_transactional: bool = True
+
+    # Routing and delivery defaults.
+    auto_create_queues: bool = True
+    auto_create_addresses: bool = True
+    default_routing_type: RoutingTypeName = "anycast"
+    default_consumer_window_size: int = 1 * MiB
+
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "journal_file_size", minimum=64 * KiB)
+        _check_positive(self, "journal_min_files", minimum=1)
+        _check_positive(self, "journal_pool_files", minimum=0)
+        _check_positive(self, "journal_buffer_timeout", minimum=0)
+        _check_positive(self, "journal_buffer_size", minimum=4 * KiB)
+        _check_positive(self, "journal_compact_min_files", minimum=0)
+        _check_positive(self, "max_frame_size", minimum=1 * KiB)
+        _check_positive(self, "connection_ttl", minimum=100)
+        _check_positive(self, "connection_check_period", minimum=10)
+        _check_positive(self, "default_consumer_window_size", minimum=-1)
+        if not 0 <= self.journal_compact_percentage <= 100:
+            raise ValueError("`journal-compact-percentage` must be between 0 and 100")
+        names = [a.name for a in self.acceptors]
+        if len(set(names)) != len(names):
+            raise ValueError("acceptor names must be unique")
+        for acc in self.acceptors:
+            try:
+                parse_host_port(acc.bind)
+            except ValueError as exc:
+                raise ValueError(f"acceptor {acc.name!r}: `bind` {exc}") from None
+
+    # Derived values -------------------------------------------------------
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_directory)
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.data_path / "journal"
+
+    @property
+    def bindings_dir(self) -> Path:
+        return self.data_path / "bindings"
+
+    @property
+    def effective_ttl_ms(self) -> int:
+        return self.connection_ttl_override if self.connection_ttl_override > 0 else self.connection_ttl
+
+    def acceptor(self, protocol: str) -> AcceptorConfig | None:
+        for acc in self.acceptors:
+            if acc.protocol == protocol:
+                return acc
+        return None
+
+
+def _check_positive(cfg: BrokerConfig, attr: str, minimum: int) -> None:
+    value = getattr(cfg, attr)
+    if value < minimum:
+        key = attr.replace("_", "-")
+        raise ValueError(f"`{key}` must be >= {minimum}, got {value}")
+
+
+_HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9a-fA-F:]+)\]|(?P<host>[^:\s/]+)):(?P<port>\d{1,5})$")
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """Parse `host:port` (or `[v6]:port`); raises ValueError with a readable reason."""
+    m = _HOST_PORT.match(text.strip())
+    if not m:
+        raise ValueError(f"must look like host:port, got {text!r}")
+    port = int(m.group("port"))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in {text!r}")
+    return (m.group("v6") or m.group("host")), port
+
+
+def load_config(path: str | Path | None = None, **overrides: object) -> BrokerConfig:
+    """Read a TOML file (or defaults) and apply keyword overrides (snake_case names)."""
+    raw: dict[str, object] = {}
+    where = "<defaults>"
+    if path is not None:
+        where = str(path)
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {where}: {exc.strerror}") from None
+        try:
+            raw = msgspec.toml.decode(data)
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    for key, value in overrides.items():
+        if value is not None:
+            raw[key.replace("_", "-")] = value
+    try:
+        return msgspec.convert(raw, type=BrokerConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {_describe(exc)}") from None
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    """Make msgspec's `... - at `$.a[0].b`` read as a key name."""
+    text = str(exc)
+    m = re.match(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", text, re.S)
+    if not m or not m.group("path"):
+        return text
+    key = m.group("path").lstrip(".")
+    return f"key `{key}`: {m.group('what')}"

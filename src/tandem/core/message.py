@@ -1,0 +1,141 @@
+"""Messages as the broker holds them.
+
+A message travels as one msgpack array (:class:`MessageData`) produced by the
+client. The broker decodes only its header (:class:`MessageHeader`, the same
+array without the body) and keeps the encoded bytes as they came, so the body
+is never copied or decoded again: the same bytes go into the journal record
+and into every delivery.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import IntEnum
+from typing import Any
+
+import msgspec
+
+PropertyValue = str | int | float | bool | bytes
+# msgpack keeps str and bin apart, so `Any` decodes each value to its own type.
+Properties = dict[str, Any]
+PROPERTY_TYPES = (str, int, float, bool, bytes)
+
+DEFAULT_PRIORITY = 4
+
+
+class RoutingType(IntEnum):
+    ANY = 0  # let the address decide
+    ANYCAST = 1
+    MULTICAST = 2
+
+    @classmethod
+    def parse(cls, text: str) -> RoutingType:
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"routing type must be anycast or multicast, got {text!r}") from None
+
+
+class MessageData(msgspec.Struct, array_like=True, gc=False):
+    """The encoded form of a message, as sent by producers and stored in the journal."""
+
+    address: str
+    durable: bool = True
+    priority: int = DEFAULT_PRIORITY
+    expiration: int = 0  # epoch milliseconds, 0 = never
+    timestamp: int = 0  # epoch milliseconds
+    dedup_id: str | None = None
+    routing_type: int = RoutingType.ANY
+    properties: Properties | None = None
+    body: bytes = b""
+
+
+class MessageHeader(msgspec.Struct, array_like=True, gc=False):
+    """MessageData without its body: trailing fields are skipped when decoding."""
+
+    address: str
+    durable: bool = True
+    priority: int = DEFAULT_PRIORITY
+    expiration: int = 0
+    timestamp: int = 0
+    dedup_id: str | None = None
+    routing_type: int = RoutingType.ANY
+    properties: Properties | None = None
+
+
+_header_decoder = msgspec.msgpack.Decoder(MessageHeader)
+_data_encoder = msgspec.msgpack.Encoder()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Message:
+    """A routed message: server-assigned id plus the client's encoded bytes."""
+
+    __slots__ = (
+        "address",
+        "dedup_id",
+        "durable",
+        "durable_refs",
+        "expiration",
+        "id",
+        "priority",
+        "properties",
+        "raw",
+        "routing_type",
+        "size",
+        "timestamp",
+    )
+
+    def __init__(self, mid: int, header: MessageHeader, raw: msgspec.Raw | bytes) -> None:
+        self.id = mid
+        self.address = header.address
+        self.durable = header.durable
+        p = header.priority
+        self.priority = 0 if p < 0 else (9 if p > 9 else p)
+        self.expiration = header.expiration
+        self.timestamp = header.timestamp
+        self.dedup_id = header.dedup_id
+        self.routing_type = header.routing_type
+        self.properties = header.properties
+        self.raw = raw
+        self.size = len(raw)
+        self.durable_refs = 0
+
+    @classmethod
+    def decode(cls, mid: int, raw: msgspec.Raw | bytes) -> Message:
+        """Build from encoded MessageData; raises msgspec errors on malformed input."""
+        return cls(mid, _header_decoder.decode(raw), raw)
+
+    @classmethod
+    def create(cls, mid: int, data: MessageData) -> Message:
+        """Build from a MessageData made on the server (other protocols, dead letters)."""
+        raw = _data_encoder.encode(data)
+        return cls(mid, _header_decoder.decode(raw), raw)
+
+    def data(self) -> MessageData:
+        return msgspec.msgpack.decode(self.raw, type=MessageData)
+
+    def expired(self, now: int) -> bool:
+        return self.expiration != 0 and now >= self.expiration
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.id}, address={self.address!r}, size={self.size})"
+
+
+class MessageRef:
+    """A message in one queue: its per-queue sequence and delivery count."""
+
+    __slots__ = ("delivery_count", "message", "queue", "removed", "seq")
+
+    def __init__(self, message: Message, queue: object, seq: int, delivery_count: int = 0) -> None:
+        self.message = message
+        self.queue = queue
+        self.seq = seq
+        self.delivery_count = delivery_count  # deliveries that ended without an ack
+        self.removed = False
+
+    def __repr__(self) -> str:
+        return f"MessageRef(seq={self.seq}, msg={self.message.id}, dc={self.delivery_count})"

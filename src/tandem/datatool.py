@@ -1,0 +1,122 @@
+"""`tandem data print|compact`: look inside, or compact, a stopped broker's data directory."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from .errors import IllegalState, InvalidArgument
+from .ha.lockfile import LockFile
+from .journal import Journal, JournalSettings
+from .journal import files as jf
+from .journal import records as rec
+from .store.records import AddressRecord, MessageRecord, QueueRecord, RecordType
+
+_NAMES = {int(t): t.name for t in RecordType}
+
+
+def _journals(data: Path) -> list[tuple[str, Journal]]:
+    if not (data / "journal").is_dir() and not (data / "bindings").is_dir():
+        raise InvalidArgument(f"{data} is not a Tandem data directory (no journal/ or bindings/ inside)")
+    settings = JournalSettings()
+    return [
+        ("bindings", Journal(data / "bindings", "tandem-bindings", settings)),
+        ("messages", Journal(data / "journal", "tandem-data", settings)),
+    ]
+
+
+def _raw_counts(j: Journal) -> Counter[str]:
+    """Count every record on disk by kind and type (live or not)."""
+    counts: Counter[str] = Counter()
+    for f in j.file_summaries():
+        with open(f.path, "rb") as fh:
+            buf = fh.read()
+        parsed: list[rec.Parsed] = []
+        rec.scan(buf, jf.FILE_HEADER_SIZE, f.key, parsed)
+        for p in parsed:
+            for op in rec.iter_ops(p):
+                kind = rec.Kind(op.kind).name
+                if op.kind == rec.DELETE:
+                    counts[kind] += 1
+                else:
+                    counts[f"{kind} {_NAMES.get(op.user_type, op.user_type)}"] += 1
+            if p.kind == rec.BATCH:
+                counts["BATCH records"] += 1
+    return counts
+
+
+def print_data(directory: str, records: bool, out: IO[str]) -> int:
+    data = Path(directory)
+    queues: dict[int, str] = {}
+    per_queue: Counter[str] = Counter()
+    for label, j in _journals(data):
+        live = j.load(readonly=True)
+        st = j.stats()
+        print(f"== {label} journal ({j.directory})", file=out)
+        print(
+            f"   files {st.files} (+{st.free_files} free), records {st.records}, live {st.live_records}, "
+            f"live ids {st.live_ids}",
+            file=out,
+        )
+        for f in j.file_summaries():
+            print(f"   {f.path.name}  size {f.size}  used {f.used}  records {f.records}  live {f.live}", file=out)
+        for c in st.corrupt:
+            print(f"   CORRUPT {c}", file=out)
+        if j.torn_tail:
+            print(f"   torn tail (repaired on next start): {j.torn_tail}", file=out)
+        for name, n in sorted(_raw_counts(j).items()):
+            print(f"   {name:28} {n}", file=out)
+        for rid, lr in live.items():
+            utype = lr.user_type
+            if utype == RecordType.QUEUE:
+                q = msgspec.msgpack.decode(lr.body, type=QueueRecord)
+                queues[rid] = q.name
+                if records:
+                    print(
+                        f"   queue {rid}: {q.name!r} address={q.address!r} routing={q.routing_type} "
+                        f"filter={q.filter!r}",
+                        file=out,
+                    )
+            elif utype == RecordType.ADDRESS and records:
+                body = lr.updates[-1][1] if lr.updates else lr.body
+                a = msgspec.msgpack.decode(body, type=AddressRecord)
+                print(f"   address {rid}: {a.name!r} routing={a.routing_types}", file=out)
+            elif utype == RecordType.MESSAGE:
+                m = msgspec.msgpack.decode(lr.body, type=MessageRecord)
+                acked = {msgspec.msgpack.decode(b, type=list)[0] for t, b in (lr.updates or ()) if t == RecordType.ACK}
+                for qid, _seq in m.refs:
+                    if qid not in acked:
+                        per_queue[queues.get(qid, f"#{qid}")] += 1
+                if records:
+                    print(
+                        f"   message {rid}: refs={m.refs} size={len(m.message)} updates={len(lr.updates or ())}",
+                        file=out,
+                    )
+    print("== messages per queue", file=out)
+    for name in sorted(set(queues.values()) | set(per_queue)):
+        print(f"   {name:28} {per_queue.get(name, 0)}", file=out)
+    return 0
+
+
+def compact_data(directory: str, out: IO[str]) -> int:
+    data = Path(directory)
+    lock = LockFile(data) if (data / "server.lock").exists() else None
+    try:
+        if lock is not None and not lock.try_lock_live():
+            raise IllegalState(f"a broker is running on {data}: stop it before compacting")
+        for label, j in _journals(data):
+            j.load()
+            before = j.stats()
+            plan = j.compact_offline()
+            print(
+                f"{label}: {before.files} files, {before.records} records → {len(plan.outputs)} files, "
+                f"{plan.copied} live records kept, {plan.dead} dropped",
+                file=out,
+            )
+    finally:
+        if lock is not None:
+            lock.close()
+    return 0

@@ -1,0 +1,182 @@
+"""One exception hierarchy and one error-code enum, shared by server and client.
+
+The server sends a code and a message; the client turns them back into the same
+exception class with :func:`error_for`, so `except tandem.QueueDoesNotExist`
+works the same on both sides of the wire.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Wire-stable error codes; never renumber."""
+
+    INTERNAL = 1
+    PROTOCOL = 2
+    FRAME_TOO_LARGE = 3
+    UNKNOWN_PACKET = 4
+    VERSION_MISMATCH = 5
+    INVALID_ARGUMENT = 6
+    ILLEGAL_STATE = 7
+    UNAUTHORIZED = 8
+    QUEUE_DOES_NOT_EXIST = 20
+    QUEUE_EXISTS = 21
+    ADDRESS_DOES_NOT_EXIST = 22
+    ADDRESS_EXISTS = 23
+    ADDRESS_FULL = 24
+    CONSUMER_DOES_NOT_EXIST = 25
+    SESSION_DOES_NOT_EXIST = 26
+    MESSAGE_DOES_NOT_EXIST = 27
+    DUPLICATE_ID = 30
+    TRANSACTION_ROLLED_BACK = 31
+    INVALID_SELECTOR = 32
+    CONNECTION_LOST = 40
+    UNBLOCKED = 41
+    TIMEOUT = 42
+    NOT_CONNECTED = 43
+    SHUTTING_DOWN = 44
+    CONFIG = 50
+    JOURNAL = 51
+
+
+class TandemError(Exception):
+    """Base of every error Tandem raises on purpose; carries a wire code."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str = "", code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        return f"[{self.code.name}] {self.message}"
+
+
+class InternalError(TandemError):
+    code = ErrorCode.INTERNAL
+
+
+class ProtocolError(TandemError):
+    code = ErrorCode.PROTOCOL
+
+
+class FrameTooLarge(ProtocolError):
+    code = ErrorCode.FRAME_TOO_LARGE
+
+
+class UnknownPacket(ProtocolError):
+    code = ErrorCode.UNKNOWN_PACKET
+
+
+class VersionMismatch(ProtocolError):
+    code = ErrorCode.VERSION_MISMATCH
+
+
+class InvalidArgument(TandemError):
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class IllegalState(TandemError):
+    code = ErrorCode.ILLEGAL_STATE
+
+
+class Unauthorized(TandemError):
+    code = ErrorCode.UNAUTHORIZED
+
+
+class QueueDoesNotExist(TandemError):
+    code = ErrorCode.QUEUE_DOES_NOT_EXIST
+
+
+class QueueExists(TandemError):
+    code = ErrorCode.QUEUE_EXISTS
+
+
+class AddressDoesNotExist(TandemError):
+    code = ErrorCode.ADDRESS_DOES_NOT_EXIST
+
+
+class AddressExists(TandemError):
+    code = ErrorCode.ADDRESS_EXISTS
+
+
+class AddressFull(TandemError):
+    code = ErrorCode.ADDRESS_FULL
+
+
+class ConsumerDoesNotExist(TandemError):
+    code = ErrorCode.CONSUMER_DOES_NOT_EXIST
+
+
+class SessionDoesNotExist(TandemError):
+    code = ErrorCode.SESSION_DOES_NOT_EXIST
+
+
+class MessageDoesNotExist(TandemError):
+    code = ErrorCode.MESSAGE_DOES_NOT_EXIST
+
+
+class DuplicateId(TandemError):
+    code = ErrorCode.DUPLICATE_ID
+
+
+class TransactionRolledBack(TandemError):
+    code = ErrorCode.TRANSACTION_ROLLED_BACK
+
+
+class InvalidSelector(TandemError):
+    code = ErrorCode.INVALID_SELECTOR
+
+
+class ConnectionLost(TandemError):
+    code = ErrorCode.CONNECTION_LOST
+
+
+class Unblocked(ConnectionLost):
+    """A call was in flight when its connection failed; its outcome is unknown."""
+
+    code = ErrorCode.UNBLOCKED
+
+
+class CallTimeout(TandemError):
+    code = ErrorCode.TIMEOUT
+
+
+class NotConnected(TandemError):
+    code = ErrorCode.NOT_CONNECTED
+
+
+class ShuttingDown(TandemError):
+    code = ErrorCode.SHUTTING_DOWN
+
+
+class ConfigError(TandemError):
+    code = ErrorCode.CONFIG
+
+
+class JournalError(TandemError):
+    code = ErrorCode.JOURNAL
+
+
+_BY_CODE: dict[ErrorCode, type[TandemError]] = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, TandemError) and _cls is not TandemError:
+        # The most general class for a code wins (e.g. ConnectionLost over Unblocked).
+        _BY_CODE.setdefault(_cls.code, _cls)
+
+
+def error_for(code: int, message: str) -> TandemError:
+    """Rebuild the typed exception for a code received from the wire."""
+    try:
+        ecode = ErrorCode(code)
+    except ValueError:
+        return TandemError(f"unknown error code {code}: {message}")
+    cls = _BY_CODE.get(ecode, TandemError)
+    return cls(message, ecode)

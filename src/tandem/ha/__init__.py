@@ -1,0 +1,1 @@
+"""High availability: node manager lock file, activations (shared store, replication)."""

@@ -1,0 +1,152 @@
+"""Compaction: copy the live records of a prefix of the journal into fresh files.
+
+Runs on its own thread (or in the CLI for a stopped broker). It works on a
+*frozen prefix* of files that no longer receive appends, so it needs no lock:
+an id counts as dead if the prefix itself deletes it; ids deleted later are
+copied and die again when the later DELETE replays after them.
+
+The swap is crash-safe: outputs are written under temporary names and
+synced, then a marker file lists the renames and deletions; start-up
+finishes a swap whose marker exists and discards outputs without one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import files as jf
+from . import records as rec
+
+
+@dataclass
+class Output:
+    key: int
+    tmp: Path
+    final: Path
+    size: int
+    ids: list[int] = field(default_factory=list)  # one entry per record written
+    used: int = jf.FILE_HEADER_SIZE
+
+
+@dataclass
+class Plan:
+    frozen: list[tuple[int, Path, int]]  # (key, path, bytes used) in key order
+    outputs: list[Output] = field(default_factory=list)
+    dead: int = 0
+    copied: int = 0
+
+
+def marker_path(directory: Path, prefix: str) -> Path:
+    return directory / f"{prefix}-compact.json"
+
+
+def _frozen_ops(frozen: list[tuple[int, Path, int]]) -> Iterator[rec.Op]:
+    for key, path, used in frozen:
+        with open(path, "rb") as fh:
+            buf = fh.read(used)
+        parsed: list[rec.Parsed] = []
+        rec.scan(buf, jf.FILE_HEADER_SIZE, key, parsed)
+        for p in parsed:
+            yield from rec.iter_ops(p)
+
+
+def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threading.Event | None = None) -> bool:
+    """Write the live records of the frozen files; False if stopped before the end."""
+    dead: set[int] = set()
+    for op in _frozen_ops(plan.frozen):
+        if op.kind == rec.DELETE:
+            dead.add(op.id)
+    last_key = plan.frozen[-1][0]
+    out: Output | None = None
+    fd = -1
+    chunks: list[bytes] = []
+
+    def finish() -> None:
+        nonlocal fd, chunks
+        if out is None:
+            return
+        os.pwrite(fd, b"".join(chunks), jf.FILE_HEADER_SIZE)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        chunks = []
+
+    n = 0
+    for op in _frozen_ops(plan.frozen):
+        if op.kind == rec.DELETE or op.id in dead:
+            plan.dead += 1
+            continue
+        n += 1
+        if stop is not None and n % 4096 == 0 and stop.is_set():
+            finish()
+            return False
+        size = rec.HEADER_SIZE + len(op.body)
+        if out is None or out.used + size + rec.EOF_SIZE > out.size:
+            finish()
+            key = last_key + len(plan.outputs) + 1
+            fsize = max(file_size, jf.FILE_HEADER_SIZE + size + rec.EOF_SIZE)
+            out = Output(
+                key,
+                directory / f"{prefix}-cmp-{key:016x}.tmp",
+                directory / jf.data_name(prefix, key),
+                fsize,
+            )
+            plan.outputs.append(out)
+            jf.create_zeroed(out.tmp, fsize, key)
+            fd = os.open(out.tmp, os.O_RDWR)
+        chunks.append(rec.encode(out.key, op.kind, op.user_type, op.id, op.body))
+        out.used += size
+        out.ids.append(op.id)
+        plan.copied += 1
+    finish()
+    return True
+
+
+def write_marker(directory: Path, prefix: str, plan: Plan) -> None:
+    marker = {
+        "rename": [[o.tmp.name, o.final.name] for o in plan.outputs],
+        "delete": [p.name for _k, p, _u in plan.frozen],
+    }
+    tmp = marker_path(directory, prefix).with_suffix(".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(marker, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(tmp, marker_path(directory, prefix))
+    jf.fsync_dir(directory)
+
+
+def apply_marker(directory: Path, prefix: str) -> bool:
+    """Finish (or clean up after) a compaction interrupted by a crash; True if one was finished."""
+    marker = marker_path(directory, prefix)
+    finished = False
+    if marker.exists():
+        spec = json.loads(marker.read_text())
+        for name in spec["delete"]:
+            p = directory / name
+            if p.exists():
+                p.unlink()
+        for tmp, final in spec["rename"]:
+            if (directory / tmp).exists():
+                os.rename(directory / tmp, directory / final)
+        jf.fsync_dir(directory)
+        marker.unlink()
+        finished = True
+    for stale in directory.glob(f"{prefix}-cmp-*.tmp"):
+        stale.unlink()
+    stale_marker = marker.with_suffix(".tmp")
+    if stale_marker.exists():
+        stale_marker.unlink()
+    jf.fsync_dir(directory)
+    return finished
+
+
+def swap(directory: Path, prefix: str, plan: Plan) -> None:
+    """Make the outputs replace the frozen files (blocking; writer thread or CLI)."""
+    write_marker(directory, prefix, plan)
+    apply_marker(directory, prefix)

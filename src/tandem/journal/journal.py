@@ -1,0 +1,557 @@
+"""The append-only journal: placement, group commit, reload, reclaim and compaction.
+
+Everything here runs on the event loop except the writer and compactor threads.
+Appends never block: they are placed (file, offset) and queued; the single
+writer thread writes and syncs a whole batch at once and then every callback
+registered with :meth:`Journal.after_durable` for that batch runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import JournalError
+from . import compactor
+from . import files as jf
+from . import records as rec
+from .writer import Batch, Writer
+
+log = logging.getLogger("tandem.journal")
+
+_Entry = jf.JFile | list[jf.JFile]
+
+
+class LiveRecord:
+    """A live id after reload: its ADD body and its UPDATEs in journal order."""
+
+    __slots__ = ("body", "updates", "user_type")
+
+    def __init__(self, user_type: int, body: bytes) -> None:
+        self.user_type = user_type
+        self.body = body
+        self.updates: list[tuple[int, bytes]] | None = None
+
+
+@dataclass
+class JournalStats:
+    files: int
+    free_files: int
+    records: int
+    live_records: int
+    live_ids: int
+    corrupt: list[str] = field(default_factory=list)
+    compactions: int = 0
+
+
+@dataclass(frozen=True)
+class JournalSettings:
+    file_size: int = 10 * 1024 * 1024
+    min_files: int = 2
+    pool_files: int = 10
+    buffer_timeout_ns: int = 500_000
+    buffer_size: int = 490 * 1024
+    compact_percentage: int = 30
+    compact_min_files: int = 10
+    datasync: bool = True
+
+
+class Journal:
+    def __init__(self, directory: Path, prefix: str, settings: JournalSettings) -> None:
+        self.directory = Path(directory)
+        self.prefix = prefix
+        self.s = settings
+        self._files: dict[int, jf.JFile] = {}
+        self._index: dict[int, _Entry] = {}
+        self._cur: jf.JFile | None = None
+        self._cur_off = 0
+        self._next_key = 1 << jf.KEY_SHIFT
+        self._pending = Batch()
+        self._inflight: Batch | None = None
+        self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer: Writer | None = None
+        self._free: list[Path] = []
+        self.failed: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self.corrupt: list[str] = []
+        self.torn_tail: str | None = None
+        self.compactions = 0
+        # Compaction state
+        self._compacting = False
+        self._freeze_key = -1
+        self._compact_after: Batch | None = None
+        self._compact_thread: threading.Thread | None = None
+        self._compact_stop = threading.Event()
+        self.max_id = 0
+        self._loaded = False
+
+    # ------------------------------------------------------------------ load
+    def load(self, readonly: bool = False) -> dict[int, LiveRecord]:
+        """Replay every file (start-up, blocking); returns live ids in first-append order.
+
+        `readonly` (inspection tools) changes nothing on disk: no torn-tail repair,
+        no interrupted compaction finished, no files created.
+        """
+        if not readonly:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            compactor.apply_marker(self.directory, self.prefix)
+            for tmp in self.directory.glob(f"{self.prefix}-*.tmp"):
+                tmp.unlink()
+        data_files, self._free = jf.list_files(self.directory, self.prefix)
+        live: dict[int, LiveRecord] = {}
+        last_end: rec.ScanEnd | None = None
+        last_path: Path | None = None
+        for key, path in data_files:
+            with open(path, "rb") as fh:
+                buf = fh.read()
+            f = jf.JFile(key, path, len(buf))
+            parsed: list[rec.Parsed] = []
+            end = rec.scan(buf, jf.FILE_HEADER_SIZE, key, parsed)
+            del buf
+            f.used = end.offset
+            for p in parsed:
+                for op in rec.iter_ops(p):
+                    self._apply_loaded(op, f, live)
+            if last_end is not None and not last_end.clean and last_path is not None:
+                self.corrupt.append(f"{last_path.name}: {last_end.reason}")
+            self._files[key] = f
+            last_end, last_path = end, path
+        if self._files:
+            last = next(reversed(self._files.values()))
+            self._cur = last
+            self._cur_off = last.size if (last_end is not None and last_end.eof_marker) else last.used
+            top = max(self._files)
+            self._next_key = ((top >> jf.KEY_SHIFT) + 1) << jf.KEY_SHIFT
+            if last_end is not None and not last_end.clean:
+                self.torn_tail = f"{last.path.name}: {last_end.reason}"
+            if last_end is not None and not last_end.clean and not readonly:
+                log.warning("journal %s: torn tail truncated (%s)", self.prefix, last_end.reason)
+                self._zero_tail(last, last_end.offset)
+        for msg in self.corrupt:
+            log.warning("journal %s: %s", self.prefix, msg)
+        if not readonly:
+            self._ensure_min_files()
+        self._loaded = True
+        return live
+
+    def _apply_loaded(self, op: rec.Op, f: jf.JFile, live: dict[int, LiveRecord]) -> None:
+        f.records += 1
+        rid = op.id
+        if rid > self.max_id:
+            self.max_id = rid
+        if op.kind == rec.ADD:
+            if rid in live:
+                self._attach(rid, f)
+                lr = live[rid]
+                lr.updates = [*(lr.updates or []), (op.user_type, op.body)]
+            else:
+                live[rid] = LiveRecord(op.user_type, op.body)
+                self._index[rid] = f
+                f.live += 1
+        elif op.kind == rec.UPDATE:
+            lr2 = live.get(rid)
+            if lr2 is not None:
+                self._attach(rid, f)
+                if lr2.updates is None:
+                    lr2.updates = [(op.user_type, op.body)]
+                else:
+                    lr2.updates.append((op.user_type, op.body))
+        elif op.kind == rec.DELETE:
+            if live.pop(rid, None) is not None:
+                self._detach(rid)
+
+    def _zero_tail(self, f: jf.JFile, offset: int) -> None:
+        fd = os.open(f.path, os.O_RDWR)
+        try:
+            os.pwrite(fd, bytes(f.size - offset), offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _ensure_min_files(self) -> None:
+        have = len(self._files) + len(self._free)
+        n = 0
+        while have < self.s.min_files:
+            n += 1
+            while True:
+                p = self.directory / jf.free_name(self.prefix, n)
+                if not p.exists():
+                    break
+                n += 1
+            jf.create_zeroed(p, self.s.file_size, None)
+            self._free.append(p)
+            have += 1
+        jf.fsync_dir(self.directory)
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Begin accepting appends (after load())."""
+        if not self._loaded:
+            self.load()
+        self._loop = loop or asyncio.get_running_loop()
+        self._writer = self._make_writer(self._threadsafe_done)
+        self._writer.start()
+
+    def start_sync(self) -> None:
+        """Accept appends without an event loop: each flush() writes inline (CLI tools)."""
+        if not self._loaded:
+            self.load()
+        self._writer = self._make_writer(lambda b, e: None)
+
+    def _make_writer(self, done: Callable[[Batch, BaseException | None], None]) -> Writer:
+        w = Writer(self.directory, self.prefix, self.s.file_size, self.s.pool_files, self.s.datasync, self._free, done)
+        for key, f in self._files.items():
+            w.adopt(key, f.path)
+        return w
+
+    async def stop(self) -> None:
+        """Flush what is pending, then stop the threads."""
+        self._compact_stop.set()
+        if self._compact_thread is not None:
+            await asyncio.to_thread(self._compact_thread.join)
+        if self.failed is None and self._writer is not None and (self._pending.writes or self._inflight):
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def finished() -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            self.after_durable(finished)
+            try:
+                await asyncio.wait_for(done, 30)
+            except TimeoutError:
+                log.error("journal %s: final flush timed out", self.prefix)
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.stop)
+            self._writer = None
+
+    def close_sync(self) -> None:
+        self.flush_sync()
+        if self._writer is not None:
+            self._writer.close_all()
+            self._writer = None
+
+    # --------------------------------------------------------------- appends
+    def add(self, rid: int, user_type: int, body: bytes) -> None:
+        f, off = self._place(rec.HEADER_SIZE + len(body))
+        self._write(f, off, rec.encode(f.key, rec.ADD, user_type, rid, body))
+        self._count_op(rec.ADD, rid, f)
+
+    def update(self, rid: int, user_type: int, body: bytes) -> None:
+        f, off = self._place(rec.HEADER_SIZE + len(body))
+        self._write(f, off, rec.encode(f.key, rec.UPDATE, user_type, rid, body))
+        self._count_op(rec.UPDATE, rid, f)
+
+    def delete(self, rid: int) -> None:
+        f, off = self._place(rec.HEADER_SIZE)
+        self._write(f, off, rec.encode(f.key, rec.DELETE, 0, rid))
+        self._count_op(rec.DELETE, rid, f)
+
+    def batch(self, ops: Iterable[rec.Op]) -> None:
+        """Append several operations as one record: after a crash all or none of them exist."""
+        ops = list(ops)
+        if not ops:
+            return
+        if len(ops) == 1:
+            op = ops[0]
+            if op.kind == rec.ADD:
+                self.add(op.id, op.user_type, op.body)
+            elif op.kind == rec.UPDATE:
+                self.update(op.id, op.user_type, op.body)
+            else:
+                self.delete(op.id)
+            return
+        body = rec.encode_batch_body(ops)
+        f, off = self._place(rec.HEADER_SIZE + len(body))
+        self._write(f, off, rec.encode(f.key, rec.BATCH, 0, 0, body))
+        for op in ops:
+            self._count_op(op.kind, op.id, f)
+
+    def contains(self, rid: int) -> bool:
+        return rid in self._index
+
+    def after_durable(self, cb: Callable[[], None]) -> None:
+        """Run `cb` on the loop once everything appended so far is on disk."""
+        if self._pending.writes:
+            self._pending.callbacks.append(cb)
+        elif self._inflight is not None:
+            self._inflight.callbacks.append(cb)
+        else:
+            cb()
+
+    @property
+    def idle(self) -> bool:
+        return not self._pending.writes and self._inflight is None
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending.nbytes + (self._inflight.nbytes if self._inflight else 0)
+
+    # ------------------------------------------------------------ placement
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise JournalError(f"journal {self.prefix} has failed: {self.failed!r}")
+        if self._writer is None:
+            raise JournalError(f"journal {self.prefix} is not started")
+
+    def _place(self, size: int) -> tuple[jf.JFile, int]:
+        self._check()
+        cur = self._cur
+        if cur is None or self._cur_off + size + rec.EOF_SIZE > cur.size:
+            if cur is not None and self._cur_off + rec.EOF_SIZE <= cur.size:
+                self._write(cur, self._cur_off, rec.encode(cur.key, rec.EOF, 0, 0))
+            cur = self._roll(size)
+        off = self._cur_off
+        self._cur_off = off + size
+        cur.used = self._cur_off
+        return cur, off
+
+    def _roll(self, size: int) -> jf.JFile:
+        key = self._next_key
+        self._next_key += 1 << jf.KEY_SHIFT
+        fsize = max(self.s.file_size, jf.FILE_HEADER_SIZE + size + rec.EOF_SIZE)
+        f = jf.JFile(key, self.directory / jf.data_name(self.prefix, key), fsize)
+        self._files[key] = f
+        self._pending.new_files[key] = fsize
+        self._cur = f
+        self._cur_off = jf.FILE_HEADER_SIZE
+        return f
+
+    def _write(self, f: jf.JFile, off: int, data: bytes) -> None:
+        p = self._pending
+        p.writes.append((f.key, off, data))
+        p.nbytes += len(data)
+        if self._flush_handle is None and self._inflight is None and self._loop is not None:
+            timeout = self.s.buffer_timeout_ns
+            if timeout <= 0 or p.nbytes >= self.s.buffer_size:
+                self._flush_handle = self._loop.call_soon(self._handoff)
+            else:
+                self._flush_handle = self._loop.call_later(timeout / 1e9, self._handoff)
+        elif self._flush_handle is not None and p.nbytes >= self.s.buffer_size and self._inflight is None:
+            self._flush_handle.cancel()
+            self._flush_handle = self._loop.call_soon(self._handoff) if self._loop else None
+
+    def _count_op(self, kind: int, rid: int, f: jf.JFile) -> None:
+        f.records += 1
+        if kind == rec.ADD:
+            if rid in self._index:
+                self._attach(rid, f)
+            else:
+                self._index[rid] = f
+                f.live += 1
+        elif kind == rec.UPDATE:
+            if rid in self._index:
+                self._attach(rid, f)
+        else:
+            self._detach(rid)
+
+    def _attach(self, rid: int, f: jf.JFile) -> None:
+        entry = self._index[rid]
+        if isinstance(entry, list):
+            entry.append(f)
+        else:
+            self._index[rid] = [entry, f]
+        f.live += 1
+
+    def _detach(self, rid: int) -> None:
+        entry = self._index.pop(rid, None)
+        if entry is None:
+            return
+        if isinstance(entry, list):
+            for g in entry:
+                g.live -= 1
+        else:
+            entry.live -= 1
+
+    # --------------------------------------------------------- group commit
+    def _handoff(self) -> None:
+        self._flush_handle = None
+        if self._inflight is not None or not self._pending.writes or self._writer is None:
+            return
+        batch = self._pending
+        self._pending = Batch()
+        batch.recycle = self._reclaimable()
+        self._inflight = batch
+        self._writer.submit(batch)
+
+    def _threadsafe_done(self, batch: Batch, err: BaseException | None) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_done, batch, err)
+
+    def _on_done(self, batch: Batch, err: BaseException | None) -> None:
+        self._inflight = None
+        if err is not None:
+            self._fail(err)
+            return
+        for cb in batch.callbacks:
+            try:
+                cb()
+            except Exception:
+                log.exception("journal callback failed")
+        if batch is self._compact_after:
+            self._compact_after = None
+            self._start_compactor()
+        if self._pending.writes and self._flush_handle is None:
+            self._handoff()
+        if not self._compacting:
+            self._maybe_compact()
+
+    def _fail(self, err: BaseException) -> None:
+        self.failed = err
+        log.critical("journal %s failed, no further appends: %r", self.prefix, err)
+        if self.on_failure is not None:
+            self.on_failure(err)
+
+    def flush_sync(self) -> None:
+        """Write and sync what is pending on the calling thread (CLI tools, no loop)."""
+        if self._writer is None or not self._pending.writes:
+            return
+        batch = self._pending
+        self._pending = Batch()
+        batch.recycle = self._reclaimable()
+        self._writer.write_batch(batch)
+        for cb in batch.callbacks:
+            cb()
+
+    def _reclaimable(self) -> list[tuple[int, Path, int]]:
+        out: list[tuple[int, Path, int]] = []
+        for key, f in list(self._files.items()):
+            if f is self._cur or f.live > 0 or (self._compacting and key <= self._freeze_key):
+                break
+            del self._files[key]
+            out.append((key, f.path, f.size))
+        return out
+
+    # ----------------------------------------------------------- compaction
+    def needs_compaction(self) -> bool:
+        if self.s.compact_min_files <= 0 or len(self._files) < self.s.compact_min_files:
+            return False
+        total = live = 0
+        for f in self._files.values():
+            total += f.records
+            live += f.live
+        return total > 0 and live * 100 < self.s.compact_percentage * total
+
+    def _maybe_compact(self) -> None:
+        if self._writer is not None and self._loop is not None and self.needs_compaction():
+            self.compact_online()
+
+    def compact_online(self) -> None:
+        """Freeze every current file and compact them behind the writer's back."""
+        if self._compacting or not self._files:
+            return
+        self._compacting = True
+        self._freeze_key = max(self._files)
+        if self._cur is not None:
+            self._cur_off = self._cur.size  # the next append rolls to a new file
+        if self._pending.writes:
+            self._compact_after = self._pending
+        elif self._inflight is not None:
+            self._compact_after = self._inflight
+        else:
+            self._start_compactor()
+
+    def _frozen(self) -> list[tuple[int, Path, int]]:
+        return [(k, f.path, f.used) for k, f in self._files.items() if k <= self._freeze_key]
+
+    def _start_compactor(self) -> None:
+        plan = compactor.Plan(self._frozen())
+        loop = self._loop
+        assert loop is not None
+
+        def work() -> None:
+            try:
+                ok = compactor.run(self.directory, self.prefix, self.s.file_size, plan, self._compact_stop)
+            except BaseException as exc:
+                log.error("journal %s: compaction failed: %r", self.prefix, exc)
+                ok = False
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._compacted, plan, ok)
+
+        self._compact_thread = threading.Thread(target=work, name=f"compact-{self.prefix}", daemon=True)
+        self._compact_thread.start()
+
+    def _compacted(self, plan: compactor.Plan, ok: bool) -> None:
+        if not ok or self._writer is None or self.failed is not None:
+            for o in plan.outputs:
+                o.tmp.unlink(missing_ok=True)
+            self._compacting = False
+            return
+        writer = self._writer
+        loop = self._loop
+        assert loop is not None
+
+        def swap_job() -> None:
+            for key, _p, _u in plan.frozen:
+                writer.forget(key)
+            compactor.swap(self.directory, self.prefix, plan)
+            for o in plan.outputs:
+                writer.adopt(o.key, o.final)
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._swapped, plan)
+
+        writer.submit(swap_job)
+
+    def _swapped(self, plan: compactor.Plan) -> None:
+        self._install(plan)
+        self._compacting = False
+        self.compactions += 1
+        log.info("journal %s compacted: %d records copied, %d dropped", self.prefix, plan.copied, plan.dead)
+
+    def _install(self, plan: compactor.Plan) -> None:
+        """Point the index at the compacted files instead of the frozen ones.
+
+        The first time an id is met in the outputs all its frozen references go
+        (the outputs hold exactly its frozen records); each output record then adds one.
+        """
+        frozen = {k for k, _p, _u in plan.frozen}
+        files = {k: f for k, f in self._files.items() if k not in frozen}
+        for o in plan.outputs:
+            nf = jf.JFile(o.key, o.final, o.size, used=o.used)
+            files[nf.key] = nf
+            for rid in o.ids:
+                nf.records += 1
+                entry = self._index.get(rid)
+                if entry is None:
+                    continue
+                refs = entry if isinstance(entry, list) else [entry]
+                if any(g.key in frozen for g in refs):
+                    refs = [g for g in refs if g.key not in frozen]
+                refs.append(nf)
+                nf.live += 1
+                self._index[rid] = refs[0] if len(refs) == 1 else refs
+        self._files = dict(sorted(files.items()))
+
+    def compact_offline(self) -> compactor.Plan:
+        """Compact every file of a stopped broker (CLI `tandem data compact`)."""
+        if not self._loaded:
+            self.load()
+        plan = compactor.Plan([(k, f.path, f.used) for k, f in self._files.items()])
+        if not plan.frozen:
+            return plan
+        compactor.run(self.directory, self.prefix, self.s.file_size, plan)
+        compactor.swap(self.directory, self.prefix, plan)
+        self.compactions += 1
+        return plan
+
+    # --------------------------------------------------------------- stats
+    def stats(self) -> JournalStats:
+        return JournalStats(
+            files=len(self._files),
+            free_files=len(self._writer.free) if self._writer else len(self._free),
+            records=sum(f.records for f in self._files.values()),
+            live_records=sum(f.live for f in self._files.values()),
+            live_ids=len(self._index),
+            corrupt=list(self.corrupt),
+            compactions=self.compactions,
+        )
+
+    def file_summaries(self) -> list[jf.JFile]:
+        return list(self._files.values())

@@ -1,0 +1,153 @@
+"""Journal record codec (sans-IO).
+
+A record on disk::
+
+    u32 length     whole record, header included
+    u32 crc32c     over every byte after this field
+    u64 file_key   key of the file the record was written into (stale data in a
+                   recycled file carries an older key and is ignored)
+    u8  kind       ADD / UPDATE / DELETE / BATCH / EOF
+    u8  user_type  meaning of the body for the layer above (store/)
+    u64 id         record id (message id, queue id, ...); 0 for EOF
+    ...            body
+
+A BATCH record holds several operations that must apply together (a
+transaction): its body is a sequence of ``u8 kind, u8 user_type, u64 id,
+u32 body_length, body``. One CRC covers the batch, so it is all or nothing.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from enum import IntEnum
+from typing import NamedTuple
+
+import crc32c
+
+HEADER = struct.Struct("<IIQBBQ")
+HEADER_SIZE = HEADER.size  # 26
+_CRC_FROM = 8  # crc covers bytes [8:]
+SUBOP = struct.Struct("<BBQI")
+SUBOP_SIZE = SUBOP.size
+_LEN_CRC = struct.Struct("<II")
+
+
+class Kind(IntEnum):
+    ADD = 1
+    UPDATE = 2
+    DELETE = 3
+    BATCH = 4
+    EOF = 5
+
+
+ADD = Kind.ADD
+UPDATE = Kind.UPDATE
+DELETE = Kind.DELETE
+BATCH = Kind.BATCH
+EOF = Kind.EOF
+
+EOF_SIZE = HEADER_SIZE
+
+
+class Op(NamedTuple):
+    """One logical journal operation (a record, or a member of a BATCH)."""
+
+    kind: int
+    user_type: int
+    id: int
+    body: bytes
+
+
+def encode(file_key: int, kind: int, user_type: int, rid: int, body: bytes = b"") -> bytes:
+    """Encode one record for `file_key`."""
+    length = HEADER_SIZE + len(body)
+    head = HEADER.pack(length, 0, file_key, kind, user_type, rid)
+    tail = head[_CRC_FROM:]
+    crc = crc32c.crc32c(body, crc32c.crc32c(tail)) if body else crc32c.crc32c(tail)
+    return _LEN_CRC.pack(length, crc) + tail + body
+
+
+def encode_batch_body(ops: list[Op]) -> bytes:
+    parts: list[bytes] = []
+    for op in ops:
+        parts.append(SUBOP.pack(op.kind, op.user_type, op.id, len(op.body)))
+        if op.body:
+            parts.append(op.body)
+    return b"".join(parts)
+
+
+def decode_batch_body(body: bytes) -> list[Op]:
+    """Split a BATCH body; raises ValueError if it is malformed."""
+    ops: list[Op] = []
+    pos = 0
+    end = len(body)
+    while pos < end:
+        if end - pos < SUBOP_SIZE:
+            raise ValueError("truncated batch member header")
+        kind, utype, rid, blen = SUBOP.unpack_from(body, pos)
+        pos += SUBOP_SIZE
+        if kind not in (ADD, UPDATE, DELETE) or blen > end - pos:
+            raise ValueError("bad batch member")
+        ops.append(Op(kind, utype, rid, body[pos : pos + blen]))
+        pos += blen
+    return ops
+
+
+def rekey(record: bytes | memoryview, file_key: int) -> bytes:
+    """Re-encode a record for another file (compaction copies live records)."""
+    _length, _crc, _key, kind, utype, rid = HEADER.unpack_from(record, 0)
+    return encode(file_key, kind, utype, rid, bytes(record[HEADER_SIZE:]))
+
+
+class Parsed(NamedTuple):
+    offset: int
+    length: int
+    kind: int
+    user_type: int
+    id: int
+    body: bytes
+
+
+class ScanEnd(NamedTuple):
+    """Why a scan stopped: `clean` (zeros or EOF marker) or a reason string."""
+
+    offset: int
+    clean: bool
+    eof_marker: bool
+    reason: str
+
+
+def scan(buf: bytes, start: int, file_key: int, out: list[Parsed]) -> ScanEnd:
+    """Parse records of `file_key` from `buf[start:]` into `out` until the first invalid one."""
+    pos = start
+    end = len(buf)
+    unpack = HEADER.unpack_from
+    crc = crc32c.crc32c
+    mv = memoryview(buf)
+    while True:
+        if end - pos < HEADER_SIZE:
+            return ScanEnd(pos, True, False, "end of file")
+        length, rcrc, key, kind, utype, rid = unpack(buf, pos)
+        if length == 0 and rcrc == 0:
+            return ScanEnd(pos, True, False, "unused space")
+        if length < HEADER_SIZE or length > end - pos:
+            return ScanEnd(pos, False, False, f"bad length {length} at offset {pos}")
+        if key != file_key:
+            return ScanEnd(pos, False, False, f"stale record (file key {key:#x}) at offset {pos}")
+        if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
+            return ScanEnd(pos, False, False, f"CRC mismatch at offset {pos}")
+        if kind == EOF:
+            return ScanEnd(pos, True, True, "EOF marker")
+        if kind not in (ADD, UPDATE, DELETE, BATCH):
+            return ScanEnd(pos, False, False, f"unknown record kind {kind} at offset {pos}")
+        out.append(Parsed(pos, length, kind, utype, rid, buf[pos + HEADER_SIZE : pos + length]))
+        pos += length
+
+
+def iter_ops(parsed: Parsed) -> Iterator[Op]:
+    """The logical operations in one parsed record (a BATCH yields its members)."""
+    if parsed.kind == BATCH:
+        yield from decode_batch_body(parsed.body)
+    else:
+        yield Op(parsed.kind, parsed.user_type, parsed.id, parsed.body)

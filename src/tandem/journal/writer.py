@@ -1,0 +1,196 @@
+"""The journal's single I/O thread: writes each batch, syncs once, then reports back to the loop.
+
+All decisions (which file, which offset, what to recycle) are made on the event
+loop; this thread only performs them in order, so ordering is trivial.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import files as jf
+
+log = logging.getLogger("tandem.journal")
+
+
+@dataclass
+class Batch:
+    """Writes for one group commit: (file key, offset, bytes) in order, then recycles."""
+
+    writes: list[tuple[int, int, bytes]] = field(default_factory=list)
+    new_files: dict[int, int] = field(default_factory=dict)  # key -> size, created before writing
+    recycle: list[tuple[int, Path, int]] = field(default_factory=list)  # (key, path, size)
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
+    nbytes: int = 0
+
+
+Job = Batch | Callable[[], None] | None
+
+
+class Writer:
+    """Owns every file descriptor of one journal directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        prefix: str,
+        file_size: int,
+        pool_files: int,
+        datasync: bool,
+        free: list[Path],
+        done: Callable[[Batch, BaseException | None], None],
+    ) -> None:
+        self.directory = directory
+        self.prefix = prefix
+        self.file_size = file_size
+        self.pool_files = pool_files
+        self.datasync = datasync
+        self.free = list(free)
+        self._done = done
+        self._fds: dict[int, int] = {}
+        self._paths: dict[int, Path] = {}
+        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._free_counter = 0
+        self.failed: BaseException | None = None
+
+    # -- control (loop thread) -------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"journal-{self.prefix}", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Batch | Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+        self.close_all()
+
+    def adopt(self, key: int, path: Path) -> None:
+        """Open an existing data file for appending (start-up, before start())."""
+        self._fds[key] = os.open(path, os.O_RDWR)
+        self._paths[key] = path
+
+    def close_all(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._paths.clear()
+
+    # -- thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if self.failed is not None:
+                continue
+            if isinstance(job, Batch):
+                err: BaseException | None = None
+                try:
+                    self.write_batch(job)
+                except BaseException as exc:  # an I/O error is fatal to the journal
+                    log.critical("journal write failed: %r", exc)
+                    self.failed = err = exc
+                self._done(job, err)
+                if err is None and not self.free and self.pool_files > 0 and self._jobs.empty():
+                    self._spare()
+            else:
+                try:
+                    job()
+                except BaseException as exc:
+                    log.critical("journal maintenance failed: %r", exc)
+                    self.failed = exc
+
+    def write_batch(self, batch: Batch) -> None:
+        """Create, write, sync and recycle as the batch says (runs on the writer thread)."""
+        for key, size in batch.new_files.items():
+            self._open_new(key, size)
+        touched: list[int] = []
+        last_key = -1
+        pending: list[bytes] = []
+        pending_off = pending_end = 0
+        for key, off, data in batch.writes:
+            if key == last_key and off == pending_end:
+                pending.append(data)
+                pending_end += len(data)
+                continue
+            if pending:
+                os.pwrite(self._fds[last_key], b"".join(pending), pending_off)
+            last_key, pending_off, pending = key, off, [data]
+            pending_end = off + len(data)
+            if key not in touched:
+                touched.append(key)
+        if pending:
+            os.pwrite(self._fds[last_key], b"".join(pending), pending_off)
+        if self.datasync:
+            for key in touched:
+                os.fdatasync(self._fds[key])
+        for key, path, size in batch.recycle:
+            self._recycle(key, path, size)
+
+    def _open_new(self, key: int, size: int) -> None:
+        path = self.directory / jf.data_name(self.prefix, key)
+        if size == self.file_size and self.free:
+            src = self.free.pop()
+            fd = os.open(src, os.O_RDWR)
+            os.pwrite(fd, jf.header_bytes(key), 0)
+            os.fdatasync(fd)
+            os.rename(src, path)
+        else:
+            jf.create_zeroed(path, size, key)
+            fd = os.open(path, os.O_RDWR)
+        jf.fsync_dir(self.directory)
+        self._fds[key] = fd
+        self._paths[key] = path
+
+    def _recycle(self, key: int, path: Path, size: int) -> None:
+        fd = self._fds.pop(key, None)
+        self._paths.pop(key, None)
+        if fd is None:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            if size == self.file_size and len(self.free) < self.pool_files:
+                # Invalidate the header first so the old records can never replay.
+                os.pwrite(fd, bytes(jf.FILE_HEADER_SIZE), 0)
+                os.fdatasync(fd)
+                dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
+                os.rename(path, dst)
+                self.free.append(dst)
+            else:
+                os.unlink(path)
+        finally:
+            os.close(fd)
+        jf.fsync_dir(self.directory)
+
+    def _next_free_number(self) -> int:
+        while True:
+            self._free_counter += 1
+            if not (self.directory / jf.free_name(self.prefix, self._free_counter)).exists():
+                return self._free_counter
+
+    def _spare(self) -> None:
+        """Pre-create one pooled file while idle so a roll-over does not wait for zero-filling."""
+        try:
+            dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
+            jf.create_zeroed(dst, self.file_size, None)
+            jf.fsync_dir(self.directory)
+            self.free.append(dst)
+        except OSError as exc:
+            log.warning("could not pre-create a journal file: %r", exc)
+
+    def forget(self, key: int) -> None:
+        """Close a file's descriptor (it is about to be replaced by compaction)."""
+        fd = self._fds.pop(key, None)
+        self._paths.pop(key, None)
+        if fd is not None:
+            os.close(fd)

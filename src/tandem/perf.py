@@ -1,0 +1,280 @@
+"""`tandem perf producer|consumer|pair`: throughput and latency over the native protocol.
+
+Producers and consumers run in their own processes (a Python client is
+CPU-bound; sharing one interpreter with the broker or each other would
+measure the GIL). Each body starts with the send time (CLOCK_MONOTONIC,
+comparable across processes on one machine) so consumers measure latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import struct
+import sys
+import time
+from array import array
+from typing import Any
+
+STAMP = struct.Struct(">q")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("perf", help="measure throughput and latency")
+    ps = p.add_subparsers(dest="mode", required=True)
+    for mode in ("producer", "consumer", "pair"):
+        x = ps.add_parser(mode)
+        x.add_argument("--url", default="tcp://127.0.0.1:61616")
+        x.add_argument("--destination", "--queue", dest="queue", default="perf")
+        x.add_argument("--count", type=int, default=100_000, help="messages in all")
+        x.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+        x.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        x.add_argument("--no-progress", action="store_true")
+        if mode in ("producer", "pair"):
+            x.add_argument("--producers", type=int, default=1)
+            x.add_argument("--size", type=int, default=1024)
+            x.add_argument("--window", type=int, default=256, help="unconfirmed sends per producer")
+            x.add_argument("--non-durable", action="store_true")
+        if mode in ("consumer", "pair"):
+            x.add_argument("--consumers", type=int, default=1)
+            x.add_argument("--consumer-window", type=int, default=256 * 1024, help="consumer credit in bytes")
+        if mode == "pair":
+            x.add_argument("--keep", action="store_true", help="do not purge the queue first")
+    p.set_defaults(func=lambda a: main(a))
+
+
+def _install_loop() -> None:
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+
+
+def _split(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+# ------------------------------------------------------------------ producers
+async def _produce(url: str, queue: str, count: int, size: int, window: int, durable: bool, sent: Any) -> None:
+    from .client.connection import connect
+    from .client.message import Message
+
+    conn = await connect(url, producer_window_size=window)
+    session = await conn.create_session()
+    prod = session.create_producer(queue)
+    pad = b"x" * max(size - STAMP.size, 0)
+    errors: list[BaseException] = []
+    confirmed = 0
+
+    def done(exc: BaseException | None) -> None:
+        nonlocal confirmed
+        if exc is not None:
+            errors.append(exc)
+        confirmed += 1
+        if confirmed % 256 == 0:
+            with sent.get_lock():
+                sent.value += 256
+
+    for _ in range(count):
+        await prod.send_async(Message(STAMP.pack(time.monotonic_ns()) + pad, durable=durable), done)
+    await prod.flush()
+    with sent.get_lock():
+        sent.value += confirmed % 256
+    await conn.close()
+    if errors:
+        raise errors[0]
+
+
+def _producer_proc(args: dict[str, Any], sent: Any, out: Any, start: Any) -> None:
+    _install_loop()
+
+    async def run() -> dict[str, Any]:
+        start.wait()
+        t0 = time.monotonic_ns()
+        counts = _split(args["count"], args["producers"])
+        await asyncio.gather(
+            *(
+                _produce(args["url"], args["queue"], n, args["size"], args["window"], args["durable"], sent)
+                for n in counts
+            )
+        )
+        return {"first_send_ns": t0, "last_confirm_ns": time.monotonic_ns()}
+
+    try:
+        out.send(asyncio.run(run()))
+    except BaseException as exc:
+        out.send({"error": repr(exc)})
+
+
+# ------------------------------------------------------------------ consumers
+async def _consume(url: str, queue: str, count: int, window: int, recv: Any, lat: array[int], deadline: float) -> int:
+    from .client.connection import connect
+
+    conn = await connect(url, consumer_window_size=window)
+    session = await conn.create_session(ack_mode="auto")
+    consumer = await session.create_consumer(queue)
+    got = 0
+    unpack = STAMP.unpack_from
+    mono = time.monotonic_ns
+    append = lat.append
+    batch = 0
+    while got < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        msg = await consumer.receive(left)
+        if msg is None:
+            break
+        append(mono() - unpack(msg.body)[0])
+        got += 1
+        batch += 1
+        # drain what is buffered without awaiting
+        while got < count:
+            m2 = consumer.receive_nowait()
+            if m2 is None:
+                break
+            append(mono() - unpack(m2.body)[0])
+            got += 1
+            batch += 1
+        if batch >= 256:
+            with recv.get_lock():
+                recv.value += batch
+            batch = 0
+    with recv.get_lock():
+        recv.value += batch
+    await consumer.close()
+    await conn.close()
+    return got
+
+
+def _consumer_proc(args: dict[str, Any], recv: Any, out: Any, ready: Any) -> None:
+    _install_loop()
+
+    async def run() -> dict[str, Any]:
+        deadline = time.monotonic() + args["timeout"]
+        lats = [array("q") for _ in range(args["consumers"])]
+        counts = _split(args["count"], args["consumers"])
+        tasks = [
+            _consume(args["url"], args["queue"], n, args["consumer_window"], recv, lats[i], deadline)
+            for i, n in enumerate(counts)
+        ]
+        ready.set()
+        got = await asyncio.gather(*tasks)
+        merged = array("q")
+        for a in lats:
+            merged.extend(a)
+        return {"received": sum(got), "last_receive_ns": time.monotonic_ns(), "lat": merged.tobytes()}
+
+    try:
+        out.send(asyncio.run(run()))
+    except BaseException as exc:
+        out.send({"error": repr(exc)})
+
+
+# ------------------------------------------------------------------- driving
+def percentiles(samples_ns: array[int]) -> dict[str, float]:
+    if not samples_ns:
+        return {"p50": 0.0, "p99": 0.0, "p999": 0.0}
+    s = sorted(samples_ns)
+    n = len(s)
+
+    def pick(q: float) -> float:
+        return round(s[min(n - 1, int(q * n))] / 1e6, 3)
+
+    return {"p50": pick(0.50), "p99": pick(0.99), "p999": pick(0.999)}
+
+
+def _progress(total: int, counter: Any, procs: list[mp.process.BaseProcess], disable: bool, label: str) -> None:
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="msg", desc=label, disable=disable, file=sys.stderr, smoothing=0.1) as bar:
+        last = 0
+        while any(p.is_alive() for p in procs):
+            time.sleep(0.2)
+            v = counter.value
+            bar.update(v - last)
+            last = v
+        bar.update(counter.value - last)
+
+
+def _prepare(url: str, queue: str, purge: bool) -> None:
+    async def go() -> None:
+        from .client.connection import connect
+
+        conn = await connect(url)
+        try:
+            await conn.manage("queue.create", name=queue, exists_ok=True)
+            if purge:
+                await conn.manage("queue.purge", name=queue)
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def main(a: argparse.Namespace) -> int:
+    ctx = mp.get_context("spawn")
+    args = {k: v for k, v in vars(a).items() if k != "func"}
+    args["durable"] = not args.get("non_durable", False)
+    _prepare(a.url, a.queue, purge=(a.mode == "pair" and not a.keep))
+    start = ctx.Event()
+    procs: list[mp.process.BaseProcess] = []
+    prod_rx = cons_rx = None
+    sent = ctx.Value("q", 0)
+    recv = ctx.Value("q", 0)
+    if a.mode in ("consumer", "pair"):
+        cons_rx, tx = ctx.Pipe(duplex=False)
+        procs.append(ctx.Process(target=_consumer_proc, args=(args, recv, tx, start)))
+    if a.mode in ("producer", "pair"):
+        prod_rx, tx2 = ctx.Pipe(duplex=False)
+        procs.append(ctx.Process(target=_producer_proc, args=(args, sent, tx2, start)))
+    for p in procs:
+        p.start()
+    if a.mode == "producer":
+        start.set()
+    counter = recv if a.mode != "producer" else sent
+    label = "received" if a.mode != "producer" else "confirmed"
+    _progress(a.count, counter, procs, a.no_progress or a.json, label)
+    for p in procs:
+        p.join(5)
+    result: dict[str, Any] = {
+        "broker": "tandem",
+        "client": "tandem-python",
+        "mode": a.mode,
+        "producers": getattr(a, "producers", 0),
+        "consumers": getattr(a, "consumers", 0),
+        "size": getattr(a, "size", 0),
+        "count": a.count,
+        "window": getattr(a, "window", 0),
+        "durable": args["durable"],
+    }
+    prod = prod_rx.recv() if prod_rx is not None and prod_rx.poll(5) else None
+    cons = cons_rx.recv() if cons_rx is not None and cons_rx.poll(5) else None
+    for part in (prod, cons):
+        if part is not None and "error" in part:
+            print(f"tandem perf: client failed: {part['error']}", file=sys.stderr)
+            return 1
+    if a.mode == "producer" and prod:
+        dur = (prod["last_confirm_ns"] - prod["first_send_ns"]) / 1e9
+        result.update(msgs_per_s=round(a.count / dur, 1), duration_s=round(dur, 3))
+    elif cons:
+        lat = array("q")
+        lat.frombytes(cons["lat"])
+        first = prod["first_send_ns"] if prod else min(lat) if lat else 0
+        dur = (cons["last_receive_ns"] - first) / 1e9 if prod else 0.0
+        result.update(received=cons["received"], latency_ms=percentiles(lat))
+        if prod:
+            result.update(msgs_per_s=round(cons["received"] / dur, 1) if dur > 0 else 0.0, duration_s=round(dur, 3))
+        if cons["received"] < a.count:
+            result["error"] = f"only {cons['received']} of {a.count} messages arrived"
+    if a.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:12} {v}")
+    return 0 if "error" not in result else 1

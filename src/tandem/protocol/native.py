@@ -1,0 +1,282 @@
+"""The native wire protocol (sans-IO): length-prefixed frames of msgpack packets.
+
+A connection starts with the 4-byte magic ``TNDM`` from the client, then
+frames flow both ways: ``u32 length`` + a msgpack array whose first element is
+the packet tag (msgspec tagged unions do the dispatch in C).
+
+Channel 0 is the connection itself; every session is a channel. Each client
+command on a channel carries a monotonic command id. The server answers calls
+with RESPONSE/EXCEPTION and confirms pipelined commands (SEND, ACK) with
+CONFIRM(upto): every command id up to `upto` on that channel is done and
+durable. These ids are what a later reattach replays from.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgspec
+
+from ..errors import ErrorCode, FrameTooLarge, ProtocolError, UnknownPacket, VersionMismatch
+
+MAGIC = b"TNDM"
+PROTOCOL_VERSION = 1
+LENGTH = struct.Struct("<I")
+
+
+class Packet(msgspec.Struct, array_like=True, gc=False, tag_field="t"):
+    pass
+
+
+# ---------------------------------------------------------------- connection
+class Hello(Packet, tag=1):
+    version: int
+    client_id: str | None = None
+    username: str | None = None
+    password: str | None = None
+    client_name: str = ""
+
+
+class HelloOk(Packet, tag=2):
+    version: int
+    server_name: str
+    node_id: str
+    connection_ttl: int
+    topology: list[Any] = []
+
+
+class Ping(Packet, tag=3):
+    pass
+
+
+class Pong(Packet, tag=4):
+    pass
+
+
+class Error(Packet, tag=5):
+    """Connection-fatal error; the sender closes the connection after it."""
+
+    code: int
+    message: str
+
+
+class Disconnect(Packet, tag=6):
+    pass
+
+
+class Topology(Packet, tag=7):
+    nodes: list[Any]
+
+
+# ------------------------------------------------------------------ sessions
+class CreateSession(Packet, tag=10):
+    channel: int
+    cmd: int
+    transacted: bool = False
+    name: str = ""
+
+
+class CloseSession(Packet, tag=11):
+    channel: int
+    cmd: int
+
+
+class Send(Packet, tag=12):
+    channel: int
+    cmd: int
+    message: msgspec.Raw
+
+
+class CreateConsumer(Packet, tag=13):
+    channel: int
+    cmd: int
+    consumer_id: int
+    queue: str
+    filter: str | None = None
+    window: int = -2  # -2: the broker's default-consumer-window-size
+    browse_only: bool = False
+
+
+class CloseConsumer(Packet, tag=14):
+    channel: int
+    cmd: int
+    consumer_id: int
+
+
+class Flow(Packet, tag=15):
+    channel: int
+    consumer_id: int
+    credits: int
+
+
+class Ack(Packet, tag=16):
+    channel: int
+    cmd: int
+    consumer_id: int
+    message_id: int
+    cumulative: bool = True
+
+
+class Manage(Packet, tag=20):
+    """An administrative call: `op` names it, `args` are its keyword arguments."""
+
+    channel: int
+    cmd: int
+    op: str
+    args: dict[str, Any] = {}
+
+
+# ------------------------------------------------------------ server replies
+class Confirm(Packet, tag=30):
+    channel: int
+    upto: int
+
+
+class Response(Packet, tag=31):
+    channel: int
+    cmd: int
+    result: Any = None
+
+
+class Exception_(Packet, tag=32):
+    channel: int
+    cmd: int
+    code: int
+    message: str
+
+
+class Deliver(Packet, tag=33):
+    channel: int
+    consumer_id: int
+    message_id: int
+    delivery_count: int
+    seq: int
+    message: msgspec.Raw
+
+
+class ConsumerClosed(Packet, tag=34):
+    channel: int
+    consumer_id: int
+    code: int
+    message: str
+
+
+ClientPacket = (
+    Hello
+    | Ping
+    | Pong
+    | Error
+    | Disconnect
+    | CreateSession
+    | CloseSession
+    | Send
+    | CreateConsumer
+    | CloseConsumer
+    | Flow
+    | Ack
+    | Manage
+)
+ServerPacket = HelloOk | Ping | Pong | Error | Topology | Confirm | Response | Exception_ | Deliver | ConsumerClosed
+
+CLIENT_TAGS = {c.__struct_config__.tag for c in ClientPacket.__args__}
+SERVER_TAGS = {c.__struct_config__.tag for c in ServerPacket.__args__}
+
+
+class FrameReader:
+    """Splits a byte stream into packets; raises ProtocolError subclasses on bad input."""
+
+    __slots__ = ("_buf", "_decoder", "_known", "_need_magic", "max_frame_size")
+
+    def __init__(self, packet_type: Any, max_frame_size: int, expect_magic: bool) -> None:
+        self._buf = bytearray()
+        self._decoder = msgspec.msgpack.Decoder(packet_type)
+        self._known = CLIENT_TAGS if packet_type is ClientPacket else SERVER_TAGS
+        self._need_magic = expect_magic
+        self.max_frame_size = max_frame_size
+
+    def feed(self, data: bytes) -> list[Any]:
+        buf = self._buf
+        buf += data
+        pos = 0
+        if self._need_magic:
+            if len(buf) < len(MAGIC):
+                if not MAGIC.startswith(bytes(buf)):
+                    raise ProtocolError("not a Tandem native client (bad magic)")
+                return []
+            if buf[: len(MAGIC)] != MAGIC:
+                raise ProtocolError("not a Tandem native client (bad magic)")
+            pos = len(MAGIC)
+            self._need_magic = False
+        out: list[Any] = []
+        end = len(buf)
+        unpack = LENGTH.unpack_from
+        decode = self._decoder.decode
+        limit = self.max_frame_size
+        while end - pos >= 4:
+            (n,) = unpack(buf, pos)
+            if n > limit:
+                raise FrameTooLarge(f"frame of {n} bytes exceeds max-frame-size {limit}")
+            if n == 0:
+                raise ProtocolError("empty frame")
+            if end - pos - 4 < n:
+                break
+            payload = bytes(buf[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+            try:
+                out.append(decode(payload))
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise self._classify(payload, exc) from None
+        if pos:
+            del buf[:pos]
+        return out
+
+    def _classify(self, payload: bytes, exc: Exception) -> ProtocolError:
+        try:
+            generic = msgspec.msgpack.decode(payload)
+        except msgspec.DecodeError:
+            return ProtocolError(f"malformed frame: {exc}")
+        if isinstance(generic, list) and generic and isinstance(generic[0], int):
+            if generic[0] not in self._known:
+                return UnknownPacket(f"unknown packet type {generic[0]}")
+            return ProtocolError(f"malformed packet type {generic[0]}: {exc}")
+        return ProtocolError(f"malformed frame: {exc}")
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_pack_len = LENGTH.pack
+
+
+def encode(packet: Packet) -> bytes:
+    payload = _encoder.encode(packet)
+    return _pack_len(len(payload)) + payload
+
+
+def encode_many(packets: list[Packet]) -> bytes:
+    parts: list[bytes] = []
+    for p in packets:
+        payload = _encoder.encode(p)
+        parts.append(_pack_len(len(payload)))
+        parts.append(payload)
+    return b"".join(parts)
+
+
+def check_version(hello: Hello) -> None:
+    if hello.version != PROTOCOL_VERSION:
+        raise VersionMismatch(f"client speaks version {hello.version}, server speaks {PROTOCOL_VERSION}")
+
+
+def error_packet(code: ErrorCode | int, message: str) -> Error:
+    return Error(int(code), message)
+
+
+class SendData(Packet, tag=12):
+    """Client-side twin of :class:`Send`: encodes the message struct in place, no second pass."""
+
+    channel: int
+    cmd: int
+    message: Any

@@ -1,0 +1,132 @@
+"""Management operations, reachable over the native protocol (MANAGE packets) and the CLI."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..core.message import RoutingType
+from ..errors import InvalidArgument, QueueDoesNotExist
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .native import NativeConnection
+
+Reply = Callable[[Any], None]
+
+
+def _routing(text: str) -> RoutingType:
+    try:
+        return RoutingType.parse(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"`routing_type`: {exc}") from None
+
+
+class Admin:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._ops: dict[str, Callable[..., Any]] = {
+            "queue.create": self.queue_create,
+            "queue.delete": self.queue_delete,
+            "queue.purge": self.queue_purge,
+            "queue.stat": self.queue_stat,
+            "address.create": self.address_create,
+            "address.delete": self.address_delete,
+            "address.list": self.address_list,
+            "broker.status": self.broker_status,
+        }
+
+    @property
+    def ops(self) -> list[str]:
+        return sorted(self._ops)
+
+    def handle(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
+        fn = self._ops.get(op)
+        if fn is None:
+            raise InvalidArgument(f"unknown management operation {op!r}; known: {', '.join(self.ops)}")
+        params = inspect.signature(fn).parameters
+        for key in args:
+            if key not in params or key in ("conn", "reply"):
+                raise InvalidArgument(f"{op}: unknown argument `{key}`")
+        try:
+            bound = inspect.signature(fn).bind(conn=conn, reply=reply, **args)
+        except TypeError as exc:
+            raise InvalidArgument(f"{op}: {exc}") from None
+        for name, value in bound.arguments.items():
+            ann = params[name].annotation
+            if ann in ("str", "str | None", "bool", "int") and value is not None:
+                want = {"str": str, "str | None": str, "bool": bool, "int": int}[ann]
+                if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                    raise InvalidArgument(f"{op}: argument `{name}` must be {ann}, got {type(value).__name__}")
+        fn(*bound.args, **bound.kwargs)
+
+    def _after_bindings(self, reply: Reply, result: Any) -> None:
+        self.broker.storage.after_bindings_durable(lambda: reply(result))
+
+    # ---------------------------------------------------------------- queues
+    def queue_create(
+        self,
+        conn: NativeConnection | None,
+        reply: Reply,
+        name: str,
+        address: str | None = None,
+        routing_type: str = "anycast",
+        durable: bool = True,
+        filter: str | None = None,
+        max_consumers: int = -1,
+        temporary: bool = False,
+        exists_ok: bool = False,
+    ) -> None:
+        q = self.broker.postoffice.create_queue(
+            name,
+            address,
+            _routing(routing_type),
+            durable=durable,
+            filter_text=filter,
+            temporary=temporary,
+            max_consumers=max_consumers,
+            exists_ok=exists_ok,
+        )
+        if temporary and conn is not None:
+            conn.temp_queues.add(q.name)
+            q.owner = conn
+        self._after_bindings(reply, q.stat())
+
+    def queue_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
+        removed = self.broker.postoffice.delete_queue(name, force=force)
+        if conn is not None:
+            conn.temp_queues.discard(name)
+        self.broker.storage.after_durable(lambda: self._after_bindings(reply, {"removed": removed}))
+
+    def queue_purge(self, conn: NativeConnection | None, reply: Reply, name: str) -> None:
+        removed = self.broker.postoffice.queue(name).purge()
+        self.broker.storage.after_durable(lambda: reply({"removed": removed}))
+
+    def queue_stat(self, conn: NativeConnection | None, reply: Reply, name: str | None = None) -> None:
+        po = self.broker.postoffice
+        if name is not None:
+            if name not in po.queues:
+                raise QueueDoesNotExist(f"queue {name!r} does not exist")
+            reply([po.queues[name].stat()])
+            return
+        reply([q.stat() for _n, q in sorted(po.queues.items())])
+
+    # ------------------------------------------------------------- addresses
+    def address_create(
+        self, conn: NativeConnection | None, reply: Reply, name: str, routing_types: list[str] | None = None
+    ) -> None:
+        rts = {_routing(t) for t in (routing_types or ["anycast"])}
+        addr = self.broker.postoffice.create_address(name, rts)
+        self._after_bindings(reply, addr.stat())
+
+    def address_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
+        self.broker.postoffice.delete_address(name, force=force)
+        self.broker.storage.after_durable(lambda: self._after_bindings(reply, None))
+
+    def address_list(self, conn: NativeConnection | None, reply: Reply) -> None:
+        reply([a.stat() for _n, a in sorted(self.broker.postoffice.addresses.items())])
+
+    # ---------------------------------------------------------------- broker
+    def broker_status(self, conn: NativeConnection | None, reply: Reply) -> None:
+        reply(self.broker.status())

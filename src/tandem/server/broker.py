@@ -1,0 +1,249 @@
+"""A broker instance: storage, post office, acceptors and housekeeping, started and stopped as one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+import uuid
+from typing import Any
+
+from .. import __version__
+from ..config import BrokerConfig, parse_host_port
+from ..core.ids import IdGenerator
+from ..core.message import MessageRef, RoutingType
+from ..core.postoffice import PostOffice, RoutingSettings
+from ..core.queue import Queue
+from ..errors import IllegalState
+from ..ha.lockfile import LIVE, PAUSED, LockFile
+from ..journal import JournalSettings
+from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
+from .admin import Admin
+from .native import NativeConnection
+
+log = logging.getLogger("tandem.broker")
+
+
+def journal_settings(cfg: BrokerConfig) -> JournalSettings:
+    return JournalSettings(
+        file_size=cfg.journal_file_size,
+        min_files=cfg.journal_min_files,
+        pool_files=cfg.journal_pool_files,
+        buffer_timeout_ns=cfg.journal_buffer_timeout,
+        buffer_size=cfg.journal_buffer_size,
+        compact_percentage=cfg.journal_compact_percentage,
+        compact_min_files=cfg.journal_compact_min_files,
+        datasync=cfg.journal_datasync,
+    )
+
+
+def _compile_filter(text: str) -> Any:
+    from ..core.selector import compile_selector
+
+    return compile_selector(text)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.storage: JournalStorage | NullStorage
+        if config.persistence_enabled:
+            self.storage = JournalStorage(config.data_path, journal_settings(config))
+        else:
+            self.storage = NullStorage()
+        self.postoffice: PostOffice
+        self.admin = Admin(self)
+        self.connections: set[NativeConnection] = set()
+        self.servers: list[asyncio.Server] = []
+        self.bound: dict[str, tuple[str, int]] = {}
+        self.node_id = ""
+        self.started_at = 0.0
+        self.load_seconds = 0.0
+        self.loaded_messages = 0
+        self._housekeeper: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._stopping = False
+        self._lock: LockFile | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        self.node_id = self._take_lock()
+        state = self.storage.load()
+        self.storage.set_failure_handler(self._storage_failed)
+        self.storage.start()
+        ids = IdGenerator(state.max_id + 1, state.id_reserved, self.storage.reserve_ids)
+        cfg = self.config
+        settings = RoutingSettings(
+            auto_create_queues=cfg.auto_create_queues,
+            auto_create_addresses=cfg.auto_create_addresses,
+            default_routing_type=RoutingType.parse(cfg.default_routing_type),
+        )
+        self.postoffice = PostOffice(self.storage, ids, loop.call_soon, settings, _compile_filter)
+        self._restore(state)
+        self._declare()
+        self.load_seconds = time.monotonic() - t0
+        for acc in cfg.acceptors:
+            host, port = parse_host_port(acc.bind)
+            server = await loop.create_server(partial(NativeConnection, self, acc.name), host, port, reuse_address=True)
+            self.servers.append(server)
+            sock = server.sockets[0].getsockname()
+            self.bound[acc.name] = (sock[0], sock[1])
+        self.started_at = time.time()
+        self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
+        log.info(
+            "broker started",
+            extra={"name": cfg.name, "node_id": self.node_id, "messages": self.loaded_messages},
+        )
+
+    async def stop(self) -> None:
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        for server in self.servers:
+            server.close()
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
+            try:
+                await self._housekeeper
+            except asyncio.CancelledError:
+                pass
+        for conn in list(self.connections):
+            conn.close()
+        for server in self.servers:
+            try:
+                await asyncio.wait_for(server.wait_closed(), 5)
+            except TimeoutError:
+                pass
+        await self.storage.stop()
+        self._release_lock(PAUSED)
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def _storage_failed(self, err: BaseException) -> None:
+        log.critical("storage failure, stopping the broker: %r", err)
+        asyncio.get_running_loop().create_task(self.stop())
+
+    def _take_lock(self) -> str:
+        """Hold the live lock on the data directory so no second broker writes the same journal."""
+        if not self.config.persistence_enabled:
+            return uuid.uuid4().hex
+        lock = LockFile(self.config.data_path)
+        if not lock.try_lock_live():
+            lock.close()
+            raise IllegalState(
+                f"data directory {self.config.data_path} is in use by another running broker (server.lock is held)"
+            )
+        self._lock = lock
+        lock.write_state(LIVE)
+        return lock.node_id()
+
+    def _release_lock(self, state: bytes) -> None:
+        if self._lock is not None:
+            self._lock.write_state(state)
+            self._lock.unlock_live()
+            self._lock.close()
+            self._lock = None
+
+    # ---------------------------------------------------------------- reload
+    def _restore(self, state: LoadedState) -> None:
+        po = self.postoffice
+        from ..core.address import Address
+
+        for aid, arec in state.addresses:
+            po.restore_address(Address(aid, arec.name, {RoutingType(r) for r in arec.routing_types}, arec.auto_created))
+        for lq in state.queues:
+            r = lq.record
+            filt = po.compile_filter(r.filter) if r.filter else None
+            q = Queue(
+                lq.id,
+                r.name,
+                r.address,
+                RoutingType(r.routing_type),
+                True,
+                self.storage,
+                po.schedule,
+                filter_text=r.filter,
+                filter=filt,
+                auto_created=r.auto_created,
+                max_consumers=r.max_consumers,
+                next_seq=max(lq.seq_reserved, 1),
+                seq_reserved=lq.seq_reserved,
+            )
+            po.restore_queue(q)
+        by_id = po.queues_by_id
+        n = 0
+        for lm in state.messages:
+            m = lm.message
+            refs = [(by_id[qid], seq, dc) for qid, seq, dc in lm.refs if qid in by_id]
+            if not refs:
+                self.storage.delete_message(m.id)
+                continue
+            m.durable_refs = len(refs)
+            for q, seq, dc in refs:
+                q.add_loaded(MessageRef(m, q, seq, dc))
+            n += 1
+        for q in po.queues.values():
+            q.sort_loaded()
+        self.loaded_messages = n
+
+    def _declare(self) -> None:
+        po = self.postoffice
+        for a in self.config.addresses:
+            rt = RoutingType.parse(a.routing_type)
+            po.create_address(a.name, {rt}, exists_ok=True)
+            for qc in a.queues:
+                if qc.name not in po.queues:
+                    po.create_queue(qc.name, a.name, rt, qc.durable, qc.filter, max_consumers=qc.max_consumers)
+
+    # ----------------------------------------------------------- operations
+    def authenticate(self, username: str | None, password: str | None) -> bool:
+        return True
+
+    def topology(self) -> list[Any]:
+        native = self.bound.get(self._native_acceptor_name() or "", None)
+        connector = f"{native[0]}:{native[1]}" if native else ""
+        return [{"node_id": self.node_id, "primary": connector, "backup": None}]
+
+    def _native_acceptor_name(self) -> str | None:
+        for acc in self.config.acceptors:
+            if acc.protocol == "native":
+                return acc.name
+        return None
+
+    def status(self) -> dict[str, Any]:
+        po = self.postoffice
+        out: dict[str, Any] = {
+            "name": self.config.name,
+            "version": __version__,
+            "node_id": self.node_id,
+            "role": "live-only",
+            "state": "active",
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "connections": len(self.connections),
+            "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
+            "persistence": self.config.persistence_enabled,
+            "reload_s": round(self.load_seconds, 3),
+            **po.stat(),
+        }
+        if isinstance(self.storage, JournalStorage):
+            out["journal"] = vars(self.storage.messages.stats())
+            out["bindings_journal"] = vars(self.storage.bindings.stats())
+        return out
+
+    async def _housekeeping(self) -> None:
+        cfg = self.config
+        period = cfg.connection_check_period / 1000
+        ttl = cfg.effective_ttl_ms / 1000
+        ping_every = max(ttl / 4, 0.05)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for conn in list(self.connections):
+                conn.check_alive(now, ttl, ping_every)

@@ -1,0 +1,360 @@
+"""Native protocol connections: bytes in → packets → core; coalesced bytes out.
+
+One `asyncio.Protocol` per client, no task per message. Everything a read
+callback produces (confirms, responses, deliveries) is appended to one output
+list and written with a single `transport.write` per loop pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
+
+from ..core.consumer import Consumer
+from ..core.message import MessageRef
+from ..core.session import ServerSession
+from ..errors import (
+    ErrorCode,
+    IllegalState,
+    InternalError,
+    ProtocolError,
+    SessionDoesNotExist,
+    TandemError,
+    Unauthorized,
+)
+from ..protocol import native as p
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("tandem.native")
+
+HIGH_WATER = 1 << 22  # bytes queued in the transport before we stop reading and delivering
+LOW_WATER = 1 << 20
+
+_encode = p.encode
+_pack_len = p.LENGTH.pack
+
+
+class NativeSession:
+    """Per-channel state: in-order confirmation of pipelined commands."""
+
+    __slots__ = ("batch_upto", "channel", "conn", "core", "dirty", "pending_durable", "storage")
+
+    def __init__(self, conn: NativeConnection, channel: int, core: ServerSession) -> None:
+        self.conn = conn
+        self.channel = channel
+        self.core = core
+        self.storage = conn.broker.storage
+        self.batch_upto = 0
+        self.pending_durable = 0
+        self.dirty = False
+
+    # Confirmation ordering: a command is confirmed only after every earlier one.
+    def completed(self, cmd: int, durable: bool) -> None:
+        if durable or self.pending_durable or self.batch_upto:
+            self.batch_upto = cmd
+            if not self.dirty:
+                self.dirty = True
+                self.conn.touched.append(self)
+        else:
+            self.conn.confirm(self.channel, cmd)
+
+    def end_of_batch(self) -> None:
+        self.dirty = False
+        upto = self.batch_upto
+        if upto:
+            self.batch_upto = 0
+            self.pending_durable += 1
+            self.storage.after_durable(partial(self._durable_done, upto))
+
+    def _durable_done(self, upto: int) -> None:
+        self.pending_durable -= 1
+        if not self.conn.closed:
+            self.conn.confirm(self.channel, upto)
+
+    # DeliverySink
+    @property
+    def writable(self) -> bool:
+        return self.conn.writable
+
+    def deliver(self, consumer: Consumer, ref: MessageRef) -> None:
+        m = ref.message
+        self.conn.write(
+            _encode(p.Deliver(self.channel, consumer.id, m.id, ref.delivery_count + 1, ref.seq, m.raw))  # type: ignore[arg-type]
+        )
+
+    def consumer_closed(self, consumer: Consumer, error: TandemError) -> None:
+        self.core.forget_consumer(consumer)
+        if not self.conn.closed:
+            self.conn.write(_encode(p.ConsumerClosed(self.channel, consumer.id, int(error.code), error.message)))
+
+
+class NativeConnection(asyncio.Protocol):
+    def __init__(self, broker: Broker, acceptor: str) -> None:
+        self.broker = broker
+        self.acceptor = acceptor
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.reader = p.FrameReader(p.ClientPacket, broker.config.max_frame_size, expect_magic=True)
+        self.sessions: dict[int, NativeSession] = {}
+        self.touched: list[NativeSession] = []
+        self.handshaken = False
+        self.closed = False
+        self.writable = True
+        self.peer = "?"
+        self.client_id: str | None = None
+        self.temp_queues: set[str] = set()
+        self._out: list[bytes] = []
+        self._confirms: dict[int, int] = {}
+        self._flush_scheduled = False
+        self.last_received = self.loop.time()
+        self.last_sent = self.last_received
+
+    # ----------------------------------------------------------- transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        transport = self.transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        self.broker.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        for s in self.sessions.values():
+            for c in s.core.consumers.values():
+                c.queue.deliver_soon()
+
+    # -------------------------------------------------------------- output
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def send(self, packet: p.Packet) -> None:
+        self.write(_encode(packet))
+
+    def confirm(self, channel: int, upto: int) -> None:
+        self._confirms[channel] = upto
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if self._confirms:
+            for ch, upto in self._confirms.items():
+                out.append(_encode(p.Confirm(ch, upto)))
+            self._confirms.clear()
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+            self.last_sent = self.loop.time()
+        out.clear()
+
+    # --------------------------------------------------------------- input
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.last_received = self.loop.time()
+        try:
+            packets = self.reader.feed(data)
+        except ProtocolError as exc:
+            self.fatal(exc)
+            return
+        handlers = _HANDLERS
+        for pkt in packets:
+            if self.is_closed():
+                break
+            try:
+                handlers[type(pkt)](self, pkt)
+            except TandemError as exc:
+                self.command_failed(pkt, exc)
+            except Exception as exc:
+                log.exception("error handling %s from %s", type(pkt).__name__, self.peer)
+                self.command_failed(pkt, InternalError(f"internal error: {exc!r}"))
+        if self.touched:
+            for s in self.touched:
+                s.end_of_batch()
+            self.touched.clear()
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def command_failed(self, pkt: Any, exc: TandemError) -> None:
+        channel = getattr(pkt, "channel", None)
+        cmd = getattr(pkt, "cmd", None)
+        if channel is None or cmd is None or not self.handshaken:
+            self.fatal(exc)
+            return
+        self.send(p.Exception_(channel, cmd, int(exc.code), exc.message))
+
+    def fatal(self, exc: TandemError) -> None:
+        """Report a connection-level error, then close only this connection."""
+        if self.closed:
+            return
+        log.info("closing connection from %s: %s", self.peer, exc)
+        self.send(p.error_packet(exc.code, exc.message))
+        self._flush()
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.broker.connections.discard(self)
+        for s in self.sessions.values():
+            s.core.close()
+        self.sessions.clear()
+        for name in list(self.temp_queues):
+            try:
+                self.broker.postoffice.delete_queue(name, force=True)
+            except TandemError:
+                pass
+        self.temp_queues.clear()
+
+    # ------------------------------------------------------------ handlers
+    def _session(self, channel: int) -> NativeSession:
+        s = self.sessions.get(channel)
+        if s is None:
+            raise SessionDoesNotExist(f"no session on channel {channel}")
+        return s
+
+    def _require_hello(self) -> None:
+        if not self.handshaken:
+            raise ProtocolError("the first packet must be HELLO")
+
+    def on_hello(self, pkt: p.Hello) -> None:
+        if self.handshaken:
+            raise ProtocolError("HELLO sent twice")
+        p.check_version(pkt)
+        if not self.broker.authenticate(pkt.username, pkt.password):
+            raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+        self.handshaken = True
+        self.client_id = pkt.client_id
+        b = self.broker
+        self.send(p.HelloOk(p.PROTOCOL_VERSION, b.config.name, b.node_id, b.config.effective_ttl_ms, b.topology()))
+
+    def on_ping(self, pkt: p.Ping) -> None:
+        self._require_hello()
+        self.send(p.Pong())
+
+    def on_pong(self, pkt: p.Pong) -> None:
+        pass
+
+    def on_disconnect(self, pkt: p.Disconnect) -> None:
+        self._flush()
+        self.close()
+
+    def on_error(self, pkt: p.Error) -> None:
+        log.info("client %s reported error %s: %s", self.peer, pkt.code, pkt.message)
+        self.close()
+
+    def on_create_session(self, pkt: p.CreateSession) -> None:
+        self._require_hello()
+        if pkt.channel in self.sessions or pkt.channel <= 0:
+            raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
+        b = self.broker
+        core = ServerSession(b.postoffice, self, pkt.name, b.config.default_consumer_window_size)
+        self.sessions[pkt.channel] = NativeSession(self, pkt.channel, core)
+        self.send(p.Response(pkt.channel, pkt.cmd, None))
+
+    def on_close_session(self, pkt: p.CloseSession) -> None:
+        s = self.sessions.pop(pkt.channel, None)
+        if s is not None:
+            s.core.close()
+        self.send(p.Response(pkt.channel, pkt.cmd, None))
+
+    def on_send(self, pkt: p.Send) -> None:
+        s = self.sessions.get(pkt.channel)
+        if s is None:
+            raise SessionDoesNotExist(f"no session on channel {pkt.channel}")
+        s.completed(pkt.cmd, s.core.send(pkt.message))
+
+    def on_create_consumer(self, pkt: p.CreateConsumer) -> None:
+        s = self._session(pkt.channel)
+        c = s.core.create_consumer(pkt.consumer_id, pkt.queue, s, pkt.window, pkt.filter, pkt.browse_only)
+        q = c.queue
+        result = {"window": c.window, "queue": q.name, "address": q.address}
+        self._reply_after_bindings(pkt.channel, pkt.cmd, result)
+
+    def on_close_consumer(self, pkt: p.CloseConsumer) -> None:
+        s = self._session(pkt.channel)
+        s.core.close_consumer(pkt.consumer_id)
+        self.send(p.Response(pkt.channel, pkt.cmd, None))
+
+    def on_flow(self, pkt: p.Flow) -> None:
+        s = self.sessions.get(pkt.channel)
+        if s is not None:
+            s.core.flow(pkt.consumer_id, pkt.credits)
+
+    def on_ack(self, pkt: p.Ack) -> None:
+        s = self._session(pkt.channel)
+        s.completed(pkt.cmd, s.core.ack(pkt.consumer_id, pkt.message_id, pkt.cumulative))
+
+    def on_manage(self, pkt: p.Manage) -> None:
+        self._require_hello()
+        channel, cmd = pkt.channel, pkt.cmd
+
+        def reply(result: Any) -> None:
+            if not self.closed:
+                self.send(p.Response(channel, cmd, result))
+
+        self.broker.admin.handle(pkt.op, pkt.args, self, reply)
+
+    def _reply_after_bindings(self, channel: int, cmd: int, result: Any) -> None:
+        def reply() -> None:
+            if not self.closed:
+                self.send(p.Response(channel, cmd, result))
+
+        self.broker.storage.after_bindings_durable(reply)
+
+    # ---------------------------------------------------------- liveness
+    def check_alive(self, now: float, ttl: float, ping_every: float) -> None:
+        if self.closed:
+            return
+        if now - self.last_received > ttl:
+            self.fatal(TandemError(f"no packet for {ttl:.1f}s (connection-ttl)", ErrorCode.CONNECTION_LOST))
+        elif self.handshaken and now - self.last_sent > ping_every:
+            self.send(p.Ping())
+
+
+_HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
+    p.Hello: NativeConnection.on_hello,
+    p.Ping: NativeConnection.on_ping,
+    p.Pong: NativeConnection.on_pong,
+    p.Disconnect: NativeConnection.on_disconnect,
+    p.Error: NativeConnection.on_error,
+    p.CreateSession: NativeConnection.on_create_session,
+    p.CloseSession: NativeConnection.on_close_session,
+    p.Send: NativeConnection.on_send,
+    p.CreateConsumer: NativeConnection.on_create_consumer,
+    p.CloseConsumer: NativeConnection.on_close_consumer,
+    p.Flow: NativeConnection.on_flow,
+    p.Ack: NativeConnection.on_ack,
+    p.Manage: NativeConnection.on_manage,
+}

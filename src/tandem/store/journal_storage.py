@@ -1,0 +1,276 @@
+"""Persistence manager: broker operations ⇄ journal records (two journals, as in Artemis).
+
+`bindings/` holds addresses, queues and counters; `journal/` holds messages,
+acknowledgements and delivery counts. A message is one ADD record naming
+every durable queue it was routed to; acknowledging it on one of several
+queues is an UPDATE, on the last one a DELETE.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from ..core.address import Address
+from ..core.message import Message
+from ..core.queue import Queue
+from ..errors import JournalError
+from ..journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord, Op
+from .records import (
+    ID_COUNTER_RECORD,
+    AckRecord,
+    AddressRecord,
+    CounterRecord,
+    DeliveryCountRecord,
+    MessageRecord,
+    QueueRecord,
+    RecordType,
+    encoder,
+)
+
+log = logging.getLogger("tandem.store")
+
+_dec_address = msgspec.msgpack.Decoder(AddressRecord)
+_dec_queue = msgspec.msgpack.Decoder(QueueRecord)
+_dec_message = msgspec.msgpack.Decoder(MessageRecord)
+_dec_ack = msgspec.msgpack.Decoder(AckRecord)
+_dec_dc = msgspec.msgpack.Decoder(DeliveryCountRecord)
+_dec_counter = msgspec.msgpack.Decoder(CounterRecord)
+_encode = encoder.encode
+
+BINDINGS_FILE_SIZE = 1024 * 1024
+
+
+@dataclass
+class LoadedQueue:
+    id: int
+    record: QueueRecord
+    seq_reserved: int = 0
+
+
+@dataclass
+class LoadedMessage:
+    message: Message
+    refs: list[tuple[int, int, int]]  # (queue id, seq, delivery count)
+
+
+@dataclass
+class LoadedState:
+    addresses: list[tuple[int, AddressRecord]] = field(default_factory=list)
+    queues: list[LoadedQueue] = field(default_factory=list)
+    id_reserved: int = 0
+    max_id: int = 0
+    messages: Iterator[LoadedMessage] = field(default_factory=lambda: iter(()))
+
+
+class JournalStorage:
+    persistent = True
+
+    def __init__(self, data_dir: Path, settings: JournalSettings) -> None:
+        self.data_dir = Path(data_dir)
+        bsettings = JournalSettings(
+            file_size=min(settings.file_size, BINDINGS_FILE_SIZE),
+            min_files=2,
+            pool_files=2,
+            buffer_timeout_ns=settings.buffer_timeout_ns,
+            buffer_size=settings.buffer_size,
+            compact_percentage=settings.compact_percentage,
+            compact_min_files=settings.compact_min_files,
+            datasync=settings.datasync,
+        )
+        self.bindings = Journal(self.data_dir / "bindings", "tandem-bindings", bsettings)
+        self.messages = Journal(self.data_dir / "journal", "tandem-data", settings)
+        for d in ("paging", "large-messages"):
+            (self.data_dir / d).mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ lifecycle
+    def load(self) -> LoadedState:
+        state = LoadedState()
+        for rid, lr in self.bindings.load().items():
+            if lr.user_type == RecordType.ADDRESS:
+                body = lr.updates[-1][1] if lr.updates else lr.body
+                state.addresses.append((rid, _dec_address.decode(body)))
+            elif lr.user_type == RecordType.QUEUE:
+                lq = LoadedQueue(rid, _dec_queue.decode(lr.body))
+                for utype, ubody in lr.updates or ():
+                    if utype == RecordType.QUEUE_SEQ:
+                        lq.seq_reserved = _dec_counter.decode(ubody).value
+                state.queues.append(lq)
+            elif lr.user_type == RecordType.ID_COUNTER:
+                body = lr.updates[-1][1] if lr.updates else lr.body
+                state.id_reserved = _dec_counter.decode(body).value
+        live = self.messages.load()
+        state.max_id = max(self.bindings.max_id, self.messages.max_id)
+        state.messages = self._iter_messages(live)
+        return state
+
+    def _iter_messages(self, live: dict[int, LiveRecord]) -> Iterator[LoadedMessage]:
+        for rid, lr in live.items():
+            if lr.user_type != RecordType.MESSAGE:
+                continue
+            rec = _dec_message.decode(lr.body)
+            counts: dict[int, int] = {}
+            acked: set[int] = set()
+            for utype, ubody in lr.updates or ():
+                if utype == RecordType.ACK:
+                    acked.add(_dec_ack.decode(ubody).queue_id)
+                elif utype == RecordType.DELIVERY_COUNT:
+                    dc = _dec_dc.decode(ubody)
+                    counts[dc.queue_id] = dc.count
+            refs = [(qid, seq, counts.get(qid, 0)) for qid, seq in rec.refs if qid not in acked]
+            yield LoadedMessage(Message.decode(rid, rec.message), refs)
+        live.clear()
+
+    def start(self) -> None:
+        self.bindings.start()
+        self.messages.start()
+
+    async def stop(self) -> None:
+        await self.messages.stop()
+        await self.bindings.stop()
+
+    def set_failure_handler(self, handler: Callable[[BaseException], None]) -> None:
+        self.bindings.on_failure = handler
+        self.messages.on_failure = handler
+
+    # -------------------------------------------------------------- bindings
+    def store_address(self, address: Address) -> None:
+        body = _encode(AddressRecord(address.name, sorted(int(r) for r in address.routing_types), address.auto_created))
+        if self.bindings.contains(address.id):
+            self.bindings.update(address.id, RecordType.ADDRESS, body)
+        else:
+            self.bindings.add(address.id, RecordType.ADDRESS, body)
+
+    def delete_address(self, address: Address) -> None:
+        self.bindings.delete(address.id)
+
+    def store_queue(self, queue: Queue) -> None:
+        rec = QueueRecord(
+            queue.name,
+            queue.address,
+            int(queue.routing_type),
+            queue.filter_text,
+            queue.max_consumers,
+            queue.auto_created,
+        )
+        self.bindings.add(queue.id, RecordType.QUEUE, _encode(rec))
+
+    def delete_queue(self, queue: Queue) -> None:
+        self.bindings.delete(queue.id)
+
+    def store_queue_seq(self, queue: Queue, reserved: int) -> None:
+        if self.bindings.contains(queue.id):
+            self.bindings.update(queue.id, RecordType.QUEUE_SEQ, _encode(CounterRecord(reserved)))
+
+    def reserve_ids(self, upto: int) -> None:
+        body = _encode(CounterRecord(upto))
+        if self.bindings.contains(ID_COUNTER_RECORD):
+            self.bindings.update(ID_COUNTER_RECORD, RecordType.ID_COUNTER, body)
+        else:
+            self.bindings.add(ID_COUNTER_RECORD, RecordType.ID_COUNTER, body)
+
+    def after_bindings_durable(self, cb: Callable[[], None]) -> None:
+        self.bindings.after_durable(cb)
+
+    # -------------------------------------------------------------- messages
+    def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
+        body = _encode(MessageRecord(refs, _as_raw(message.raw)))
+        if tx is None:
+            self.messages.add(message.id, RecordType.MESSAGE, body)
+        else:
+            tx.append(Op(ADD, RecordType.MESSAGE, message.id, body))
+
+    def store_ack(self, message: Message, queue: Queue, tx: list[object] | None = None) -> None:
+        message.durable_refs -= 1
+        if message.durable_refs <= 0:
+            op = Op(DELETE, 0, message.id, b"")
+        else:
+            op = Op(UPDATE, RecordType.ACK, message.id, _encode(AckRecord(queue.id)))
+        if tx is not None:
+            tx.append(op)
+        elif op.kind == DELETE:
+            self.messages.delete(op.id)
+        else:
+            self.messages.update(op.id, op.user_type, op.body)
+
+    def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
+        if self.messages.contains(message.id):
+            self.messages.update(message.id, RecordType.DELIVERY_COUNT, _encode(DeliveryCountRecord(queue.id, count)))
+
+    def commit(self, tx: list[object]) -> None:
+        ops = [op for op in tx if isinstance(op, Op)]
+        if len(ops) != len(tx):
+            raise JournalError("transaction holds something that is not a journal operation")
+        self.messages.batch(ops)
+
+    def delete_message(self, message_id: int) -> None:
+        """Reload clean-up: a message none of whose queues still exist."""
+        self.messages.delete(message_id)
+
+    def after_durable(self, cb: Callable[[], None]) -> None:
+        self.messages.after_durable(cb)
+
+
+def _as_raw(raw: msgspec.Raw | bytes) -> msgspec.Raw:
+    return raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)
+
+
+class NullStorage:
+    """`persistence-enabled = false`: nothing is written, everything is 'durable' at once."""
+
+    persistent = False
+
+    def load(self) -> LoadedState:
+        return LoadedState()
+
+    def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def set_failure_handler(self, handler: Callable[[BaseException], None]) -> None:
+        pass
+
+    def store_address(self, address: Address) -> None:
+        pass
+
+    def delete_address(self, address: Address) -> None:
+        pass
+
+    def store_queue(self, queue: Queue) -> None:
+        pass
+
+    def delete_queue(self, queue: Queue) -> None:
+        pass
+
+    def store_queue_seq(self, queue: Queue, reserved: int) -> None:
+        pass
+
+    def reserve_ids(self, upto: int) -> None:
+        pass
+
+    def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
+        pass
+
+    def store_ack(self, message: Message, queue: Queue, tx: list[object] | None = None) -> None:
+        pass
+
+    def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
+        pass
+
+    def commit(self, tx: list[object]) -> None:
+        pass
+
+    def delete_message(self, message_id: int) -> None:
+        pass
+
+    def after_durable(self, cb: Callable[[], None]) -> None:
+        cb()
+
+    def after_bindings_durable(self, cb: Callable[[], None]) -> None:
+        cb()

@@ -1,0 +1,60 @@
+"""Journal record bodies for broker state (msgpack arrays; new fields go last with defaults)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import msgspec
+
+
+class RecordType(IntEnum):
+    # bindings journal
+    ADDRESS = 1
+    QUEUE = 2
+    QUEUE_SEQ = 3
+    ID_COUNTER = 4
+    # messages journal
+    MESSAGE = 10
+    ACK = 11
+    DELIVERY_COUNT = 12
+
+
+ID_COUNTER_RECORD = 0  # record id of the id-counter reservation in the bindings journal
+
+
+class AddressRecord(msgspec.Struct, array_like=True, gc=False):
+    name: str
+    routing_types: list[int]
+    auto_created: bool = False
+
+
+class QueueRecord(msgspec.Struct, array_like=True, gc=False):
+    name: str
+    address: str
+    routing_type: int
+    filter: str | None = None
+    max_consumers: int = -1
+    auto_created: bool = False
+
+
+class MessageRecord(msgspec.Struct, array_like=True, gc=False):
+    """A routed message: (queue id, per-queue sequence) for each durable queue, then its bytes."""
+
+    refs: list[tuple[int, int]]
+    message: msgspec.Raw
+
+
+class AckRecord(msgspec.Struct, array_like=True, gc=False):
+    queue_id: int
+
+
+class DeliveryCountRecord(msgspec.Struct, array_like=True, gc=False):
+    queue_id: int
+    count: int
+
+
+class CounterRecord(msgspec.Struct, array_like=True, gc=False):
+    value: int
+
+
+encoder = msgspec.msgpack.Encoder()
