@@ -29,7 +29,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pamqp import commands, constants, frame, header
 from pamqp.base import Frame
@@ -100,8 +100,7 @@ class AmqpClient(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Remember the transport."""
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Fail everything that still waits."""
@@ -561,9 +560,9 @@ async def _reset_queue(host: str, port: int, queue: str) -> None:
     try:
         await proto.rpc(commands.Queue.Delete(queue=queue), CHANNEL, commands.Queue.DeleteOk)
         await proto.rpc(
-            commands.Queue.Declare(
-                queue=queue, durable=True, arguments={"x-queue-type": "classic"}
-            ),
+            # Durable, not auto-delete, no arguments: a classic queue, exactly
+            # what RabbitMQ's STOMP plugin itself declares for /queue/NAME.
+            commands.Queue.Declare(queue=queue, durable=True),
             CHANNEL,
             commands.Queue.DeclareOk,
         )

@@ -112,12 +112,15 @@ def _producer_proc(args: dict[str, Any], sent: Any, out: Any, start: Any) -> Non
 
 
 # ------------------------------------------------------------------ consumers
-async def _consume(url: str, queue: str, count: int, window: int, recv: Any, lat: array[int], deadline: float) -> int:
+async def _open_consumer(url: str, queue: str, window: int) -> Any:
     from .client.connection import connect
 
     conn = await connect(url, consumer_window_size=window)
     session = await conn.create_session(ack_mode="auto")
-    consumer = await session.create_consumer(queue)
+    return conn, await session.create_consumer(queue)
+
+
+async def _consume(conn: Any, consumer: Any, count: int, recv: Any, lat: array[int], deadline: float) -> int:
     got = 0
     unpack = STAMP.unpack_from
     mono = time.monotonic_ns
@@ -133,8 +136,7 @@ async def _consume(url: str, queue: str, count: int, window: int, recv: Any, lat
         append(mono() - unpack(msg.body)[0])
         got += 1
         batch += 1
-        # drain what is buffered without awaiting
-        while got < count:
+        while got < count:  # drain what is buffered without awaiting
             m2 = consumer.receive_nowait()
             if m2 is None:
                 break
@@ -159,12 +161,14 @@ def _consumer_proc(args: dict[str, Any], recv: Any, out: Any, ready: Any) -> Non
         deadline = time.monotonic() + args["timeout"]
         lats = [array("q") for _ in range(args["consumers"])]
         counts = _split(args["count"], args["consumers"])
-        tasks = [
-            _consume(args["url"], args["queue"], n, args["consumer_window"], recv, lats[i], deadline)
-            for i, n in enumerate(counts)
-        ]
+        opened = [await _open_consumer(args["url"], args["queue"], args["consumer_window"]) for _ in counts]
         ready.set()
-        got = await asyncio.gather(*tasks)
+        got = await asyncio.gather(
+            *(
+                _consume(c, k, n, recv, lats[i], deadline)
+                for i, ((c, k), n) in enumerate(zip(opened, counts, strict=True))
+            )
+        )
         merged = array("q")
         for a in lats:
             merged.extend(a)
@@ -189,17 +193,27 @@ def percentiles(samples_ns: array[int]) -> dict[str, float]:
     return {"p50": pick(0.50), "p99": pick(0.99), "p999": pick(0.999)}
 
 
-def _progress(total: int, counter: Any, procs: list[mp.process.BaseProcess], disable: bool, label: str) -> None:
+def _progress(
+    total: int, counter: Any, procs: list[Any], pipes: dict[str, Any], disable: bool, label: str
+) -> dict[str, Any]:
+    """Show progress until the children finish; read their results as they come (a full pipe would block them)."""
     from tqdm import tqdm
 
+    results: dict[str, Any] = {}
     with tqdm(total=total, unit="msg", desc=label, disable=disable, file=sys.stderr, smoothing=0.1) as bar:
         last = 0
-        while any(p.is_alive() for p in procs):
-            time.sleep(0.2)
+        while len(results) < len(pipes):
+            for name, rx in pipes.items():
+                if name not in results and rx.poll(0.1):
+                    results[name] = rx.recv()
+            if len(results) < len(pipes) and not any(p.is_alive() for p in procs):
+                for name, rx in pipes.items():
+                    if name not in results:
+                        results[name] = rx.recv() if rx.poll(1) else {"error": f"{name} process died"}
             v = counter.value
             bar.update(v - last)
             last = v
-        bar.update(counter.value - last)
+    return results
 
 
 def _prepare(url: str, queue: str, purge: bool) -> None:
@@ -223,15 +237,15 @@ def main(a: argparse.Namespace) -> int:
     args["durable"] = not args.get("non_durable", False)
     _prepare(a.url, a.queue, purge=(a.mode == "pair" and not a.keep))
     start = ctx.Event()
-    procs: list[mp.process.BaseProcess] = []
-    prod_rx = cons_rx = None
+    procs: list[Any] = []
+    pipes: dict[str, Any] = {}
     sent = ctx.Value("q", 0)
     recv = ctx.Value("q", 0)
     if a.mode in ("consumer", "pair"):
-        cons_rx, tx = ctx.Pipe(duplex=False)
+        pipes["consumer"], tx = ctx.Pipe(duplex=False)
         procs.append(ctx.Process(target=_consumer_proc, args=(args, recv, tx, start)))
     if a.mode in ("producer", "pair"):
-        prod_rx, tx2 = ctx.Pipe(duplex=False)
+        pipes["producer"], tx2 = ctx.Pipe(duplex=False)
         procs.append(ctx.Process(target=_producer_proc, args=(args, sent, tx2, start)))
     for p in procs:
         p.start()
@@ -239,7 +253,7 @@ def main(a: argparse.Namespace) -> int:
         start.set()
     counter = recv if a.mode != "producer" else sent
     label = "received" if a.mode != "producer" else "confirmed"
-    _progress(a.count, counter, procs, a.no_progress or a.json, label)
+    results = _progress(a.count, counter, procs, pipes, a.no_progress or a.json, label)
     for p in procs:
         p.join(5)
     result: dict[str, Any] = {
@@ -253,8 +267,8 @@ def main(a: argparse.Namespace) -> int:
         "window": getattr(a, "window", 0),
         "durable": args["durable"],
     }
-    prod = prod_rx.recv() if prod_rx is not None and prod_rx.poll(5) else None
-    cons = cons_rx.recv() if cons_rx is not None and cons_rx.poll(5) else None
+    prod = results.get("producer")
+    cons = results.get("consumer")
     for part in (prod, cons):
         if part is not None and "error" in part:
             print(f"tandem perf: client failed: {part['error']}", file=sys.stderr)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from functools import partial
 import uuid
+from functools import partial
 from typing import Any
 
 from .. import __version__
