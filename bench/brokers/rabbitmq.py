@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import secrets
 import shutil
@@ -41,6 +42,7 @@ from types import TracebackType
 RABBITMQ_HOME = Path("/usr/lib/rabbitmq")
 RABBITMQ_SERVER = RABBITMQ_HOME / "bin" / "rabbitmq-server"
 RABBITMQCTL = RABBITMQ_HOME / "bin" / "rabbitmqctl"
+_PR_SET_PDEATHSIG = 1
 
 #: Erlang VM flags: keep distribution on loopback. Scheduler binding is
 #: switched off because the benchmark clients share the 2 cores with the VM.
@@ -57,6 +59,17 @@ disk_free_limit.absolute = 100MB
 log.console = false
 log.file.level = {log_level}
 """
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the harness process dies.
+
+    The rabbitmq-server script forwards SIGTERM to the Erlang VM, so a
+    harness killed without cleanup does not leave an orphaned node behind.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,9 +114,7 @@ def amqp_ready(host: str, port: int, timeout: float = 2.0) -> bool:
 
 def stomp_ready(host: str, port: int, timeout: float = 2.0) -> bool:
     """True if a STOMP server on host:port answers CONNECT with CONNECTED."""
-    frame = (
-        b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00"
-    )
+    frame = b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00"
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.sendall(frame)
@@ -182,11 +193,7 @@ class RabbitMQNode:
         )
         (base / "etc" / "enabled_plugins").write_text("[rabbitmq_stomp].\n")
         (base / "etc" / "rabbitmq-env.conf").write_text("")
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("RABBITMQ_", "ERL_"))
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
         env.update(
             HOME=str(base / "home"),
             RABBITMQ_NODENAME=self.nodename,
@@ -222,6 +229,7 @@ class RabbitMQNode:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -251,6 +259,7 @@ class RabbitMQNode:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             self._wait_ready()
         except BaseException:
@@ -265,18 +274,14 @@ class RabbitMQNode:
         amqp_ok = stomp_ok = False
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"rabbitmq-server exited with {self.process.returncode}\n"
-                    + self.log_tail()
-                )
+                raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}\n" + self.log_tail())
             amqp_ok = amqp_ok or amqp_ready(self.host, self.amqp_port)
             stomp_ok = amqp_ok and (stomp_ok or stomp_ready(self.host, self.stomp_port))
             if amqp_ok and stomp_ok:
                 return
             time.sleep(0.2)
         raise TimeoutError(
-            f"RabbitMQ not ready after {self.start_timeout:.0f}s "
-            f"(amqp={amqp_ok}, stomp={stomp_ok})\n" + self.log_tail()
+            f"RabbitMQ not ready after {self.start_timeout:.0f}s (amqp={amqp_ok}, stomp={stomp_ok})\n" + self.log_tail()
         )
 
     def log_tail(self, lines: int = 40) -> str:
@@ -380,9 +385,7 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     t0 = time.monotonic()
-    with RabbitMQNode(
-        amqp_port=args.amqp_port, stomp_port=args.stomp_port, base_dir=args.base_dir
-    ) as node:
+    with RabbitMQNode(amqp_port=args.amqp_port, stomp_port=args.stomp_port, base_dir=args.base_dir) as node:
         print(
             f"RabbitMQ {node.nodename} ready in {time.monotonic() - t0:.1f}s: "
             f"amqp={node.amqp_port} stomp={node.stomp_port} "

@@ -31,22 +31,27 @@ from collections import deque
 from pathlib import Path
 from typing import Any, cast
 
-from pamqp import commands, constants, frame, header
-from pamqp.base import Frame
+try:
+    from pamqp import commands, constants, frame, header
+    from pamqp.base import Frame
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise SystemExit("bench/drivers/amqp.py needs pamqp: pip install pamqp==4.0.1") from exc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from common import (
     STAMP_BYTES,
     ConsumerStats,
     ProducerStats,
     Worker,
+    WorkerTimeout,
     add_common_args,
     main_guard,
     make_body_filler,
     print_report,
     run_benchmark,
     run_loop,
+    wait_done,
 )
 
 CLIENT = "tandem-amqp (asyncio.Protocol + pamqp 4, struct hot path)"
@@ -71,6 +76,11 @@ _CLIENT_PROPERTIES: dict[str, Any] = {
         "basic.nack": True,
     },
 }
+
+
+def _text(value: object) -> str:
+    """Render a server property (str or bytes) as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class AmqpError(Exception):
@@ -192,9 +202,7 @@ class AmqpClient(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(frame.marshal(value, channel))
 
-    async def rpc(
-        self, value: Frame | None, channel: int, *expect: type[Frame]
-    ) -> Frame:
+    async def rpc(self, value: Frame | None, channel: int, *expect: type[Frame]) -> Frame:
         """Send ``value`` (if any) and wait for a reply of one of ``expect``."""
         if self.error is not None:
             raise self.error
@@ -213,7 +221,7 @@ class AmqpClient(asyncio.Protocol):
         start = await asyncio.wait_for(fut, CONNECT_TIMEOUT_S)
         assert isinstance(start, commands.Connection.Start)
         props = start.server_properties or {}
-        self.server = f"{props.get('product', '?')} {props.get('version', '')}".strip()
+        self.server = f"{_text(props.get('product', '?'))} {_text(props.get('version', ''))}".strip()
         tune = await self.rpc(
             commands.Connection.StartOk(
                 client_properties=_CLIENT_PROPERTIES,
@@ -227,9 +235,7 @@ class AmqpClient(asyncio.Protocol):
         assert isinstance(tune, commands.Connection.Tune)
         self.frame_max = min(tune.frame_max or FRAME_MAX, FRAME_MAX)
         self.write_frame(
-            commands.Connection.TuneOk(
-                channel_max=tune.channel_max, frame_max=self.frame_max, heartbeat=0
-            ),
+            commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=self.frame_max, heartbeat=0),
             0,
         )
         await self.rpc(commands.Connection.Open(virtual_host=vhost), 0, commands.Connection.OpenOk)
@@ -243,9 +249,7 @@ class AmqpClient(asyncio.Protocol):
             try:
                 await asyncio.wait_for(
                     self.rpc(
-                        commands.Connection.Close(
-                            reply_code=200, reply_text="bye", class_id=0, method_id=0
-                        ),
+                        commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0),
                         0,
                         commands.Connection.CloseOk,
                     ),
@@ -260,9 +264,7 @@ class AmqpClient(asyncio.Protocol):
 async def connect(host: str, port: int, factory: type[AmqpClient], *args: Any) -> AmqpClient:
     """Open a TCP connection and run the AMQP handshake."""
     loop = asyncio.get_running_loop()
-    _, proto = await asyncio.wait_for(
-        loop.create_connection(lambda: factory(*args), host, port), CONNECT_TIMEOUT_S
-    )
+    _, proto = await asyncio.wait_for(loop.create_connection(lambda: factory(*args), host, port), CONNECT_TIMEOUT_S)
     assert isinstance(proto, AmqpClient)
     await proto.handshake()
     return proto
@@ -294,13 +296,9 @@ class Producer(AmqpClient):
 
     def encode_template(self) -> None:
         """Build prefix (publish, header, first body frame header) and tail."""
-        publish = frame.marshal(
-            commands.Basic.Publish(exchange="", routing_key=self.queue), CHANNEL
-        )
+        publish = frame.marshal(commands.Basic.Publish(exchange="", routing_key=self.queue), CHANNEL)
         content = frame.marshal(
-            header.ContentHeader(
-                body_size=self.size, properties=commands.Basic.Properties(delivery_mode=2)
-            ),
+            header.ContentHeader(body_size=self.size, properties=commands.Basic.Properties(delivery_mode=2)),
             CHANNEL,
         )
         body = make_body_filler(self.size)
@@ -330,7 +328,7 @@ class Producer(AmqpClient):
         if n <= 0 or self.transport is None:
             return
         prefix, tail, now = self.prefix, self.tail, time.monotonic_ns
-        parts = []
+        parts: list[bytes] = []
         for _ in range(n):
             parts += (prefix, now().to_bytes(8, "big"), tail)
         self.published += n
@@ -381,33 +379,21 @@ class Producer(AmqpClient):
             self.done.set_exception(exc)
 
 
-async def _wait_done(fut: asyncio.Future[None], worker: Worker) -> None:
-    """Wait for ``fut`` while watching the parent's abort flag and timeout."""
-    deadline = time.monotonic() + worker.args.timeout
-    while not fut.done():
-        if worker.aborted() or time.monotonic() > deadline:
-            raise TimeoutError("run aborted or timed out")
-        await asyncio.wait([fut], timeout=0.05)
-    fut.result()
-
-
 async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
     """Connect, publish, wait for all confirms, close."""
     args = worker.args
-    proto = await connect(
-        args.host, args.port, Producer, args.queue, args.size, worker.count, args.window
-    )
+    proto = await connect(args.host, args.port, Producer, args.queue, args.size, worker.count, args.window)
     assert isinstance(proto, Producer)
     stats.server = proto.server
     try:
         await proto.setup()
         worker.ready()
         if not worker.wait_start():
-            raise TimeoutError("never started")
+            raise WorkerTimeout
         cpu0 = time.process_time()
         proto.start()
         try:
-            await _wait_done(proto.done, worker)
+            await wait_done(proto.done, worker)
         finally:
             stats.cpu_s = time.process_time() - cpu0
             stats.sent = proto.published
@@ -418,11 +404,9 @@ async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
         await proto.close()
 
 
-def producer(worker: Worker) -> ProducerStats:
+def producer(worker: Worker, stats: ProducerStats) -> None:
     """Producer process entry point."""
-    stats = ProducerStats()
     run_loop(worker.args, _producer_main(worker, stats))
-    return stats
 
 
 # -- consumer ------------------------------------------------------------
@@ -431,12 +415,12 @@ def producer(worker: Worker) -> ProducerStats:
 class Consumer(AmqpClient):
     """Consumes with manual acks until all consumers together got ``total``."""
 
-    def __init__(self, worker: Worker) -> None:
-        """Prepare counters and the latency array."""
+    def __init__(self, worker: Worker, stats: ConsumerStats) -> None:
+        """Prepare counters; latencies go straight into ``stats``."""
         super().__init__()
         self.worker = worker
         self.multiple_ack = worker.args.ack == "multiple"
-        self.stats = ConsumerStats()
+        self.stats = stats
         self.latencies = self.stats.latencies
         self.received = 0
         self.body_left = 0
@@ -450,9 +434,7 @@ class Consumer(AmqpClient):
         args = self.worker.args
         await self.rpc(commands.Basic.Qos(prefetch_count=args.prefetch), CHANNEL, commands.Basic.QosOk)
         await self.rpc(
-            commands.Basic.Consume(
-                queue=args.queue, consumer_tag=f"c{self.worker.index}", no_ack=False
-            ),
+            commands.Basic.Consume(queue=args.queue, consumer_tag=f"c{self.worker.index}", no_ack=False),
             CHANNEL,
             commands.Basic.ConsumeOk,
         )
@@ -513,19 +495,18 @@ class Consumer(AmqpClient):
             self.done.set_exception(exc)
 
 
-async def _consumer_main(worker: Worker, stats_box: list[ConsumerStats]) -> None:
+async def _consumer_main(worker: Worker, stats: ConsumerStats) -> None:
     """Connect, consume until the run's total is reached, close."""
     args = worker.args
-    proto = await connect(args.host, args.port, Consumer, worker)
+    proto = await connect(args.host, args.port, Consumer, worker, stats)
     assert isinstance(proto, Consumer)
-    stats_box.append(proto.stats)
     proto.stats.server = proto.server
     try:
         await proto.setup()
         worker.ready()
         cpu0 = time.process_time()
         if not worker.wait_start():
-            raise TimeoutError("never started")
+            raise WorkerTimeout
         loop = asyncio.get_running_loop()
 
         def poll() -> None:
@@ -535,7 +516,7 @@ async def _consumer_main(worker: Worker, stats_box: list[ConsumerStats]) -> None
 
         handle = [loop.call_later(0.01, poll)]
         try:
-            await _wait_done(proto.done, worker)
+            await wait_done(proto.done, worker)
         finally:
             handle[0].cancel()
             proto.stats.cpu_s = time.process_time() - cpu0
@@ -544,11 +525,9 @@ async def _consumer_main(worker: Worker, stats_box: list[ConsumerStats]) -> None
         await proto.close()
 
 
-def consumer(worker: Worker) -> ConsumerStats:
+def consumer(worker: Worker, stats: ConsumerStats) -> None:
     """Consumer process entry point."""
-    box: list[ConsumerStats] = []
-    run_loop(worker.args, _consumer_main(worker, box))
-    return box[0] if box else ConsumerStats(error="could not connect")
+    run_loop(worker.args, _consumer_main(worker, stats))
 
 
 # -- queue preparation ---------------------------------------------------
@@ -591,9 +570,7 @@ def main() -> None:
         default="single",
         help="one Basic.Ack per message, or one multiple=true ack per read batch",
     )
-    parser.add_argument(
-        "--no-prepare", action="store_true", help="do not delete/declare the queue first"
-    )
+    parser.add_argument("--no-prepare", action="store_true", help="do not delete/declare the queue first")
     args = parser.parse_args()
     report = run_benchmark(args, CLIENT, producer, consumer, prepare)
     report["ack"] = args.ack

@@ -32,12 +32,15 @@ import traceback
 from array import array
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Event
-from typing import Any
+from typing import Any, cast
 
 STAMP_BYTES = 8
 READY_TIMEOUT_S = 60.0
+
+
+class WorkerTimeout(Exception):
+    """The run was aborted or timed out before this worker finished."""
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Shared:
 
     start: Event
     abort: Event
-    received: SynchronizedArray[ctypes.c_longlong]
+    received: ctypes.Array[ctypes.c_longlong]
     results: mp.Queue[tuple[str, str, int, Any]]
 
 
@@ -96,6 +99,7 @@ class ProducerStats:
     cpu_s: float = 0.0
     server: str = ""
     error: str = ""
+    timed_out: bool = False
 
 
 @dataclass
@@ -108,6 +112,7 @@ class ConsumerStats:
     cpu_s: float = 0.0
     server: str = ""
     error: str = ""
+    timed_out: bool = False
     latencies: array[int] = field(default_factory=lambda: array("q"))
 
 
@@ -124,11 +129,12 @@ def add_common_args(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--queue", default="tandem-bench")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the run")
     parser.add_argument("--broker", default="", help="broker name for the report")
+    parser.add_argument("--broker-pid", type=int, default=0, help="broker PID whose CPU use to report")
     parser.add_argument(
-        "--broker-pid", type=int, default=0, help="broker PID whose CPU use to report"
-    )
-    parser.add_argument(
-        "--loop", choices=("asyncio", "uvloop"), default="asyncio", help="event loop"
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop; auto = uvloop when installed, else asyncio",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -142,6 +148,17 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"--{name} must be at least 1")
     if args.count < args.producers:
         raise SystemExit("--count must be at least --producers")
+
+
+def resolve_loop(name: str) -> str:
+    """Turn ``auto`` into ``uvloop`` when it can be imported, else ``asyncio``."""
+    if name != "auto":
+        return name
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
 
 
 def run_loop(args: argparse.Namespace, main: Coroutine[Any, Any, None]) -> None:
@@ -159,16 +176,31 @@ def make_body_filler(size: int) -> bytes:
     return bytes(i % 251 for i in range(size - STAMP_BYTES))
 
 
-def _worker_entry(
-    fn: Callable[[Worker], ProducerStats | ConsumerStats], worker: Worker
-) -> None:
-    """Run one worker and send its stats (or its failure) to the parent."""
+async def wait_done(fut: asyncio.Future[None], worker: Worker) -> None:
+    """Await ``fut``, giving up (WorkerTimeout) on abort or ``--timeout``."""
+    deadline = time.monotonic() + worker.args.timeout
+    while not fut.done():
+        if worker.aborted() or time.monotonic() > deadline:
+            raise WorkerTimeout
+        await asyncio.wait([fut], timeout=0.05)
+    fut.result()
+
+
+ProducerFn = Callable[[Worker, ProducerStats], None]
+ConsumerFn = Callable[[Worker, ConsumerStats], None]
+
+
+def _worker_entry(fn: ProducerFn | ConsumerFn, worker: Worker) -> None:
+    """Run one worker and send its stats (and any failure) to the parent."""
+    stats: ProducerStats | ConsumerStats
+    stats = ProducerStats() if worker.role == "producer" else ConsumerStats()
     try:
-        stats = fn(worker)
-    except BaseException as exc:  # noqa: BLE001 - report any failure
-        stats = (
-            ProducerStats() if worker.role == "producer" else ConsumerStats()
-        )
+        fn(worker, stats)  # type: ignore[arg-type]
+    except WorkerTimeout:
+        stats.timed_out = True
+    except OSError as exc:  # connection refused / reset: no traceback needed
+        stats.error = f"{type(exc).__name__}: {exc}"
+    except BaseException as exc:
         stats.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     worker.shared.results.put(("done", worker.role, worker.index, stats))
 
@@ -183,6 +215,17 @@ def _proc_cpu_s(pid: int) -> float:
         return math.nan
 
 
+def _system_busy_s() -> float:
+    """CPU seconds all cores spent busy (not idle, not iowait) so far."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return math.nan
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(sorted_values: array[int], q: float) -> float:
     """Nearest-rank percentile of pre-sorted values (0 if empty)."""
     if not sorted_values:
@@ -194,27 +237,25 @@ def percentile(sorted_values: array[int], q: float) -> float:
 def run_benchmark(
     args: argparse.Namespace,
     client: str,
-    producer: Callable[[Worker], ProducerStats],
-    consumer: Callable[[Worker], ConsumerStats],
+    producer: ProducerFn,
+    consumer: ConsumerFn,
     prepare: Callable[[argparse.Namespace], None] | None = None,
 ) -> dict[str, Any]:
     """Run one benchmark and return the report; raise SystemExit on failure."""
     check_args(args)
+    args.loop = resolve_loop(args.loop)
     if prepare is not None:
         prepare(args)
     ctx = mp.get_context("fork")
     shared = Shared(
         start=ctx.Event(),
         abort=ctx.Event(),
-        received=ctx.Array(ctypes.c_longlong, args.consumers, lock=False),
+        received=cast(ctypes.Array[ctypes.c_longlong], ctx.Array(ctypes.c_longlong, args.consumers, lock=False)),
         results=ctx.Queue(),
     )
     base, extra = divmod(args.count, args.producers)
-    workers = [
-        Worker("consumer", i, args.count, args, shared) for i in range(args.consumers)
-    ] + [
-        Worker("producer", i, base + (1 if i < extra else 0), args, shared)
-        for i in range(args.producers)
+    workers = [Worker("consumer", i, args.count, args, shared) for i in range(args.consumers)] + [
+        Worker("producer", i, base + (1 if i < extra else 0), args, shared) for i in range(args.producers)
     ]
     procs = [
         ctx.Process(
@@ -231,6 +272,7 @@ def run_benchmark(
     try:
         _wait_ready(shared, procs, stats)
         broker_cpu0 = _proc_cpu_s(args.broker_pid) if args.broker_pid else math.nan
+        system0 = _system_busy_s()
         wall0 = time.monotonic()
         shared.start.set()
         deadline = wall0 + args.timeout
@@ -250,10 +292,15 @@ def run_benchmark(
                     break
         wall = time.monotonic() - wall0
         broker_cpu = _proc_cpu_s(args.broker_pid) - broker_cpu0 if args.broker_pid else math.nan
+        system_cpu = _system_busy_s() - system0
     finally:
         shared.abort.set()
         _collect_stragglers(shared, procs, stats)
-    return _report(args, client, stats, wall, broker_cpu)
+    report = _report(args, client, stats, wall, broker_cpu)
+    # Everything busy on the machine during the run, in % of one core (2
+    # cores = 200%): compare with broker + clients to spot foreign load.
+    report["cpu_pct"]["system"] = None if math.isnan(system_cpu) else round(100 * system_cpu / wall, 1)
+    return report
 
 
 def _wait_ready(
@@ -311,36 +358,35 @@ def _report(
     broker_cpu: float,
 ) -> dict[str, Any]:
     """Check completeness and build the JSON report."""
-    prods = [s for (r, _), s in sorted(stats.items()) if r == "producer"]
-    cons = [s for (r, _), s in sorted(stats.items()) if r == "consumer"]
-    assert all(isinstance(s, ProducerStats) for s in prods)
-    assert all(isinstance(s, ConsumerStats) for s in cons)
-    errors = [s.error for s in [*prods, *cons] if s.error]
-    received = sum(s.received for s in cons)  # type: ignore[union-attr]
-    confirmed = sum(s.confirmed for s in prods)  # type: ignore[union-attr]
+    ordered = [stats[key] for key in sorted(stats)]
+    prods = [s for s in ordered if isinstance(s, ProducerStats)]
+    cons = [s for s in ordered if isinstance(s, ConsumerStats)]
+    both: list[ProducerStats | ConsumerStats] = [*prods, *cons]
+    errors = [s.error for s in both if s.error]
+    received = sum(s.received for s in cons)
+    confirmed = sum(s.confirmed for s in prods)
     problems = []
-    if errors:
-        problems.append("worker error: " + errors[0])
     if len(prods) < args.producers or len(cons) < args.consumers:
         problems.append(
-            f"only {len(prods)}/{args.producers} producers and "
-            f"{len(cons)}/{args.consumers} consumers reported"
+            f"only {len(prods)}/{args.producers} producers and {len(cons)}/{args.consumers} consumers reported"
         )
     if received != args.count or confirmed != args.count:
         problems.append(
             f"after {wall:.1f}s (timeout {args.timeout:.0f}s): received {received} "
             f"and confirmed {confirmed} of {args.count} messages"
         )
+    if errors:
+        problems.append("worker error: " + errors[0])
     if problems:
         raise SystemExit("error: " + "; ".join(problems))
-    first = min(s.first_send_ns for s in prods)  # type: ignore[union-attr]
-    last = max(s.last_recv_ns for s in cons)  # type: ignore[union-attr]
+    first = min(s.first_send_ns for s in prods)
+    last = max(s.last_recv_ns for s in cons)
     duration = (last - first) / 1e9
     lat = array("q")
     for s in cons:
-        lat.extend(s.latencies)  # type: ignore[union-attr]
+        lat.extend(s.latencies)
     lat = array("q", sorted(lat))
-    servers = [s.server for s in [*prods, *cons] if s.server]
+    servers = [s.server for s in both if s.server]
     return {
         "broker": args.broker or (servers[0] if servers else "unknown"),
         "client": client,
@@ -383,12 +429,15 @@ def print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def main_guard(fn: Callable[[], None]) -> None:
-    """Run a driver's main, turning Ctrl-C into a clean non-zero exit."""
+    """Run a driver's main; Ctrl-C and connection failures exit non-zero."""
     try:
         fn()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except OSError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(2)
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()

@@ -34,16 +34,18 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from common import (
     ConsumerStats,
     ProducerStats,
     Worker,
+    WorkerTimeout,
     add_common_args,
     main_guard,
     make_body_filler,
     print_report,
     run_benchmark,
     run_loop,
+    wait_done,
 )
 
 CLIENT = "tandem-stomp (asyncio.Protocol, hand-written STOMP 1.2 framing)"
@@ -136,9 +138,7 @@ class StompClient(asyncio.Protocol):
         value = bytes(buf[vstart:eol])
         return value[:-1] if value.endswith(b"\r") else value
 
-    def on_frame(
-        self, command: bytes, buf: bytearray, hs: int, he: int, bs: int, be: int
-    ) -> None:
+    def on_frame(self, command: bytes, buf: bytearray, hs: int, he: int, bs: int, be: int) -> None:
         """Handle control frames; subclasses add MESSAGE/RECEIPT fast paths."""
         if command == b"RECEIPT":
             rid = self.header(buf, hs, he, b"\nreceipt-id:") or b""
@@ -206,9 +206,7 @@ class StompClient(asyncio.Protocol):
             return
         if self.error is None and not self.transport.is_closing():
             try:
-                await asyncio.wait_for(
-                    self.request(b"DISCONNECT\nreceipt:bye\n\n\0", b"bye"), 5
-                )
+                await asyncio.wait_for(self.request(b"DISCONNECT\nreceipt:bye\n\n\0", b"bye"), 5)
             except (TimeoutError, StompError, ConnectionError):
                 pass
         self.transport.close()
@@ -218,9 +216,7 @@ class StompClient(asyncio.Protocol):
 async def connect(host: str, port: int, proto: StompClient) -> StompClient:
     """Open a TCP connection for ``proto`` and run the STOMP handshake."""
     loop = asyncio.get_running_loop()
-    await asyncio.wait_for(
-        loop.create_connection(lambda: proto, host, port), CONNECT_TIMEOUT_S
-    )
+    await asyncio.wait_for(loop.create_connection(lambda: proto, host, port), CONNECT_TIMEOUT_S)
     await proto.handshake()
     return proto
 
@@ -261,15 +257,13 @@ class Producer(StompClient):
         if n <= 0 or self.transport is None:
             return
         prefix, tail, now = self.prefix, self.tail, time.monotonic_ns
-        parts = []
+        parts: list[bytes] = []
         for rid in range(self.sent + 1, self.sent + n + 1):
             parts += (prefix, b"%d\n\n" % rid, now().to_bytes(8, "big"), tail)
         self.sent += n
         self.transport.write(b"".join(parts))
 
-    def on_frame(
-        self, command: bytes, buf: bytearray, hs: int, he: int, bs: int, be: int
-    ) -> None:
+    def on_frame(self, command: bytes, buf: bytearray, hs: int, he: int, bs: int, be: int) -> None:
         """Fast path for RECEIPT frames of SENDs (numeric receipt ids)."""
         if command == b"RECEIPT":
             rid_b = self.header(buf, hs, he, b"\nreceipt-id:")
@@ -305,16 +299,6 @@ class Producer(StompClient):
             self.done.set_exception(exc)
 
 
-async def _wait_done(fut: asyncio.Future[None], worker: Worker) -> None:
-    """Wait for ``fut`` while watching the parent's abort flag and timeout."""
-    deadline = time.monotonic() + worker.args.timeout
-    while not fut.done():
-        if worker.aborted() or time.monotonic() > deadline:
-            raise TimeoutError("run aborted or timed out")
-        await asyncio.wait([fut], timeout=0.05)
-    fut.result()
-
-
 async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
     """Connect, send, wait for all receipts, disconnect."""
     args = worker.args
@@ -324,11 +308,11 @@ async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
     try:
         worker.ready()
         if not worker.wait_start():
-            raise TimeoutError("never started")
+            raise WorkerTimeout
         cpu0 = time.process_time()
         proto.start()
         try:
-            await _wait_done(proto.done, worker)
+            await wait_done(proto.done, worker)
         finally:
             stats.cpu_s = time.process_time() - cpu0
             stats.sent = proto.sent
@@ -339,11 +323,9 @@ async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
         await proto.close()
 
 
-def producer(worker: Worker) -> ProducerStats:
+def producer(worker: Worker, stats: ProducerStats) -> None:
     """Producer process entry point."""
-    stats = ProducerStats()
     run_loop(worker.args, _producer_main(worker, stats))
-    return stats
 
 
 # -- consumer ------------------------------------------------------------
@@ -352,11 +334,11 @@ def producer(worker: Worker) -> ProducerStats:
 class Consumer(StompClient):
     """Subscribes with client-individual acks until the run's total arrived."""
 
-    def __init__(self, worker: Worker) -> None:
-        """Prepare counters and the latency array."""
+    def __init__(self, worker: Worker, stats: ConsumerStats) -> None:
+        """Prepare counters; latencies go straight into ``stats``."""
         super().__init__()
         self.worker = worker
-        self.stats = ConsumerStats()
+        self.stats = stats
         self.latencies = self.stats.latencies
         self.received = 0
         self.acks: list[bytes] = []
@@ -374,9 +356,7 @@ class Consumer(StompClient):
             b"sub",
         )
 
-    def on_frame(
-        self, command: bytes, buf: bytearray, hs: int, he: int, bs: int, be: int
-    ) -> None:
+    def on_frame(self, command: bytes, buf: bytearray, hs: int, he: int, bs: int, be: int) -> None:
         """Fast path for MESSAGE: record latency, queue the ACK."""
         if command != b"MESSAGE":
             super().on_frame(command, buf, hs, he, bs, be)
@@ -414,11 +394,10 @@ class Consumer(StompClient):
             self.done.set_exception(exc)
 
 
-async def _consumer_main(worker: Worker, stats_box: list[ConsumerStats]) -> None:
+async def _consumer_main(worker: Worker, stats: ConsumerStats) -> None:
     """Connect, subscribe, consume until the run's total is reached."""
     args = worker.args
-    proto = Consumer(worker)
-    stats_box.append(proto.stats)
+    proto = Consumer(worker, stats)
     await connect(args.host, args.port, proto)
     proto.stats.server = proto.server
     try:
@@ -426,7 +405,7 @@ async def _consumer_main(worker: Worker, stats_box: list[ConsumerStats]) -> None
         worker.ready()
         cpu0 = time.process_time()
         if not worker.wait_start():
-            raise TimeoutError("never started")
+            raise WorkerTimeout
         loop = asyncio.get_running_loop()
 
         def poll() -> None:
@@ -436,7 +415,7 @@ async def _consumer_main(worker: Worker, stats_box: list[ConsumerStats]) -> None
 
         handle = [loop.call_later(0.01, poll)]
         try:
-            await _wait_done(proto.done, worker)
+            await wait_done(proto.done, worker)
         finally:
             handle[0].cancel()
             proto.stats.cpu_s = time.process_time() - cpu0
@@ -445,11 +424,9 @@ async def _consumer_main(worker: Worker, stats_box: list[ConsumerStats]) -> None
         await proto.close()
 
 
-def consumer(worker: Worker) -> ConsumerStats:
+def consumer(worker: Worker, stats: ConsumerStats) -> None:
     """Consumer process entry point."""
-    box: list[ConsumerStats] = []
-    run_loop(worker.args, _consumer_main(worker, box))
-    return box[0] if box else ConsumerStats(error="could not connect")
+    run_loop(worker.args, _consumer_main(worker, stats))
 
 
 # -- queue preparation ---------------------------------------------------
@@ -477,9 +454,7 @@ def main() -> None:
         default=0,
         help="RabbitMQ only: delete and re-declare the durable queue over AMQP first",
     )
-    parser.add_argument(
-        "--no-prepare", action="store_true", help="use --queue as it is"
-    )
+    parser.add_argument("--no-prepare", action="store_true", help="use --queue as it is")
     args = parser.parse_args()
     report = run_benchmark(args, CLIENT, producer, consumer, prepare)
     report["queue"] = args.queue

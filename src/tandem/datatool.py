@@ -43,7 +43,7 @@ def _raw_counts(j: Journal) -> Counter[str]:
                     counts[kind] += 1
                 else:
                     counts[f"{kind} {_NAMES.get(op.user_type, op.user_type)}"] += 1
-            if p.kind == rec.BATCH:
+            if p[2] == rec.BATCH:
                 counts["BATCH records"] += 1
     return counts
 

@@ -115,9 +115,7 @@ class Journal:
             end = rec.scan(buf, jf.FILE_HEADER_SIZE, key, parsed)
             del buf
             f.used = end.offset
-            for p in parsed:
-                for op in rec.iter_ops(p):
-                    self._apply_loaded(op, f, live)
+            self._replay(parsed, f, live)
             if last_end is not None and not last_end.clean and last_path is not None:
                 self.corrupt.append(f"{last_path.name}: {last_end.reason}")
             self._files[key] = f
@@ -140,29 +138,50 @@ class Journal:
         self._loaded = True
         return live
 
-    def _apply_loaded(self, op: rec.Op, f: jf.JFile, live: dict[int, LiveRecord]) -> None:
+    def _replay(self, parsed: list[rec.Parsed], f: jf.JFile, live: dict[int, LiveRecord]) -> None:
+        """Apply one file's records (the reload hot loop: plain ADDs are inlined)."""
+        index = self._index
+        max_id = self.max_id
+        add, batch = rec.ADD, rec.BATCH
+        for _off, _len, kind, utype, rid, body in parsed:
+            if rid > max_id:
+                max_id = rid
+            if kind == add and rid not in live:
+                live[rid] = LiveRecord(utype, body)
+                index[rid] = f
+                f.live += 1
+                f.records += 1
+            elif kind == batch:
+                for op in rec.decode_batch_body(body):
+                    if op.id > max_id:
+                        max_id = op.id
+                    self._apply_loaded(op.kind, op.user_type, op.id, op.body, f, live)
+            else:
+                self._apply_loaded(kind, utype, rid, body, f, live)
+        self.max_id = max_id
+
+    def _apply_loaded(
+        self, kind: int, utype: int, rid: int, body: bytes, f: jf.JFile, live: dict[int, LiveRecord]
+    ) -> None:
         f.records += 1
-        rid = op.id
-        if rid > self.max_id:
-            self.max_id = rid
-        if op.kind == rec.ADD:
+        if kind == rec.ADD:
             if rid in live:
                 self._attach(rid, f)
                 lr = live[rid]
-                lr.updates = [*(lr.updates or []), (op.user_type, op.body)]
+                lr.updates = [*(lr.updates or []), (utype, body)]
             else:
-                live[rid] = LiveRecord(op.user_type, op.body)
+                live[rid] = LiveRecord(utype, body)
                 self._index[rid] = f
                 f.live += 1
-        elif op.kind == rec.UPDATE:
+        elif kind == rec.UPDATE:
             lr2 = live.get(rid)
             if lr2 is not None:
                 self._attach(rid, f)
                 if lr2.updates is None:
-                    lr2.updates = [(op.user_type, op.body)]
+                    lr2.updates = [(utype, body)]
                 else:
-                    lr2.updates.append((op.user_type, op.body))
-        elif op.kind == rec.DELETE:
+                    lr2.updates.append((utype, body))
+        elif kind == rec.DELETE:
             if live.pop(rid, None) is not None:
                 self._detach(rid)
 

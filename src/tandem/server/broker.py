@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 import uuid
@@ -68,35 +69,63 @@ class Broker:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.node_id = self._take_lock()
-        state = self.storage.load()
-        self.storage.set_failure_handler(self._storage_failed)
-        self.storage.start()
-        ids = IdGenerator(state.max_id + 1, state.id_reserved, self.storage.reserve_ids)
-        cfg = self.config
-        settings = RoutingSettings(
-            auto_create_queues=cfg.auto_create_queues,
-            auto_create_addresses=cfg.auto_create_addresses,
-            default_routing_type=RoutingType.parse(cfg.default_routing_type),
-        )
-        self.postoffice = PostOffice(self.storage, ids, loop.call_soon, settings, _compile_filter)
-        self._restore(state)
-        self._declare()
-        self.load_seconds = time.monotonic() - t0
-        for acc in cfg.acceptors:
-            host, port = parse_host_port(acc.bind)
-            server = await loop.create_server(partial(NativeConnection, self, acc.name), host, port, reuse_address=True)
-            self.servers.append(server)
-            sock = server.sockets[0].getsockname()
-            self.bound[acc.name] = (sock[0], sock[1])
+        try:
+            self._load()
+            self.load_seconds = time.monotonic() - t0
+            await self._listen()
+        except BaseException:
+            await self._abort_start()
+            raise
         self.started_at = time.time()
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
         log.info(
             "broker started",
-            extra={"name": cfg.name, "node_id": self.node_id, "messages": self.loaded_messages},
+            extra={"broker": self.config.name, "node_id": self.node_id, "messages": self.loaded_messages},
         )
+
+    def _load(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        # Reload makes millions of long-lived objects: no collections while building them, and
+        # afterwards freeze them so later collections do not walk the whole heap again and again.
+        gc.disable()
+        try:
+            state = self.storage.load()
+            self.storage.set_failure_handler(self._storage_failed)
+            self.storage.start()
+            ids = IdGenerator(state.max_id + 1, state.id_reserved, self.storage.reserve_ids)
+            settings = RoutingSettings(
+                auto_create_queues=cfg.auto_create_queues,
+                auto_create_addresses=cfg.auto_create_addresses,
+                default_routing_type=RoutingType.parse(cfg.default_routing_type),
+            )
+            self.postoffice = PostOffice(self.storage, ids, loop.call_soon, settings, _compile_filter)
+            self._restore(state)
+        finally:
+            gc.enable()
+            gc.freeze()
+        self._declare()
+
+    async def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
+        for acc in self.config.acceptors:
+            host, port = parse_host_port(acc.bind)
+            factory = partial(NativeConnection, self, acc.name)
+            server = await loop.create_server(factory, host, port, reuse_address=True)
+            self.servers.append(server)
+            sock = server.sockets[0].getsockname()
+            self.bound[acc.name] = (sock[0], sock[1])
+
+    async def _abort_start(self) -> None:
+        for server in self.servers:
+            server.close()
+        try:
+            await self.storage.stop()
+        finally:
+            self._release_lock(PAUSED)
+            self._stopped.set()
 
     async def stop(self) -> None:
         if self._stopping:
@@ -180,13 +209,16 @@ class Broker:
         n = 0
         for lm in state.messages:
             m = lm.message
-            refs = [(by_id[qid], seq, dc) for qid, seq, dc in lm.refs if qid in by_id]
-            if not refs:
+            kept = 0
+            for qid, seq, dc in lm.refs:
+                target = by_id.get(qid)
+                if target is not None:
+                    target.add_loaded(MessageRef(m, target, seq, dc))
+                    kept += 1
+            if not kept:
                 self.storage.delete_message(m.id)
                 continue
-            m.durable_refs = len(refs)
-            for q, seq, dc in refs:
-                q.add_loaded(MessageRef(m, q, seq, dc))
+            m.durable_refs = kept
             n += 1
         for q in po.queues.values():
             q.sort_loaded()

@@ -109,20 +109,26 @@ class JournalStorage:
         return state
 
     def _iter_messages(self, live: dict[int, LiveRecord]) -> Iterator[LoadedMessage]:
+        msg_type = RecordType.MESSAGE
+        decode = _dec_message.decode
+        make = Message.decode
         for rid, lr in live.items():
-            if lr.user_type != RecordType.MESSAGE:
+            if lr.user_type != msg_type:
                 continue
-            rec = _dec_message.decode(lr.body)
+            rec = decode(lr.body)
+            if lr.updates is None:  # the common case: never redelivered, not partly acknowledged
+                yield LoadedMessage(make(rid, rec.message), [(qid, seq, 0) for qid, seq in rec.refs])
+                continue
             counts: dict[int, int] = {}
             acked: set[int] = set()
-            for utype, ubody in lr.updates or ():
+            for utype, ubody in lr.updates:
                 if utype == RecordType.ACK:
                     acked.add(_dec_ack.decode(ubody).queue_id)
                 elif utype == RecordType.DELIVERY_COUNT:
                     dc = _dec_dc.decode(ubody)
                     counts[dc.queue_id] = dc.count
             refs = [(qid, seq, counts.get(qid, 0)) for qid, seq in rec.refs if qid not in acked]
-            yield LoadedMessage(Message.decode(rid, rec.message), refs)
+            yield LoadedMessage(make(rid, rec.message), refs)
         live.clear()
 
     def start(self) -> None:

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from broker_process import BrokerProcess  # noqa: E402
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[object]:
+    """Make BrokerProcess instances that are all killed at the end of the test."""
+    made: list[BrokerProcess] = []
+
+    def make(name: str = "b", **settings: object) -> BrokerProcess:
+        b = BrokerProcess(tmp_path / name, name=name, **settings)  # type: ignore[arg-type]
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.kill()
+
+
+@pytest.fixture
+def broker(broker_factory: object) -> BrokerProcess:
+    """A running broker process with default settings (small journal files)."""
+    return broker_factory().start()  # type: ignore[operator, no-any-return]

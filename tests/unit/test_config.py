@@ -1,0 +1,306 @@
+"""Broker configuration: defaults, every documented key, and error messages that name the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tandem.config import (
+    DEFAULT_NATIVE_PORT,
+    AcceptorConfig,
+    AddressConfig,
+    BrokerConfig,
+    QueueConfig,
+    load_config,
+    parse_host_port,
+)
+from tandem.errors import ConfigError, ErrorCode
+
+FULL = """
+name = "edge-1"
+data-directory = "/var/lib/tandem"
+persistence-enabled = false
+max-frame-size = 2097152
+connection-ttl = 30000
+connection-ttl-override = 45000
+connection-check-period = 500
+journal-file-size = 1048576
+journal-min-files = 3
+journal-pool-files = 4
+journal-buffer-timeout = 0
+journal-buffer-size = 8192
+journal-compact-percentage = 50
+journal-compact-min-files = 0
+journal-datasync = false
+journal-sync-non-transactional = false
+auto-create-queues = false
+auto-create-addresses = false
+default-routing-type = "multicast"
+default-consumer-window-size = -1
+log-level = "debug"
+
+[[acceptors]]
+name = "main"
+protocol = "native"
+bind = "0.0.0.0:7000"
+
+[[acceptors]]
+name = "v6"
+bind = "[::1]:7001"
+
+[[addresses]]
+name = "orders"
+routing-type = "anycast"
+
+[[addresses.queues]]
+name = "orders.eu"
+durable = false
+filter = "region = 'eu'"
+max-consumers = 4
+
+[[addresses.queues]]
+name = "orders.all"
+
+[[addresses]]
+name = "prices"
+routing-type = "multicast"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "broker.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def config_error(tmp_path: Path, text: str, **overrides: object) -> tuple[str, Path]:
+    """Load `text` from a file, expect a ConfigError; return its message and the file's path."""
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(p, **overrides)
+    assert info.value.code == ErrorCode.CONFIG
+    return str(info.value), p
+
+
+def kebab_names(cls: type[msgspec.Struct]) -> set[str]:
+    return {f.encode_name for f in msgspec.structs.fields(cls)}
+
+
+# ------------------------------------------------------------------- loading
+def test_defaults_without_a_file() -> None:
+    """No file is a working single broker: every default, one native acceptor on localhost."""
+    cfg = load_config()
+    assert cfg == BrokerConfig()
+    assert cfg.acceptors == [AcceptorConfig()]
+    assert cfg.acceptor("native") == AcceptorConfig(
+        name="native", protocol="native", bind=f"127.0.0.1:{DEFAULT_NATIVE_PORT}"
+    )
+    assert cfg.journal_file_size == 10 * 1024 * 1024
+    assert cfg.journal_compact_percentage == 30
+    assert cfg.persistence_enabled and cfg.journal_datasync
+    assert cfg.journal_dir == Path("./data") / "journal"
+    assert cfg.bindings_dir == Path("./data") / "bindings"
+    assert cfg.effective_ttl_ms == cfg.connection_ttl == 60_000
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "")) == BrokerConfig()
+    assert load_config(str(write(tmp_path, "# only a comment\n"))) == BrokerConfig()
+
+
+def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None:
+    """A file using every key of every config struct loads, and each value lands in its field."""
+    cfg = load_config(write(tmp_path, FULL))
+    top = {line.split("=")[0].strip() for line in FULL.splitlines() if "=" in line and not line.startswith(" ")}
+    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses"}
+    assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind"}
+    assert kebab_names(AddressConfig) == {"name", "routing-type", "queues"}
+    assert kebab_names(QueueConfig) == {"name", "durable", "filter", "max-consumers"}
+
+    assert cfg == BrokerConfig(
+        name="edge-1",
+        data_directory="/var/lib/tandem",
+        persistence_enabled=False,
+        acceptors=[
+            AcceptorConfig(name="main", protocol="native", bind="0.0.0.0:7000"),
+            AcceptorConfig(name="v6", bind="[::1]:7001"),
+        ],
+        addresses=[
+            AddressConfig(
+                name="orders",
+                routing_type="anycast",
+                queues=[
+                    QueueConfig(name="orders.eu", durable=False, filter="region = 'eu'", max_consumers=4),
+                    QueueConfig(name="orders.all"),
+                ],
+            ),
+            AddressConfig(name="prices", routing_type="multicast"),
+        ],
+        max_frame_size=2 * 1024 * 1024,
+        connection_ttl=30_000,
+        connection_ttl_override=45_000,
+        connection_check_period=500,
+        journal_file_size=1024 * 1024,
+        journal_min_files=3,
+        journal_pool_files=4,
+        journal_buffer_timeout=0,
+        journal_buffer_size=8192,
+        journal_compact_percentage=50,
+        journal_compact_min_files=0,
+        journal_datasync=False,
+        journal_sync_non_transactional=False,
+        auto_create_queues=False,
+        auto_create_addresses=False,
+        default_routing_type="multicast",
+        default_consumer_window_size=-1,
+        log_level="debug",
+    )
+    # Every field differs from its default, so none of them was silently ignored.
+    default = BrokerConfig()
+    for f in msgspec.structs.fields(BrokerConfig):
+        assert getattr(cfg, f.name) != getattr(default, f.name), f.encode_name
+    assert cfg.effective_ttl_ms == 45_000
+    assert cfg.data_path == Path("/var/lib/tandem")
+
+
+def test_config_is_frozen(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, FULL))
+    with pytest.raises(AttributeError):
+        cfg.name = "other"  # type: ignore[misc]
+
+
+def test_overrides_apply_over_the_file(tmp_path: Path) -> None:
+    """snake_case keyword overrides replace file values; None means 'not given'."""
+    p = write(tmp_path, 'name = "from-file"\njournal-file-size = 1048576\n')
+    cfg = load_config(p, journal_file_size=2 * 1024 * 1024, data_directory="/tmp/x", name=None)
+    assert cfg.journal_file_size == 2 * 1024 * 1024
+    assert cfg.data_directory == "/tmp/x"
+    assert cfg.name == "from-file"
+    assert load_config(None, persistence_enabled=False, log_level="info").persistence_enabled is False
+
+
+# -------------------------------------------------------------------- errors
+def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+    msg, p = config_error(tmp_path, 'name = "x"\njournal-fiel-size = 1048576\n')
+    assert "journal-fiel-size" in msg
+    assert str(p) in msg
+
+
+def test_ill_typed_value_names_key_and_file(tmp_path: Path) -> None:
+    msg, p = config_error(tmp_path, 'journal-file-size = "big"\n')
+    assert "journal-file-size" in msg
+    assert str(p) in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("journal-datasync = 1", "journal-datasync"),
+        ('log-level = "trace"', "log-level"),
+        ('default-routing-type = "broadcast"', "default-routing-type"),
+        ("acceptors = 3", "acceptors"),
+        ("max-frame-size = 1.5", "max-frame-size"),
+    ],
+)
+def test_other_type_errors_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    msg, p = config_error(tmp_path, text + "\n")
+    assert key in msg
+    assert str(p) in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "key"),
+    [
+        ('[[acceptors]]\nname = "a"\nbogus = 1\n', "acceptors[0]", "bogus"),
+        ('[[acceptors]]\nname = "a"\n[[acceptors]]\nname = "b"\nport = 1\n', "acceptors[1]", "port"),
+        ('[[acceptors]]\nprotocol = "amqp"\n', "acceptors[0].protocol", "amqp"),
+        (
+            '[[addresses]]\nname = "a"\n[[addresses.queues]]\nname = "q"\nextra = true\n',
+            "addresses[0].queues[0]",
+            "extra",
+        ),
+        ('[[addresses]]\nname = "a"\n[[addresses.queues]]\nname = "q"\nmax-consumers = "many"\n', "max-consumers", ""),
+        ('[[addresses]]\nrouting-type = "anycast"\n', "addresses[0]", "name"),
+    ],
+    ids=["acceptor-unknown", "second-acceptor-unknown", "acceptor-protocol", "queue-unknown", "queue-type", "missing"],
+)
+def test_nested_errors_name_the_path(tmp_path: Path, text: str, path: str, key: str) -> None:
+    msg, p = config_error(tmp_path, text)
+    assert path in msg
+    assert key in msg
+    assert str(p) in msg
+
+
+@pytest.mark.parametrize("bind", ["localhost", "1.2.3.4", ":8080", "h:99999", "h:port", "a b:1", "h:123456", ""])
+def test_bad_bind_names_the_key(tmp_path: Path, bind: str) -> None:
+    msg, p = config_error(tmp_path, f'[[acceptors]]\nname = "main"\nbind = "{bind}"\n')
+    assert "bind" in msg
+    assert "main" in msg
+    assert str(p) in msg
+
+
+@pytest.mark.parametrize(
+    ("bind", "expected"),
+    [("0.0.0.0:0", ("0.0.0.0", 0)), ("[::1]:61616", ("::1", 61616)), ("broker.local:65535", ("broker.local", 65535))],
+)
+def test_good_bind_values(tmp_path: Path, bind: str, expected: tuple[str, int]) -> None:
+    assert parse_host_port(bind) == expected
+    cfg = load_config(write(tmp_path, f'[[acceptors]]\nbind = "{bind}"\n'))
+    assert cfg.acceptors[0].bind == bind
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "journal-compact-percentage = 150",
+        "journal-compact-percentage = -1",
+        "journal-file-size = 1024",
+        "journal-min-files = 0",
+        "journal-pool-files = -1",
+        "journal-buffer-size = 100",
+        "max-frame-size = 10",
+        "connection-ttl = 5",
+        "connection-check-period = 1",
+        "default-consumer-window-size = -5",
+    ],
+)
+def test_out_of_range_values_name_the_key(tmp_path: Path, text: str) -> None:
+    msg, p = config_error(tmp_path, text + "\n")
+    assert text.split(" = ")[0] in msg
+    assert str(p) in msg
+
+
+def test_minimums_are_inclusive(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "journal-file-size = 65536\njournal-compact-percentage = 100\n"))
+    assert cfg.journal_file_size == 65536 and cfg.journal_compact_percentage == 100
+
+
+def test_duplicate_acceptor_names_are_refused(tmp_path: Path) -> None:
+    msg, p = config_error(tmp_path, '[[acceptors]]\nbind = "h:1"\n[[acceptors]]\nbind = "h:2"\n')
+    assert "acceptor" in msg and "unique" in msg
+    assert str(p) in msg
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    msg, p = config_error(tmp_path, "name = = 1\n")
+    assert str(p) in msg
+    assert "TOML" in msg
+
+
+def test_missing_file_names_the_file(tmp_path: Path) -> None:
+    p = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert str(p) in str(info.value)
+
+
+def test_bad_overrides_are_config_errors(tmp_path: Path) -> None:
+    """Overrides go through the same validation as file values."""
+    msg, _ = config_error(tmp_path, "", journal_file_size=10)
+    assert "journal-file-size" in msg
+    msg, _ = config_error(tmp_path, "", journal_compact_percentage="half")
+    assert "journal-compact-percentage" in msg
+    msg, _ = config_error(tmp_path, "", no_such_setting=1)
+    assert "no-such-setting" in msg
