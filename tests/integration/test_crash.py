@@ -58,9 +58,7 @@ async def _producer(
     return seq
 
 
-async def _consumer(
-    url: str, acked: set[tuple[int, int]], ack_sent: set[tuple[int, int]], stop: asyncio.Event
-) -> None:
+async def _consumer(url: str, acked: set[tuple[int, int]], ack_sent: set[tuple[int, int]], stop: asyncio.Event) -> None:
     try:
         conn = await aio.connect(url)
     except TandemError:
@@ -137,7 +135,8 @@ def test_kill9_rounds_keep_every_confirmed_message(broker_factory: object) -> No
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         producers = [
-            asyncio.create_task(_producer(b.url, pid, next_seq[pid], confirmed, acked, stop)) for pid in range(PRODUCERS)
+            asyncio.create_task(_producer(b.url, pid, next_seq[pid], confirmed, acked, stop))
+            for pid in range(PRODUCERS)
         ]
         consumer = asyncio.create_task(_consumer(b.url, acked, ack_sent, stop))
         await asyncio.sleep(kill_after)

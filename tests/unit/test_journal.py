@@ -15,7 +15,7 @@ import shutil
 import threading
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -139,14 +139,23 @@ def snapshot_dir(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-def records_of(path: Path) -> list[rec.Parsed]:
+class Rec(NamedTuple):
+    offset: int
+    length: int
+    kind: int
+    user_type: int
+    id: int
+    body: bytes
+
+
+def records_of(path: Path) -> list[Rec]:
     """The valid records of one data file, parsed with the file's own key."""
     buf = path.read_bytes()
     key = jf.read_header_key(buf)
     assert key is not None, f"{path.name} has no valid header"
     out: list[rec.Parsed] = []
     rec.scan(buf, jf.FILE_HEADER_SIZE, key, out)
-    return out
+    return [Rec(*p) for p in out]
 
 
 def patch(path: Path, offset: int, data: bytes) -> None:

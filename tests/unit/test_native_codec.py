@@ -200,7 +200,7 @@ _tags = st.sampled_from(sorted(n.CLIENT_TAGS | n.SERVER_TAGS | {0, 8, 99})) | st
 
 
 @given(tag=_tags, fields=st.lists(_values, max_size=8), bare=st.booleans())
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_structured_payloads_decode_or_raise_protocol_error(tag: int, fields: list[Any], bare: bool) -> None:
     """Valid frames around msgpack payloads (tag + random fields): a packet that re-encodes equal, or ProtocolError."""
     array = fields if bare else [tag, *fields]

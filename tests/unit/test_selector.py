@@ -416,9 +416,7 @@ def test_evaluate_accepts_int_and_str_subclasses() -> None:
     class Name(str):
         pass
 
-    sel = compile_selector(
-        "level > 2 AND name = 'n' AND level IN (3) AND name LIKE 'n%' AND level BETWEEN 1 AND 3"
-    )
+    sel = compile_selector("level > 2 AND name = 'n' AND level IN (3) AND name LIKE 'n%' AND level BETWEEN 1 AND 3")
     assert sel.evaluate({"level": Level(3), "name": Name("n")}) is True
 
 
@@ -463,9 +461,7 @@ def test_error_type_and_code() -> None:
     assert err.code is ErrorCode.INVALID_SELECTOR
     assert err.position == 5
     assert err.selector == "x = "
-    assert err.message == (
-        "selector error at position 5: expected an expression but found end of input in: x = "
-    )
+    assert err.message == ("selector error at position 5: expected an expression but found end of input in: x = ")
     assert str(err).startswith("[INVALID_SELECTOR] selector error at position 5")
 
 
@@ -474,8 +470,7 @@ def test_error_message_for_unclosed_parenthesis() -> None:
     with pytest.raises(InvalidSelector) as info:
         compile_selector(text)
     assert info.value.message == (
-        "selector error at position 25: expected ')' to match '(' at position 19 "
-        f"but found end of input in: {text}"
+        f"selector error at position 25: expected ')' to match '(' at position 19 but found end of input in: {text}"
     )
 
 
@@ -739,8 +734,7 @@ def render(c: Cond, kw: Callable[[str], str]) -> str:
     if isinstance(c, Between):
         neg = kw("NOT ") if c.negated else ""
         return (
-            f"{render_value(c.operand)} {neg}{kw('BETWEEN')} {render_value(c.low)} "
-            f"{kw('AND')} {render_value(c.high)}"
+            f"{render_value(c.operand)} {neg}{kw('BETWEEN')} {render_value(c.low)} {kw('AND')} {render_value(c.high)}"
         )
     if isinstance(c, IsNull):
         return f"{c.operand.name} {kw('IS')} {kw('NOT ') if c.negated else ''}{kw('NULL')}"
