@@ -8,10 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 _LISTEN = re.compile(r"listening\s+(\S+): (\S+):(\d+)")
 
