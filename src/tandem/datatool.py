@@ -18,14 +18,21 @@ from .store.records import AddressRecord, MessageRecord, QueueRecord, RecordType
 _NAMES = {int(t): t.name for t in RecordType}
 
 
+def _file_size(directory: Path, prefix: str, default: int) -> int:
+    """The segment size the broker used: the most common size among its files."""
+    sizes = Counter(p.stat().st_size for p in directory.glob(f"{prefix}-*.tj"))
+    return sizes.most_common(1)[0][0] if sizes else default
+
+
 def _journals(data: Path) -> list[tuple[str, Journal]]:
     if not (data / "journal").is_dir() and not (data / "bindings").is_dir():
         raise InvalidArgument(f"{data} is not a Tandem data directory (no journal/ or bindings/ inside)")
-    settings = JournalSettings()
-    return [
-        ("bindings", Journal(data / "bindings", "tandem-bindings", settings)),
-        ("messages", Journal(data / "journal", "tandem-data", settings)),
-    ]
+    out = []
+    for label, sub, prefix in (("bindings", "bindings", "tandem-bindings"), ("messages", "journal", "tandem-data")):
+        d = data / sub
+        settings = JournalSettings(file_size=_file_size(d, prefix, JournalSettings.file_size))
+        out.append((label, Journal(d, prefix, settings)))
+    return out
 
 
 def _raw_counts(j: Journal) -> Counter[str]:

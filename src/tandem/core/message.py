@@ -62,6 +62,10 @@ class MessageHeader(msgspec.Struct, array_like=True, gc=False):
     routing_type: int = RoutingType.ANY
     properties: Properties | None = None
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.routing_type <= 2:
+            raise ValueError(f"routing_type must be 0 (any), 1 (anycast) or 2 (multicast), got {self.routing_type}")
+
 
 _header_decoder = msgspec.msgpack.Decoder(MessageHeader)
 _data_encoder = msgspec.msgpack.Encoder()

@@ -57,10 +57,12 @@ def _frozen_ops(frozen: list[tuple[int, Path, int]]) -> Iterator[rec.Op]:
 
 def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threading.Event | None = None) -> bool:
     """Write the live records of the frozen files; False if stopped before the end."""
-    dead: set[int] = set()
-    for op in _frozen_ops(plan.frozen):
+    # The position of each id's last DELETE: records before it are dead, any after it (an id
+    # added again) are live.
+    dead_at: dict[int, int] = {}
+    for i, op in enumerate(_frozen_ops(plan.frozen)):
         if op.kind == rec.DELETE:
-            dead.add(op.id)
+            dead_at[op.id] = i
     last_key = plan.frozen[-1][0]
     out: Output | None = None
     fd = -1
@@ -77,8 +79,8 @@ def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threadin
         chunks = []
 
     n = 0
-    for op in _frozen_ops(plan.frozen):
-        if op.kind == rec.DELETE or op.id in dead:
+    for i, op in enumerate(_frozen_ops(plan.frozen)):
+        if op.kind == rec.DELETE or dead_at.get(op.id, -1) > i:
             plan.dead += 1
             continue
         n += 1

@@ -10,6 +10,7 @@ from pathlib import Path
 import crc32c
 
 MAGIC = b"TNDJ"
+FREE_MAGIC = b"TNDF"  # a pooled file: the header keeps the key it last had, so keys never go backwards
 VERSION = 1
 FILE_HEADER = struct.Struct("<4sHHQI")
 FILE_HEADER_SIZE = 32  # header struct padded to 32 bytes
@@ -41,19 +42,19 @@ def free_name(prefix: str, n: int) -> str:
     return f"{prefix}-free-{n:08d}.tj"
 
 
-def header_bytes(key: int) -> bytes:
-    head = FILE_HEADER.pack(MAGIC, VERSION, 0, key, 0)
+def header_bytes(key: int, magic: bytes = MAGIC) -> bytes:
+    head = FILE_HEADER.pack(magic, VERSION, 0, key, 0)
     crc = crc32c.crc32c(head[:-4])
-    head = FILE_HEADER.pack(MAGIC, VERSION, 0, key, crc)
+    head = FILE_HEADER.pack(magic, VERSION, 0, key, crc)
     return head + bytes(FILE_HEADER_SIZE - len(head))
 
 
-def read_header_key(data: bytes) -> int | None:
+def read_header_key(data: bytes, magic: bytes = MAGIC) -> int | None:
     """The file key from a header, or None if the header is not ours or damaged."""
     if len(data) < FILE_HEADER_SIZE:
         return None
-    magic, version, _r, key, crc = FILE_HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version != VERSION:
+    got, version, _r, key, crc = FILE_HEADER.unpack_from(data, 0)
+    if got != magic or version != VERSION:
         return None
     if crc32c.crc32c(data[: FILE_HEADER.size - 4]) != crc:
         return None
@@ -86,25 +87,31 @@ def create_zeroed(path: Path, size: int, key: int | None) -> None:
     os.rename(tmp, path)
 
 
-def list_files(directory: Path, prefix: str) -> tuple[list[tuple[int, Path]], list[Path]]:
-    """Data files (key, path) sorted by key, and free (pooled) files."""
+def list_files(directory: Path, prefix: str) -> tuple[list[tuple[int, Path]], list[Path], int]:
+    """Data files (key, path) sorted by key, free (pooled) files, and the highest key any file ever had."""
     data: list[tuple[int, Path]] = []
     free: list[Path] = []
+    top = 0
     if not directory.exists():
-        return data, free
+        return data, free, top
     for p in sorted(directory.iterdir()):
         name = p.name
         if not name.startswith(prefix + "-") or not name.endswith(".tj"):
             continue
+        with open(p, "rb") as fh:
+            head = fh.read(FILE_HEADER_SIZE)
+        retired = read_header_key(head, FREE_MAGIC)
+        if retired is not None:
+            top = max(top, retired)
         if name.startswith(prefix + "-free-"):
             free.append(p)
             continue
-        with open(p, "rb") as fh:
-            key = read_header_key(fh.read(FILE_HEADER_SIZE))
+        key = read_header_key(head)
         if key is None:
             # A file whose header never made it to disk holds nothing confirmed.
             free.append(p)
             continue
+        top = max(top, key)
         data.append((key, p))
     data.sort()
-    return data, free
+    return data, free, top

@@ -25,6 +25,7 @@ from .writer import Batch, Writer
 log = logging.getLogger("tandem.journal")
 
 _Entry = jf.JFile | list[jf.JFile]
+_TERMINATOR = bytes(rec.EOF_SIZE)
 
 
 class LiveRecord:
@@ -103,7 +104,7 @@ class Journal:
             compactor.apply_marker(self.directory, self.prefix)
             for tmp in self.directory.glob(f"{self.prefix}-*.tmp"):
                 tmp.unlink()
-        data_files, self._free = jf.list_files(self.directory, self.prefix)
+        data_files, self._free, top_key = jf.list_files(self.directory, self.prefix)
         live: dict[int, LiveRecord] = {}
         last_end: rec.ScanEnd | None = None
         last_path: Path | None = None
@@ -124,13 +125,13 @@ class Journal:
             last = next(reversed(self._files.values()))
             self._cur = last
             self._cur_off = last.size if (last_end is not None and last_end.eof_marker) else last.used
-            top = max(self._files)
-            self._next_key = ((top >> jf.KEY_SHIFT) + 1) << jf.KEY_SHIFT
+            top_key = max(top_key, max(self._files))
             if last_end is not None and not last_end.clean:
                 self.torn_tail = f"{last.path.name}: {last_end.reason}"
             if last_end is not None and not last_end.clean and not readonly:
                 log.warning("journal %s: torn tail truncated (%s)", self.prefix, last_end.reason)
                 self._zero_tail(last, last_end.offset)
+        self._next_key = ((top_key >> jf.KEY_SHIFT) + 1) << jf.KEY_SHIFT
         for msg in self.corrupt:
             log.warning("journal %s: %s", self.prefix, msg)
         if not readonly:
@@ -395,9 +396,17 @@ class Journal:
             return
         batch = self._pending
         self._pending = Batch()
+        self._terminate(batch)
         batch.recycle = self._reclaimable()
         self._inflight = batch
         self._writer.submit(batch)
+
+    def _terminate(self, batch: Batch) -> None:
+        """Zero the bytes after the batch's last record: a recycled file's stale bytes must not
+        follow a clean stop (the space is always there: placement keeps room for an EOF record)."""
+        cur = self._cur
+        if cur is not None and self._cur_off + rec.EOF_SIZE <= cur.size:
+            batch.writes.append((cur.key, self._cur_off, _TERMINATOR))
 
     def _threadsafe_done(self, batch: Batch, err: BaseException | None) -> None:
         loop = self._loop
@@ -416,7 +425,10 @@ class Journal:
                 log.exception("journal callback failed")
         if batch is self._compact_after:
             self._compact_after = None
-            self._start_compactor()
+            if self._compact_stop.is_set():
+                self._compacting = False  # stopping: never start a compactor that would outlive stop()
+            else:
+                self._start_compactor()
         if self._pending.writes and self._flush_handle is None:
             self._handoff()
         if not self._compacting:
@@ -434,6 +446,7 @@ class Journal:
             return
         batch = self._pending
         self._pending = Batch()
+        self._terminate(batch)
         batch.recycle = self._reclaimable()
         self._writer.write_batch(batch)
         for cb in batch.callbacks:

@@ -160,8 +160,9 @@ class Writer:
             fd = os.open(path, os.O_RDWR)
         try:
             if size == self.file_size and len(self.free) < self.pool_files:
-                # Invalidate the header first so the old records can never replay.
-                os.pwrite(fd, bytes(jf.FILE_HEADER_SIZE), 0)
+                # Retire the header first so the old records can never replay; it keeps the old key
+                # so that a later start never hands the same key out again.
+                os.pwrite(fd, jf.header_bytes(key, jf.FREE_MAGIC), 0)
                 os.fdatasync(fd)
                 dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
                 os.rename(path, dst)

@@ -227,6 +227,8 @@ class FrameReader:
                 out.append(decode(payload))
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise self._classify(payload, exc) from None
+            except RecursionError:
+                raise ProtocolError("malformed frame: nested too deeply") from None
         if pos:
             del buf[:pos]
         return out
@@ -234,7 +236,7 @@ class FrameReader:
     def _classify(self, payload: bytes, exc: Exception) -> ProtocolError:
         try:
             generic = msgspec.msgpack.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return ProtocolError(f"malformed frame: {exc}")
         if isinstance(generic, list) and generic and isinstance(generic[0], int):
             if generic[0] not in self._known:

@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 Reply = Callable[[Any], None]
 
 
-def _routing(text: str) -> RoutingType:
+def _routing(text: object) -> RoutingType:
+    if not isinstance(text, str):
+        raise InvalidArgument(f"routing type must be a string, got {type(text).__name__}")
     try:
         return RoutingType.parse(text)
     except ValueError as exc:
@@ -116,6 +118,8 @@ class Admin:
     def address_create(
         self, conn: NativeConnection | None, reply: Reply, name: str, routing_types: list[str] | None = None
     ) -> None:
+        if routing_types is not None and not isinstance(routing_types, list):
+            raise InvalidArgument(f"address.create: `routing_types` must be a list, got {type(routing_types).__name__}")
         rts = {_routing(t) for t in (routing_types or ["anycast"])}
         addr = self.broker.postoffice.create_address(name, rts)
         self._after_bindings(reply, addr.stat())

@@ -113,7 +113,10 @@ class Broker:
         for acc in self.config.acceptors:
             host, port = parse_host_port(acc.bind)
             factory = partial(NativeConnection, self, acc.name)
-            server = await loop.create_server(factory, host, port, reuse_address=True)
+            try:
+                server = await loop.create_server(factory, host, port, reuse_address=True)
+            except OSError as exc:
+                raise IllegalState(f"acceptor {acc.name!r} cannot listen on {host}:{port}: {exc.strerror}") from None
             self.servers.append(server)
             sock = server.sockets[0].getsockname()
             self.bound[acc.name] = (sock[0], sock[1])

@@ -182,6 +182,9 @@ class NativeConnection(asyncio.Protocol):
             self.fatal(exc)
             return
         handlers = _HANDLERS
+        if packets and not self.handshaken and type(packets[0]) is not p.Hello:
+            self.fatal(ProtocolError(f"the first packet must be HELLO, got {type(packets[0]).__name__.upper()}"))
+            return
         for pkt in packets:
             if self.is_closed():
                 break
@@ -244,10 +247,6 @@ class NativeConnection(asyncio.Protocol):
             raise SessionDoesNotExist(f"no session on channel {channel}")
         return s
 
-    def _require_hello(self) -> None:
-        if not self.handshaken:
-            raise ProtocolError("the first packet must be HELLO")
-
     def on_hello(self, pkt: p.Hello) -> None:
         if self.handshaken:
             raise ProtocolError("HELLO sent twice")
@@ -260,7 +259,6 @@ class NativeConnection(asyncio.Protocol):
         self.send(p.HelloOk(p.PROTOCOL_VERSION, b.config.name, b.node_id, b.config.effective_ttl_ms, b.topology()))
 
     def on_ping(self, pkt: p.Ping) -> None:
-        self._require_hello()
         self.send(p.Pong())
 
     def on_pong(self, pkt: p.Pong) -> None:
@@ -275,7 +273,6 @@ class NativeConnection(asyncio.Protocol):
         self.close()
 
     def on_create_session(self, pkt: p.CreateSession) -> None:
-        self._require_hello()
         if pkt.channel in self.sessions or pkt.channel <= 0:
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
         b = self.broker
@@ -317,7 +314,6 @@ class NativeConnection(asyncio.Protocol):
         s.completed(pkt.cmd, s.core.ack(pkt.consumer_id, pkt.message_id, pkt.cumulative))
 
     def on_manage(self, pkt: p.Manage) -> None:
-        self._require_hello()
         channel, cmd = pkt.channel, pkt.cmd
 
         def reply(result: Any) -> None:
