@@ -75,49 +75,52 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Message:
-    """A routed message: server-assigned id plus the client's encoded bytes."""
+class Message(msgspec.Struct, gc=False, eq=False):
+    """A routed message: server-assigned id plus the client's encoded bytes.
 
-    __slots__ = (
-        "address",
-        "dedup_id",
-        "durable",
-        "durable_refs",
-        "expiration",
-        "id",
-        "priority",
-        "properties",
-        "raw",
-        "routing_type",
-        "size",
-        "timestamp",
-    )
+    A broker holds millions of these, so it is a compact, untracked struct (no
+    cycles: it refers only to strings, numbers, its properties and its bytes);
+    rarely used header fields (timestamp) are read back from the bytes on demand.
+    """
 
-    def __init__(self, mid: int, header: MessageHeader, raw: msgspec.Raw | bytes) -> None:
-        self.id = mid
-        self.address = header.address
-        self.durable = header.durable
-        p = header.priority
-        self.priority = 0 if p < 0 else (9 if p > 9 else p)
-        self.expiration = header.expiration
-        self.timestamp = header.timestamp
-        self.dedup_id = header.dedup_id
-        self.routing_type = header.routing_type
-        self.properties = header.properties
-        self.raw = raw
-        self.size = len(raw)
-        self.durable_refs = 0
+    id: int
+    address: str
+    durable: bool
+    priority: int
+    expiration: int
+    routing_type: int
+    dedup_id: str | None
+    properties: Properties | None
+    raw: msgspec.Raw | bytes
+    durable_refs: int = 0
+
+    @classmethod
+    def from_header(cls, mid: int, h: MessageHeader, raw: msgspec.Raw | bytes) -> Message:
+        p = h.priority
+        prio = 0 if p < 0 else (9 if p > 9 else p)
+        return cls(mid, h.address, h.durable, prio, h.expiration, h.routing_type, h.dedup_id, h.properties, raw)
 
     @classmethod
     def decode(cls, mid: int, raw: msgspec.Raw | bytes) -> Message:
         """Build from encoded MessageData; raises msgspec errors on malformed input."""
-        return cls(mid, _header_decoder.decode(raw), raw)
+        return cls.from_header(mid, _header_decoder.decode(raw), raw)
 
     @classmethod
     def create(cls, mid: int, data: MessageData) -> Message:
         """Build from a MessageData made on the server (other protocols, dead letters)."""
         raw = _data_encoder.encode(data)
-        return cls(mid, _header_decoder.decode(raw), raw)
+        return cls.from_header(mid, _header_decoder.decode(raw), raw)
+
+    @property
+    def size(self) -> int:
+        return len(self.raw)
+
+    @property
+    def timestamp(self) -> int:
+        return _header_decoder.decode(self.raw).timestamp
+
+    def header(self) -> MessageHeader:
+        return _header_decoder.decode(self.raw)
 
     def data(self) -> MessageData:
         return msgspec.msgpack.decode(self.raw, type=MessageData)
@@ -129,17 +132,18 @@ class Message:
         return f"Message(id={self.id}, address={self.address!r}, size={self.size})"
 
 
-class MessageRef:
-    """A message in one queue: its per-queue sequence and delivery count."""
+class MessageRef(msgspec.Struct, gc=False, eq=False):
+    """A message in one queue: its per-queue sequence and delivery count (failed deliveries so far).
 
-    __slots__ = ("delivery_count", "message", "queue", "removed", "seq")
+    Not tracked by the collector: the queue refers to its refs and each ref to its queue,
+    a cycle that queue deletion breaks by purging.
+    """
 
-    def __init__(self, message: Message, queue: object, seq: int, delivery_count: int = 0) -> None:
-        self.message = message
-        self.queue = queue
-        self.seq = seq
-        self.delivery_count = delivery_count  # deliveries that ended without an ack
-        self.removed = False
+    message: Message
+    queue: Any
+    seq: int
+    delivery_count: int = 0
+    removed: bool = False
 
     def __repr__(self) -> str:
         return f"MessageRef(seq={self.seq}, msg={self.message.id}, dc={self.delivery_count})"

@@ -233,7 +233,7 @@ class PostOffice:
             self.storage.store_message(message, drefs, tx)
         if tx is None:
             for ref in refs:
-                ref.queue.add(ref)  # type: ignore[attr-defined]
+                ref.queue.add(ref)
         return refs
 
     def stat(self) -> dict[str, Any]:
