@@ -43,20 +43,21 @@ _pack_len = p.LENGTH.pack
 class NativeSession:
     """Per-channel state: in-order confirmation of pipelined commands."""
 
-    __slots__ = ("batch_upto", "channel", "conn", "core", "dirty", "pending_durable", "storage")
+    __slots__ = ("batch_upto", "channel", "conn", "core", "dirty", "pending_durable", "storage", "sync")
 
     def __init__(self, conn: NativeConnection, channel: int, core: ServerSession) -> None:
         self.conn = conn
         self.channel = channel
         self.core = core
         self.storage = conn.broker.storage
+        self.sync = conn.broker.config.journal_sync_non_transactional
         self.batch_upto = 0
         self.pending_durable = 0
         self.dirty = False
 
     # Confirmation ordering: a command is confirmed only after every earlier one.
     def completed(self, cmd: int, durable: bool) -> None:
-        if durable or self.pending_durable or self.batch_upto:
+        if (durable and self.sync) or self.pending_durable or self.batch_upto:
             self.batch_upto = cmd
             if not self.dirty:
                 self.dirty = True
