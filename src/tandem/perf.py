@@ -81,7 +81,8 @@ async def _produce(url: str, queue: str, count: int, size: int, window: int, dur
                 sent.value += 256
 
     for _ in range(count):
-        await prod.send_async(Message(STAMP.pack(time.monotonic_ns()) + pad, durable=durable), done)
+        await prod.ready()  # stamp after waiting for the window: latency is broker + network, not our queue
+        prod.send_nowait(Message(STAMP.pack(time.monotonic_ns()) + pad, durable=durable), done)
     await prod.flush()
     with sent.get_lock():
         sent.value += confirmed % 256

@@ -235,16 +235,20 @@ class AsyncProducer:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
-    async def send_async(
-        self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
-    ) -> asyncio.Future[None] | None:
-        """Wait for room in the window, then send; the confirmation arrives later."""
+    async def ready(self) -> None:
+        """Wait until the window has room and the socket is writable."""
         while self.in_flight >= self.window:
             self.session._check()
             self._room = self.session.conn.loop.create_future()
             await self._room
             self._room = None
         await self.session.conn.drain()
+
+    async def send_async(
+        self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
+    ) -> asyncio.Future[None] | None:
+        """Wait for room in the window, then send; the confirmation arrives later."""
+        await self.ready()
         return self.send_nowait(body, callback, **fields)
 
     async def send(self, body: Message | bytes | str, **fields: Any) -> None:
