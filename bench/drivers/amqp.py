@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import struct
 import sys
 import time
@@ -258,7 +259,8 @@ class AmqpClient(asyncio.Protocol):
             except (TimeoutError, AmqpError, ConnectionError):
                 pass
         self.transport.close()
-        await asyncio.wait_for(asyncio.shield(self.lost), 5)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.lost), 5)
 
 
 async def connect(host: str, port: int, factory: type[AmqpClient], *args: Any) -> AmqpClient:

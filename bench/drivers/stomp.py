@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import struct
 import sys
@@ -210,7 +211,8 @@ class StompClient(asyncio.Protocol):
             except (TimeoutError, StompError, ConnectionError):
                 pass
         self.transport.close()
-        await asyncio.wait_for(asyncio.shield(self.lost), 5)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.lost), 5)
 
 
 async def connect(host: str, port: int, proto: StompClient) -> StompClient:
