@@ -250,12 +250,14 @@ class Queue:
         self._drop(refs, tx)
 
     def _drop(self, refs: list[MessageRef], tx: list[object] | None = None) -> None:
-        storage = self.storage
-        persist = self.durable and storage.persistent
+        persist = self.durable and self.storage.persistent
+        durable = []
         for ref in refs:
             ref.removed = True
             if persist and ref.message.durable:
-                storage.store_ack(ref.message, self, tx)
+                durable.append(ref.message)
+        if durable:
+            self.storage.store_acks(durable, self, tx)
 
     def cancel(self, refs: list[MessageRef]) -> None:
         """Return delivered refs to the queue (consumer closed, session ended)."""

@@ -157,6 +157,11 @@ class Journal:
                     if op.id > max_id:
                         max_id = op.id
                     self._apply_loaded(op.kind, op.user_type, op.id, op.body, f, live)
+            elif kind == rec.DELETES:
+                for did in rec.unpack_ids(body):
+                    f.records += 1
+                    if live.pop(did, None) is not None:
+                        self._detach(did)
             else:
                 self._apply_loaded(kind, utype, rid, body, f, live)
         self.max_id = max_id
@@ -272,6 +277,19 @@ class Journal:
         f, off = self._place(rec.HEADER_SIZE)
         self._write(f, off, rec.encode(f.key, rec.DELETE, 0, rid))
         self._count_op(rec.DELETE, rid, f)
+
+    def delete_many(self, rids: list[int]) -> None:
+        """Delete several ids with one record."""
+        if len(rids) == 1:
+            self.delete(rids[0])
+            return
+        body = rec.pack_ids(rids)
+        f, off = self._place(rec.HEADER_SIZE + len(body))
+        self._write(f, off, rec.encode(f.key, rec.DELETES, 0, 0, body))
+        f.records += len(rids)
+        detach = self._detach
+        for rid in rids:
+            detach(rid)
 
     def batch(self, ops: Iterable[rec.Op]) -> None:
         """Append several operations as one record: after a crash all or none of them exist."""

@@ -6,10 +6,13 @@ A record on disk::
     u32 crc32c     over every byte after this field
     u64 file_key   key of the file the record was written into (stale data in a
                    recycled file carries an older key and is ignored)
-    u8  kind       ADD / UPDATE / DELETE / BATCH / EOF
+    u8  kind       ADD / UPDATE / DELETE / BATCH / EOF / DELETES
     u8  user_type  meaning of the body for the layer above (store/)
     u64 id         record id (message id, queue id, ...); 0 for EOF
     ...            body
+
+A DELETES record deletes many ids at once (its body is packed u64 ids): a
+cumulative acknowledgement of hundreds of messages is one record, not hundreds.
 
 A BATCH record holds several operations that must apply together (a
 transaction): its body is a sequence of ``u8 kind, u8 user_type, u64 id,
@@ -39,6 +42,7 @@ class Kind(IntEnum):
     DELETE = 3
     BATCH = 4
     EOF = 5
+    DELETES = 6
 
 
 ADD = Kind.ADD
@@ -46,6 +50,7 @@ UPDATE = Kind.UPDATE
 DELETE = Kind.DELETE
 BATCH = Kind.BATCH
 EOF = Kind.EOF
+DELETES = Kind.DELETES
 
 EOF_SIZE = HEADER_SIZE
 
@@ -59,13 +64,16 @@ class Op(NamedTuple):
     body: bytes
 
 
+_TAIL = struct.Struct("<QBBQ")
+_crc = crc32c.crc32c
+
+
 def encode(file_key: int, kind: int, user_type: int, rid: int, body: bytes = b"") -> bytes:
     """Encode one record for `file_key`."""
-    length = HEADER_SIZE + len(body)
-    head = HEADER.pack(length, 0, file_key, kind, user_type, rid)
-    tail = head[_CRC_FROM:]
-    crc = crc32c.crc32c(body, crc32c.crc32c(tail)) if body else crc32c.crc32c(tail)
-    return _LEN_CRC.pack(length, crc) + tail + body
+    tail = _TAIL.pack(file_key, kind, user_type, rid)
+    if body:
+        return _LEN_CRC.pack(HEADER_SIZE + len(body), _crc(body, _crc(tail))) + tail + body
+    return _LEN_CRC.pack(HEADER_SIZE, _crc(tail)) + tail
 
 
 def encode_batch_body(ops: list[Op]) -> bytes:
@@ -134,16 +142,29 @@ def scan(buf: bytes, start: int, file_key: int, out: list[Parsed]) -> ScanEnd:
             return ScanEnd(pos, False, False, f"CRC mismatch at offset {pos}")
         if kind == EOF:
             return ScanEnd(pos, True, True, "EOF marker")
-        if kind not in (ADD, UPDATE, DELETE, BATCH):
+        if kind not in (ADD, UPDATE, DELETE, BATCH, DELETES):
             return ScanEnd(pos, False, False, f"unknown record kind {kind} at offset {pos}")
         out.append((pos, length, kind, utype, rid, buf[pos + HEADER_SIZE : pos + length]))
         pos += length
 
 
+def pack_ids(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}Q", *ids)
+
+
+def unpack_ids(body: bytes) -> tuple[int, ...]:
+    if len(body) % 8:
+        raise ValueError("DELETES body is not a whole number of ids")
+    return struct.unpack(f"<{len(body) // 8}Q", body)
+
+
 def iter_ops(parsed: Parsed) -> Iterator[Op]:
-    """The logical operations in one parsed record (a BATCH yields its members)."""
+    """The logical operations in one parsed record (a BATCH or DELETES yields its members)."""
     _off, _len, kind, utype, rid, body = parsed
     if kind == BATCH:
         yield from decode_batch_body(body)
+    elif kind == DELETES:
+        for i in unpack_ids(body):
+            yield Op(DELETE, 0, i, b"")
     else:
         yield Op(kind, utype, rid, body)

@@ -203,6 +203,22 @@ class JournalStorage:
         else:
             self.messages.update(op.id, op.user_type, op.body)
 
+    def store_acks(self, messages: list[Message], queue: Queue, tx: list[object] | None = None) -> None:
+        """Acknowledge many messages on one queue: the last queue's ack is a DELETE, all in one record."""
+        if tx is not None:
+            for m in messages:
+                self.store_ack(m, queue, tx)
+            return
+        deletes: list[int] = []
+        for m in messages:
+            m.durable_refs -= 1
+            if m.durable_refs <= 0:
+                deletes.append(m.id)
+            else:
+                self.messages.update(m.id, RecordType.ACK, _encode(AckRecord(queue.id)))
+        if deletes:
+            self.messages.delete_many(deletes)
+
     def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
         if self.messages.contains(message.id):
             self.messages.update(message.id, RecordType.DELIVERY_COUNT, _encode(DeliveryCountRecord(queue.id, count)))
@@ -264,6 +280,9 @@ class NullStorage:
         pass
 
     def store_ack(self, message: Message, queue: Queue, tx: list[object] | None = None) -> None:
+        pass
+
+    def store_acks(self, messages: list[Message], queue: Queue, tx: list[object] | None = None) -> None:
         pass
 
     def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
