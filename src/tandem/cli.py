@@ -89,6 +89,9 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
         print(f"  .venv/bin/tandem consumer --url {url} --destination hello --count 1")
         print("Stop with Ctrl-C.", flush=True)
     await broker.wait_stopped()
+    if broker.failure is not None:
+        print(f"tandem: broker stopped after a storage failure: {broker.failure!r}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -28,7 +28,7 @@ class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="keb
 
 
 class AcceptorConfig(_Conf, frozen=True):
-    """A listening socket: `bind` is host:port, `protocol` native or stomp."""
+    """A listening socket: `bind` is host:port; `protocol` is the native protocol (STOMP comes later)."""
 
     name: str = "native"
     protocol: Literal["native"] = "native"

@@ -168,7 +168,7 @@ class JournalError(TandemError):
 _BY_CODE: dict[ErrorCode, type[TandemError]] = {}
 for _cls in list(globals().values()):
     if isinstance(_cls, type) and issubclass(_cls, TandemError) and _cls is not TandemError:
-        # The most general class for a code wins (e.g. ConnectionLost over Unblocked).
+        # The first class defined for a code wins (a subclass that reuses a code is not picked).
         _BY_CODE.setdefault(_cls.code, _cls)
 
 

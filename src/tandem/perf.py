@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import struct
 import sys
 import time
@@ -26,7 +27,7 @@ def add_parser(sub: Any) -> None:
     ps = p.add_subparsers(dest="mode", required=True)
     for mode in ("producer", "consumer", "pair"):
         x = ps.add_parser(mode)
-        x.add_argument("--url", default="tcp://127.0.0.1:61616")
+        x.add_argument("--url", default=os.environ.get("TANDEM_URL", "tcp://127.0.0.1:61616"))
         x.add_argument("--destination", "--queue", dest="queue", default="perf")
         x.add_argument("--count", type=int, default=100_000, help="messages in all")
         x.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")

@@ -7,6 +7,8 @@ use a semaphore for the window so the caller blocks only when it is full.
 from __future__ import annotations
 
 import asyncio
+import logging
+import queue
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -136,6 +138,7 @@ class Producer:
         self.aio = aio
         self._lt = session.connection._lt
         self._window = threading.BoundedSemaphore(aio.window)
+        self._failures: list[BaseException] = []
 
     def send(self, body: Message | bytes | str, **fields: Any) -> None:
         """Send and wait for the confirmation (durable: on disk)."""
@@ -156,6 +159,8 @@ class Producer:
             release()
             if callback is not None:
                 callback(exc)
+            elif exc is not None:
+                self._failures.append(exc)  # reported by flush()
 
         def go() -> None:
             try:
@@ -166,13 +171,17 @@ class Producer:
         self._lt.call_soon(go)
 
     def flush(self) -> None:
-        """Wait until every send so far is confirmed."""
+        """Wait until every send so far is confirmed; raise the first failure of a `send_async`
+        that had no callback since the last flush."""
 
         async def _flush() -> None:
             await asyncio.sleep(0)
             await self.aio.flush()
 
         self._lt.run(_flush())
+        if self._failures:
+            first, self._failures = self._failures[0], []
+            raise first
 
 
 class Consumer:
@@ -181,6 +190,7 @@ class Consumer:
         self.aio = aio
         self._run = session.connection._lt.run
         self._lt = session.connection._lt
+        self._worker: _ListenerThread | None = None
 
     def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
         """The next message, or None after `timeout` seconds."""
@@ -197,18 +207,28 @@ class Consumer:
                 yield msg
 
     def set_listener(self, listener: Callable[[ReceivedMessage], Any] | None) -> None:
-        """Messages are passed to `listener` on a dedicated thread, in order."""
+        """Pass messages to `listener` on a dedicated thread, in order (auto mode: acked after it returns)."""
+
+        async def detach() -> None:
+            self.aio.set_listener(None)
+
+        self._run(detach())
+        if self._worker is not None:
+            self._worker.stop()  # runs what it already holds first
+            self._worker = None
         if listener is None:
-            self._lt.call_soon(self.aio.set_listener, None)
             return
-        worker = _ListenerThread(listener, self._lt)
+        worker = self._worker = _ListenerThread(listener, self._lt, self.aio)
 
-        def on_message(msg: ReceivedMessage) -> None:
-            worker.submit(_Blocking.wrap(msg, self._lt))
+        async def attach() -> None:
+            self.aio.set_listener(worker.submit, auto_ack=False)
 
-        self._lt.call_soon(self.aio.set_listener, on_message)
+        self._run(attach())
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
         self._run(self.aio.close())
 
     @property
@@ -237,26 +257,34 @@ class _Blocking(ReceivedMessage):
 
 
 class _ListenerThread:
-    def __init__(self, listener: Callable[[ReceivedMessage], Any], lt: _LoopThread) -> None:
-        import queue as _q
+    """Runs a blocking listener off the client's loop; auto-acks each message after the listener returns."""
 
+    def __init__(self, listener: Callable[[ReceivedMessage], Any], lt: _LoopThread, consumer: AsyncConsumer) -> None:
         self.listener = listener
-        self.q: _q.SimpleQueue[ReceivedMessage] = _q.SimpleQueue()
+        self.lt = lt
+        self.consumer = consumer
+        self.q: queue.SimpleQueue[ReceivedMessage | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="tandem-listener", daemon=True)
         self.thread.start()
 
     def submit(self, msg: ReceivedMessage) -> None:
-        self.q.put(msg)
+        self.q.put(_Blocking.wrap(msg, self.lt))
+
+    def stop(self) -> None:
+        self.q.put(None)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(5)
 
     def _run(self) -> None:
-        import logging
-
         while True:
             msg = self.q.get()
+            if msg is None:
+                return
             try:
                 self.listener(msg)
             except Exception:
                 logging.getLogger("tandem.client").exception("message listener raised")
+            self.lt.call_soon(self.consumer.auto_ack, msg)
 
 
 def connect(url: str, **options: Any) -> Connection:

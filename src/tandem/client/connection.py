@@ -174,6 +174,7 @@ class AsyncConnection:
         self.failure_listeners: list[Callable[[FailureEvent, TandemError | None], None]] = []
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
+        self.ttl_ms = options.connection_ttl
 
     # ------------------------------------------------------------- connect
     @classmethod
@@ -217,7 +218,7 @@ class AsyncConnection:
         self.error = None
         self._hello = self.loop.create_future()
         o = self.options
-        hello = p.Hello(p.PROTOCOL_VERSION, o.client_id, o.username, o.password, "tandem-python")
+        hello = p.Hello(p.PROTOCOL_VERSION, o.client_id, o.username, o.password, "tandem-python", o.connection_ttl)
         transport.write(p.MAGIC + p.encode(hello))
         try:
             ok = await asyncio.wait_for(self._hello, timeout)
@@ -226,6 +227,7 @@ class AsyncConnection:
             raise
         self.server_name = ok.server_name
         self.node_id = ok.node_id
+        self.ttl_ms = ok.connection_ttl  # the broker's decision (it may override ours)
         self.topology = list(ok.topology)
         self._pinger = self.loop.create_task(self._ping_loop(), name="tandem-client-ping")
 
@@ -382,9 +384,9 @@ class AsyncConnection:
 
     async def _ping_loop(self) -> None:
         period = self.options.client_failure_check_period / 1000
-        ping_every = min(period / 2, self.options.connection_ttl / 2000)
+        ping_every = min(period / 2, self.ttl_ms / 2000)
         while not self.closed:
-            await asyncio.sleep(min(ping_every, period / 2))
+            await asyncio.sleep(ping_every)
             now = self.loop.time()
             if now - self.last_received > period:
                 self._fail(ConnectionLost(f"no packet from {self.server} for {period:.1f}s"))

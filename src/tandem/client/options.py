@@ -106,7 +106,8 @@ def parse_url(url: str, **overrides: Any) -> tuple[list[tuple[str, int]], Connec
         if key not in _FIELDS:
             raise InvalidArgument(f"unknown connection option `{key}`")
         values[key] = _coerce(key, value)
-    # Departure from Artemis (docs/decisions/0002): several servers mean HA with endless retries.
+    # Departure from Artemis: a URL naming several servers means HA with endless retries
+    # (they take effect with client failover; see docs/client.md).
     if len(hosts) > 1:
         values.setdefault("ha", True)
         if values.get("ha"):

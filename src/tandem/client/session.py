@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ from .message import Message, ReceivedMessage
 
 if TYPE_CHECKING:
     from .connection import AsyncConnection, Channel
+
+log = logging.getLogger("tandem.client")
 
 ACK_MODES = ("auto", "client", "individual")
 _decode_data = msgspec.msgpack.Decoder(MessageData).decode
@@ -52,6 +55,8 @@ class AsyncSession:
     # --------------------------------------------------------------- factories
     def create_producer(self, address: str | None = None, window: int | None = None) -> AsyncProducer:
         self._check()
+        if window is not None and window < 1:
+            raise InvalidArgument(f"producer window must be >= 1 unconfirmed sends, got {window}")
         prod = AsyncProducer(self, address, window or self.conn.options.producer_window_size)
         self.producers.append(prod)
         return prod
@@ -311,18 +316,23 @@ class AsyncConsumer:
             w.set_result(None)
 
     # -------------------------------------------------- handing to the app
-    def _handed(self, msg: ReceivedMessage) -> ReceivedMessage:
-        """Account for a message the application now has: credits back, auto-ack."""
+    def _handed(self, msg: ReceivedMessage, auto_ack: bool = True) -> ReceivedMessage:
+        """Account for a message the application now has: credits back, and (auto mode) the ack."""
         conn = self.session.conn
         w = self.window
         if w > 0:
             self._consumed += msg.size
-            if self._consumed >= w // 2 or self._consumed >= w:
+            if self._consumed >= w // 2:
                 conn.send_packet(p.Flow(self.session.channel.id, self.id, self._consumed))
                 self._consumed = 0
-        if self.session.ack_mode == "auto" and not self.browse_only:
-            conn.schedule_ack(self, msg.id)
+        if auto_ack:
+            self.auto_ack(msg)
         return msg
+
+    def auto_ack(self, msg: ReceivedMessage) -> None:
+        """In `auto` mode, acknowledge `msg` (batched: one cumulative ACK per loop pass)."""
+        if self.session.ack_mode == "auto" and not self.browse_only and not self.closed:
+            self.session.conn.schedule_ack(self, msg.id)
 
     def _request_one(self) -> None:
         if self.window == 0 and not self._pull_pending and not self.buffer and not self.closed:
@@ -338,6 +348,9 @@ class AsyncConsumer:
 
     async def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
         """The next message, or None after `timeout` seconds (None: wait for ever)."""
+        return await self._receive(timeout, auto_ack=True)
+
+    async def _receive(self, timeout: float | None, auto_ack: bool) -> ReceivedMessage | None:
         loop = self.session.conn.loop
         deadline = None if timeout is None else loop.time() + timeout
         while not self.buffer:
@@ -358,7 +371,7 @@ class AsyncConsumer:
                             return None
             finally:
                 self._waiter = None
-        return self._handed(self.buffer.popleft())
+        return self._handed(self.buffer.popleft(), auto_ack)
 
     def _raise_if_closed(self) -> None:
         if self.closed:
@@ -378,28 +391,35 @@ class AsyncConsumer:
             if msg is not None:
                 yield msg
 
-    def set_listener(self, listener: Listener | None) -> None:
-        """Call `listener(message)` for each message (a coroutine function is awaited in order)."""
-        self._listener = listener
-        if listener is not None and self._listener_task is None:
-            self._listener_task = self.session.conn.loop.create_task(self._run_listener())
+    def set_listener(self, listener: Listener | None, auto_ack: bool = True) -> None:
+        """Call `listener(message)` for each message, in order (a coroutine function is awaited).
 
-    async def _run_listener(self) -> None:
-        while not self.closed and self._listener is not None:
+        In `auto` ack mode a message is acknowledged once the listener has returned.
+        `set_listener(None)` stops delivery to the listener; messages stay for `receive()`.
+        """
+        if self._listener_task is not None:
+            self._listener_task.cancel()
+            self._listener_task = None
+        self._listener = listener
+        if listener is not None and not self.closed:
+            self._listener_task = self.session.conn.loop.create_task(self._run_listener(listener, auto_ack))
+
+    async def _run_listener(self, listener: Listener, auto_ack: bool) -> None:
+        while not self.closed:
             try:
-                msg = await self.receive()
+                msg = await self._receive(None, auto_ack=False)
             except TandemError:
                 return
-            if msg is None or self._listener is None:
+            if msg is None:
                 continue
             try:
-                res = self._listener(msg)
+                res = listener(msg)
                 if inspect.isawaitable(res):
                     await res
             except Exception:
-                import logging
-
-                logging.getLogger("tandem.client").exception("message listener raised")
+                log.exception("message listener raised")
+            if auto_ack:
+                self.auto_ack(msg)
 
     # ------------------------------------------------------------------ acks
     def ack_message(self, msg: ReceivedMessage) -> Awaitable[None]:
@@ -419,7 +439,11 @@ class AsyncConsumer:
         ch = self.session.channel
         conn = self.session.conn
         if not conn.closed and not self.closed:
-            conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, mid, True), None)
+            conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, mid, True), self._auto_ack_done)
+
+    def _auto_ack_done(self, exc: BaseException | None) -> None:
+        if exc is not None and not self.closed:
+            log.warning("automatic acknowledgement on queue %r failed: %s", self.queue, exc)
 
     def _emit_pending(self) -> None:
         conn = self.session.conn
@@ -434,6 +458,7 @@ class AsyncConsumer:
         self.closed = True
         if self._listener_task is not None:
             self._listener_task.cancel()
+            self._listener_task = None
         session = self.session
         session.consumers.pop(self.id, None)
         ch = session.channel

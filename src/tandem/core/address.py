@@ -36,8 +36,9 @@ class Address:
             if len(anycast) == 1:
                 out.append(anycast[0])
             else:
-                self._rr = (self._rr + 1) % len(anycast)
-                out.append(anycast[self._rr])
+                i = self._rr % len(anycast)
+                self._rr = i + 1
+                out.append(anycast[i])
         return out
 
     def stat(self) -> dict[str, Any]:

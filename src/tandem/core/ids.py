@@ -13,8 +13,9 @@ class IdGenerator:
     __slots__ = ("_next", "_reserve", "_reserved")
 
     def __init__(self, start: int, reserved: int, reserve: Callable[[int], None]) -> None:
-        self._next = max(start, 1)
-        self._reserved = max(reserved, self._next)
+        # Ids up to the last reservation may have been handed out before a crash: start above it.
+        self._next = max(start, reserved, 1)
+        self._reserved = self._next
         self._reserve = reserve
         if self._reserved - self._next < BLOCK // 2:
             self._extend()

@@ -59,10 +59,10 @@ class ServerSession:
             window = self.default_window
         if window < -1:
             raise InvalidArgument(f"consumer window must be -1, 0 or a byte count, got {window}")
+        filt = self.postoffice.compile_filter(filter_text) if filter_text else None  # before any side effect
         q = self.postoffice.queue_for_consumer(queue_name)
         if not browse_only and q.max_consumers >= 0 and len(q.consumers) >= q.max_consumers:
             raise IllegalState(f"queue {queue_name!r} already has its maximum of {q.max_consumers} consumer(s)")
-        filt = self.postoffice.compile_filter(filter_text) if filter_text else None
         c = Consumer(cid, q, sink, window, filt, browse_only, owner=self)
         if window > 0:
             c.credits = window

@@ -140,13 +140,18 @@ class Writer:
 
     def _open_new(self, key: int, size: int) -> None:
         path = self.directory / jf.data_name(self.prefix, key)
-        if size == self.file_size and self.free:
+        fd = -1
+        while size == self.file_size and self.free:
             src = self.free.pop()
+            if os.stat(src).st_size != size:  # left from another journal-file-size
+                os.unlink(src)
+                continue
             fd = os.open(src, os.O_RDWR)
             os.pwrite(fd, jf.header_bytes(key), 0)
             os.fdatasync(fd)
             os.rename(src, path)
-        else:
+            break
+        if fd < 0:
             jf.create_zeroed(path, size, key)
             fd = os.open(path, os.O_RDWR)
         jf.fsync_dir(self.directory)

@@ -36,6 +36,7 @@ class Hello(Packet, tag=1):
     username: str | None = None
     password: str | None = None
     client_name: str = ""
+    connection_ttl: int = -1  # ms; -1: the broker's connection-ttl
 
 
 class HelloOk(Packet, tag=2):

@@ -66,6 +66,7 @@ class Broker:
         self._stopped = asyncio.Event()
         self._stopping = False
         self._lock: LockFile | None = None
+        self.failure: BaseException | None = None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -159,12 +160,13 @@ class Broker:
 
     def _storage_failed(self, err: BaseException) -> None:
         log.critical("storage failure, stopping the broker: %r", err)
+        self.failure = err
         asyncio.get_running_loop().create_task(self.stop())
 
     def _take_lock(self) -> str:
         """Hold the live lock on the data directory so no second broker writes the same journal."""
         if not self.config.persistence_enabled:
-            return uuid.uuid4().hex
+            return str(uuid.uuid4())
         lock = LockFile(self.config.data_path)
         if not lock.try_lock_live():
             lock.close()
@@ -272,13 +274,10 @@ class Broker:
         return out
 
     async def _housekeeping(self) -> None:
-        cfg = self.config
-        period = cfg.connection_check_period / 1000
-        ttl = cfg.effective_ttl_ms / 1000
-        ping_every = max(ttl / 4, 0.05)
+        period = self.config.connection_check_period / 1000
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(period)
             now = loop.time()
             for conn in list(self.connections):
-                conn.check_alive(now, ttl, ping_every)
+                conn.check_alive(now)

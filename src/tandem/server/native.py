@@ -21,6 +21,7 @@ from ..errors import (
     ErrorCode,
     IllegalState,
     InternalError,
+    InvalidArgument,
     ProtocolError,
     SessionDoesNotExist,
     TandemError,
@@ -115,6 +116,7 @@ class NativeConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
+        self.ttl_ms = broker.config.effective_ttl_ms
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -257,7 +259,12 @@ class NativeConnection(asyncio.Protocol):
         self.handshaken = True
         self.client_id = pkt.client_id
         b = self.broker
-        self.send(p.HelloOk(p.PROTOCOL_VERSION, b.config.name, b.node_id, b.config.effective_ttl_ms, b.topology()))
+        cfg = b.config
+        if cfg.connection_ttl_override > 0:
+            self.ttl_ms = cfg.connection_ttl_override
+        elif pkt.connection_ttl > 0:
+            self.ttl_ms = pkt.connection_ttl
+        self.send(p.HelloOk(p.PROTOCOL_VERSION, cfg.name, b.node_id, self.ttl_ms, b.topology()))
 
     def on_ping(self, pkt: p.Ping) -> None:
         self.send(p.Pong())
@@ -276,6 +283,8 @@ class NativeConnection(asyncio.Protocol):
     def on_create_session(self, pkt: p.CreateSession) -> None:
         if pkt.channel in self.sessions or pkt.channel <= 0:
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
+        if pkt.transacted:
+            raise InvalidArgument("transacted sessions are not supported by this broker version")
         b = self.broker
         core = ServerSession(b.postoffice, self, pkt.name, b.config.default_consumer_window_size)
         self.sessions[pkt.channel] = NativeSession(self, pkt.channel, core)
@@ -331,9 +340,12 @@ class NativeConnection(asyncio.Protocol):
         self.broker.storage.after_bindings_durable(reply)
 
     # ---------------------------------------------------------- liveness
-    def check_alive(self, now: float, ttl: float, ping_every: float) -> None:
+    def check_alive(self, now: float) -> None:
+        """Close a connection silent for longer than its TTL; ping one we have not written to lately."""
         if self.closed:
             return
+        ttl = self.ttl_ms / 1000
+        ping_every = max(ttl / 4, 0.05)
         if now - self.last_received > ttl:
             self.fatal(TandemError(f"no packet for {ttl:.1f}s (connection-ttl)", ErrorCode.CONNECTION_LOST))
         elif self.handshaken and now - self.last_sent > ping_every:

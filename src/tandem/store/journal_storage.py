@@ -21,7 +21,7 @@ from ..core.queue import Queue
 from ..errors import JournalError
 from ..journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord, Op
 from .records import (
-    ID_COUNTER_RECORD,
+    COUNTER_RECORD_BASE,
     AckRecord,
     AddressRecord,
     CounterRecord,
@@ -83,6 +83,8 @@ class JournalStorage:
             datasync=settings.datasync,
         )
         self.bindings = Journal(self.data_dir / "bindings", "tandem-bindings", bsettings)
+        self._counter_rids: dict[tuple[RecordType, int], int] = {}
+        self._next_counter_rid = COUNTER_RECORD_BASE
         self.messages = Journal(self.data_dir / "journal", "tandem-data", settings)
         for d in ("paging", "large-messages"):
             (self.data_dir / d).mkdir(parents=True, exist_ok=True)
@@ -90,21 +92,31 @@ class JournalStorage:
     # ------------------------------------------------------------ lifecycle
     def load(self) -> LoadedState:
         state = LoadedState()
+        seqs: dict[int, int] = {}
+        top_id = 0
         for rid, lr in self.bindings.load().items():
+            if rid >= COUNTER_RECORD_BASE:
+                self._next_counter_rid = max(self._next_counter_rid, rid + 1)
+            else:
+                top_id = max(top_id, rid)
             if lr.user_type == RecordType.ADDRESS:
                 body = lr.updates[-1][1] if lr.updates else lr.body
                 state.addresses.append((rid, _dec_address.decode(body)))
             elif lr.user_type == RecordType.QUEUE:
-                lq = LoadedQueue(rid, _dec_queue.decode(lr.body))
-                for utype, ubody in lr.updates or ():
-                    if utype == RecordType.QUEUE_SEQ:
-                        lq.seq_reserved = _dec_counter.decode(ubody).value
-                state.queues.append(lq)
+                state.queues.append(LoadedQueue(rid, _dec_queue.decode(lr.body)))
+            elif lr.user_type == RecordType.QUEUE_SEQ:
+                c = _dec_counter.decode(lr.body)
+                seqs[c.owner] = max(seqs.get(c.owner, 0), c.value)
+                self._counter_rids[(RecordType.QUEUE_SEQ, c.owner)] = rid
             elif lr.user_type == RecordType.ID_COUNTER:
-                body = lr.updates[-1][1] if lr.updates else lr.body
-                state.id_reserved = _dec_counter.decode(body).value
+                state.id_reserved = max(state.id_reserved, _dec_counter.decode(lr.body).value)
+                self._counter_rids[(RecordType.ID_COUNTER, 0)] = rid
+        for lq in state.queues:
+            lq.seq_reserved = seqs.get(lq.id, 0)
+        if self.bindings.max_id >= COUNTER_RECORD_BASE:  # never reuse a deleted counter record's id
+            self._next_counter_rid = max(self._next_counter_rid, self.bindings.max_id + 1)
         live = self.messages.load()
-        state.max_id = max(self.bindings.max_id, self.messages.max_id)
+        state.max_id = max(top_id, self.messages.max_id)
         state.messages = self._iter_messages(live)
         return state
 
@@ -166,18 +178,28 @@ class JournalStorage:
         self.bindings.add(queue.id, RecordType.QUEUE, _encode(rec))
 
     def delete_queue(self, queue: Queue) -> None:
-        self.bindings.delete(queue.id)
+        ops = [Op(DELETE, 0, queue.id, b"")]
+        seq_rid = self._counter_rids.pop((RecordType.QUEUE_SEQ, queue.id), None)
+        if seq_rid is not None:
+            ops.append(Op(DELETE, 0, seq_rid, b""))
+        self.bindings.batch(ops)
+
+    def _store_counter(self, utype: RecordType, owner: int, value: int) -> None:
+        """Replace a counter's record: add the new one and delete the old in one atomic batch."""
+        rid = self._next_counter_rid
+        self._next_counter_rid += 1
+        ops = [Op(ADD, utype, rid, _encode(CounterRecord(value, owner)))]
+        old = self._counter_rids.get((utype, owner))
+        if old is not None:
+            ops.append(Op(DELETE, 0, old, b""))
+        self._counter_rids[(utype, owner)] = rid
+        self.bindings.batch(ops)
 
     def store_queue_seq(self, queue: Queue, reserved: int) -> None:
-        if self.bindings.contains(queue.id):
-            self.bindings.update(queue.id, RecordType.QUEUE_SEQ, _encode(CounterRecord(reserved)))
+        self._store_counter(RecordType.QUEUE_SEQ, queue.id, reserved)
 
     def reserve_ids(self, upto: int) -> None:
-        body = _encode(CounterRecord(upto))
-        if self.bindings.contains(ID_COUNTER_RECORD):
-            self.bindings.update(ID_COUNTER_RECORD, RecordType.ID_COUNTER, body)
-        else:
-            self.bindings.add(ID_COUNTER_RECORD, RecordType.ID_COUNTER, body)
+        self._store_counter(RecordType.ID_COUNTER, 0, upto)
 
     def after_bindings_durable(self, cb: Callable[[], None]) -> None:
         self.bindings.after_durable(cb)

@@ -19,7 +19,10 @@ class RecordType(IntEnum):
     DELIVERY_COUNT = 12
 
 
-ID_COUNTER_RECORD = 0  # record id of the id-counter reservation in the bindings journal
+# Counter reservations (message ids, per-queue sequences) are written as a fresh record that
+# deletes its predecessor in the same batch, so the journal holds one live record per counter
+# and compaction drops the rest. Their record ids come from this range, apart from broker ids.
+COUNTER_RECORD_BASE = 1 << 62
 
 
 class AddressRecord(msgspec.Struct, array_like=True, gc=False):
@@ -55,6 +58,7 @@ class DeliveryCountRecord(msgspec.Struct, array_like=True, gc=False):
 
 class CounterRecord(msgspec.Struct, array_like=True, gc=False):
     value: int
+    owner: int = 0  # the queue id for QUEUE_SEQ, 0 for ID_COUNTER
 
 
 encoder = msgspec.msgpack.Encoder()

@@ -1,0 +1,149 @@
+"""Client behaviours found in review: listeners, failures that must surface, ids, TTL negotiation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+import tandem
+import tandem.aio as aio
+from broker_process import BrokerProcess
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _stat(url: str, queue: str) -> dict[str, Any]:
+    conn = await aio.connect(url)
+    try:
+        return (await conn.manage("queue.stat", name=queue))[0]  # type: ignore[no-any-return]
+    finally:
+        await conn.close()
+
+
+def test_message_ids_never_repeat_across_restarts(broker: BrokerProcess) -> None:
+    def send_and_take() -> int:
+        with tandem.connect(broker.url) as conn:
+            s = conn.session()
+            s.create_producer("ids").send("x")
+            msg = s.create_consumer("ids").receive(5)
+        assert msg is not None
+        return msg.id
+
+    first = send_and_take()
+    broker.stop()
+    broker.start()
+    second = send_and_take()
+    broker.kill()
+    broker.start()
+    third = send_and_take()
+    assert first < second < third
+
+
+def test_bad_selector_creates_nothing(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        conn = await aio.connect(broker.url)
+        session = await conn.create_session()
+        with pytest.raises(tandem.InvalidSelector):
+            await session.create_consumer("never-made", filter="color = ")
+        names = {q["name"] for q in await conn.manage("queue.stat")}
+        await conn.close()
+        assert "never-made" not in names
+
+    run(main())
+
+
+def test_listener_can_be_removed_and_replaced_without_losing_messages(broker: BrokerProcess) -> None:
+    async def main() -> None:
+        conn = await aio.connect(broker.url)
+        session = await conn.create_session()
+        consumer = await session.create_consumer("swap")
+        first: list[str] = []
+        consumer.set_listener(lambda m: first.append(m.text))
+        prod = session.create_producer("swap")
+        await prod.send("a")
+        for _ in range(100):
+            if first:
+                break
+            await asyncio.sleep(0.02)
+        consumer.set_listener(None)
+        await prod.send("b")
+        await asyncio.sleep(0.2)
+        second: list[str] = []
+        done = asyncio.Event()
+
+        def on(m: tandem.ReceivedMessage) -> None:
+            second.append(m.text)
+            done.set()
+
+        consumer.set_listener(on)
+        await asyncio.wait_for(done.wait(), 5)
+        await conn.close()
+        assert first == ["a"]
+        assert second == ["b"]
+
+    run(main())
+
+
+def test_blocking_listener_in_auto_mode_acks_after_it_returns(broker: BrokerProcess) -> None:
+    inside = threading.Event()
+    release = threading.Event()
+    with tandem.connect(broker.url) as conn:
+        session = conn.session()
+        consumer = session.create_consumer("ackafter")
+
+        def slow(m: tandem.ReceivedMessage) -> None:
+            inside.set()
+            release.wait(10)
+
+        consumer.set_listener(slow)
+        session.create_producer("ackafter").send("m")
+        assert inside.wait(10)
+        during = run(_stat(broker.url, "ackafter"))
+        release.set()
+        for _ in range(100):
+            after = run(_stat(broker.url, "ackafter"))
+            if after["message_count"] == 0:
+                break
+            threading.Event().wait(0.05)
+    assert during["message_count"] == 1 and during["messages_acknowledged"] == 0
+    assert after["message_count"] == 0 and after["messages_acknowledged"] == 1
+
+
+def test_blocking_flush_raises_a_failed_async_send(broker_factory: Any) -> None:
+    b = broker_factory(auto_create_addresses=False, auto_create_queues=False).start()
+    with tandem.connect(b.url) as conn:
+        prod = conn.session().create_producer("nowhere")
+        prod.send_async("lost?")
+        with pytest.raises(tandem.AddressDoesNotExist):
+            prod.flush()
+        prod.flush()  # reported once
+
+
+def test_transacted_sessions_are_refused_clearly(broker: BrokerProcess) -> None:
+    with tandem.connect(broker.url) as conn, pytest.raises(tandem.InvalidArgument, match="transacted"):
+        conn.session(transacted=True)
+
+
+def test_connection_ttl_is_negotiated(broker_factory: Any) -> None:
+    async def ttl(url: str, **opts: Any) -> int:
+        conn = await aio.connect(url, **opts)
+        try:
+            return conn.ttl_ms
+        finally:
+            await conn.close()
+
+    plain = broker_factory("plain").start()
+    assert run(ttl(plain.url, connection_ttl=5000)) == 5000
+    assert run(ttl(plain.url)) == 60_000
+    forced = broker_factory("forced", connection_ttl_override=2000).start()
+    assert run(ttl(forced.url, connection_ttl=5000)) == 2000
+
+
+def test_producer_window_must_be_positive(broker: BrokerProcess) -> None:
+    with tandem.connect(broker.url) as conn, pytest.raises(tandem.InvalidArgument):
+        conn.session().create_producer("x", window=0)
