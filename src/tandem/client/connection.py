@@ -162,7 +162,7 @@ class AsyncConnection:
         self.control = Channel(0)
         self._next_channel = 1
         self._proto: _Protocol | None = None
-        self._out: list[bytes] = []
+        self._out: list[bytes | bytearray] = []
         self._flush_scheduled = False
         self._pending_acks: dict[AsyncConsumer, int] = {}
         self._hello: asyncio.Future[p.HelloOk] | None = None
@@ -232,7 +232,7 @@ class AsyncConnection:
         self._pinger = self.loop.create_task(self._ping_loop(), name="tandem-client-ping")
 
     # ------------------------------------------------------------- output
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | bytearray) -> None:
         if self.closed:
             raise self._closed_error()
         self._out.append(data)

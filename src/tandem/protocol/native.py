@@ -198,31 +198,35 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[Any]:
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            data = bytes(buf)  # frames are sliced out of immutable bytes: one copy each
+            buf.clear()
         pos = 0
         if self._need_magic:
-            if len(buf) < len(MAGIC):
-                if not MAGIC.startswith(bytes(buf)):
+            if len(data) < len(MAGIC):
+                if not MAGIC.startswith(data):
                     raise ProtocolError("not a Tandem native client (bad magic)")
+                buf += data
                 return []
-            if buf[: len(MAGIC)] != MAGIC:
+            if data[: len(MAGIC)] != MAGIC:
                 raise ProtocolError("not a Tandem native client (bad magic)")
             pos = len(MAGIC)
             self._need_magic = False
         out: list[Any] = []
-        end = len(buf)
+        end = len(data)
         unpack = LENGTH.unpack_from
         decode = self._decoder.decode
         limit = self.max_frame_size
         while end - pos >= 4:
-            (n,) = unpack(buf, pos)
+            (n,) = unpack(data, pos)
             if n > limit:
                 raise FrameTooLarge(f"frame of {n} bytes exceeds max-frame-size {limit}")
             if n == 0:
                 raise ProtocolError("empty frame")
             if end - pos - 4 < n:
                 break
-            payload = bytes(buf[pos + 4 : pos + 4 + n])
+            payload = data[pos + 4 : pos + 4 + n]
             pos += 4 + n
             try:
                 out.append(decode(payload))
@@ -230,8 +234,8 @@ class FrameReader:
                 raise self._classify(payload, exc) from None
             except RecursionError:
                 raise ProtocolError("malformed frame: nested too deeply") from None
-        if pos:
-            del buf[:pos]
+        if pos < end:
+            buf += data[pos:] if pos else data
         return out
 
     def _classify(self, payload: bytes, exc: Exception) -> ProtocolError:
@@ -254,9 +258,16 @@ _encoder = msgspec.msgpack.Encoder()
 _pack_len = LENGTH.pack
 
 
-def encode(packet: Packet) -> bytes:
-    payload = _encoder.encode(packet)
-    return _pack_len(len(payload)) + payload
+_encode_into = _encoder.encode_into
+_pack_len_into = LENGTH.pack_into
+
+
+def encode(packet: Packet) -> bytearray:
+    """One frame: the packet encoded straight after a 4-byte length, in one buffer."""
+    buf = bytearray(4)
+    _encode_into(packet, buf, 4)
+    _pack_len_into(buf, 0, len(buf) - 4)
+    return buf
 
 
 def encode_many(packets: list[Packet]) -> bytes:

@@ -111,7 +111,7 @@ class NativeConnection(asyncio.Protocol):
         self.peer = "?"
         self.client_id: str | None = None
         self.temp_queues: set[str] = set()
-        self._out: list[bytes] = []
+        self._out: list[bytes | bytearray] = []
         self._confirms: dict[int, int] = {}
         self._flush_scheduled = False
         self.last_received = self.loop.time()
@@ -147,7 +147,7 @@ class NativeConnection(asyncio.Protocol):
                 c.queue.deliver_soon()
 
     # -------------------------------------------------------------- output
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
