@@ -31,7 +31,15 @@ class BrokerProcess:
     Settings are written to a TOML file; `extra_toml` is appended verbatim.
     """
 
-    def __init__(self, data_dir: Path, *, name: str = "test", extra_toml: str = "", **settings: Any) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        name: str = "test",
+        extra_toml: str = "",
+        address_settings: dict[str, dict[str, Any]] | None = None,
+        **settings: Any,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.data_dir.parent / f"{self.data_dir.name}.toml"
@@ -44,6 +52,9 @@ class BrokerProcess:
         }
         defaults.update({k.replace("_", "-"): v for k, v in settings.items()})
         lines = [f"{k} = {_toml_value(v)}" for k, v in defaults.items()]
+        for pattern, values in (address_settings or {}).items():
+            lines.append(f'[address-settings."{pattern}"]')
+            lines.extend(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in values.items())
         text = "\n".join(lines) + "\n" + extra_toml
         if "[[acceptors]]" not in extra_toml:
             text += '\n[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\n'

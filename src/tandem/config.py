@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .core.settings import SettingsRepository
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -50,6 +53,56 @@ class AddressConfig(_Conf, frozen=True):
     queues: list[QueueConfig] = []
 
 
+class AddressSettingsConfig(_Conf, frozen=True):
+    """One `[address-settings."pattern"]` table: only the keys it sets take part in the merge."""
+
+    auto_create_queues: bool | None = None
+    auto_create_addresses: bool | None = None
+    auto_delete_queues: bool | None = None
+    auto_delete_addresses: bool | None = None
+    default_address_routing_type: RoutingTypeName | None = None
+    default_queue_routing_type: RoutingTypeName | None = None
+    dead_letter_address: str | None = None
+    expiry_address: str | None = None
+    expiry_delay: int | None = None
+    max_delivery_attempts: int | None = None
+    redelivery_delay: int | None = None
+    redelivery_delay_multiplier: float | None = None
+    max_redelivery_delay: int | None = None
+    default_consumer_window_size: int | None = None
+    id_cache_size: int | None = None
+    max_size_bytes: int | None = None
+    address_full_policy: Literal["BLOCK", "FAIL"] | None = None
+    default_last_value_key: str | None = None
+    default_exclusive_queue: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_delivery_attempts", "id_cache_size"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"`{name.replace('_', '-')}` must be >= 0")
+        for name in ("redelivery_delay", "default_consumer_window_size"):
+            v = getattr(self, name)
+            if v is not None and v < -1:
+                raise ValueError(f"`{name.replace('_', '-')}` must be >= -1")
+        if self.redelivery_delay_multiplier is not None and self.redelivery_delay_multiplier < 1.0:
+            raise ValueError("`redelivery-delay-multiplier` must be >= 1.0")
+
+    def values(self) -> dict[str, object]:
+        """The keys this table sets, as core settings values."""
+        from .core.message import RoutingType
+
+        out: dict[str, object] = {}
+        for name in self.__struct_fields__:
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if name.startswith("default_") and name.endswith("_routing_type"):
+                v = RoutingType.parse(v)
+            out[name] = v
+        return out
+
+
 class BrokerConfig(_Conf, frozen=True):
     name: str = "tandem"
     data_directory: str = "./data"
@@ -74,11 +127,10 @@ class BrokerConfig(_Conf, frozen=True):
     journal_datasync: bool = True
     journal_sync_non_transactional: bool = True
 
-    # Routing and delivery defaults.
-    auto_create_queues: bool = True
-    auto_create_addresses: bool = True
-    default_routing_type: RoutingTypeName = "anycast"
-    default_consumer_window_size: int = 1 * MiB
+    # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
+    address_settings: dict[str, AddressSettingsConfig] = {}
+    persist_id_cache: bool = True
+    message_expiry_scan_period: int = 30_000
 
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
 
@@ -92,7 +144,14 @@ class BrokerConfig(_Conf, frozen=True):
         _check_positive(self, "max_frame_size", minimum=1 * KiB)
         _check_positive(self, "connection_ttl", minimum=100)
         _check_positive(self, "connection_check_period", minimum=10)
-        _check_positive(self, "default_consumer_window_size", minimum=-1)
+        _check_positive(self, "message_expiry_scan_period", minimum=-1)
+        from .core.settings import check_pattern
+
+        for pattern in self.address_settings:
+            try:
+                check_pattern(pattern)
+            except ValueError as exc:
+                raise ValueError(f"address-settings: {exc}") from None
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
         names = [a.name for a in self.acceptors]
@@ -120,6 +179,11 @@ class BrokerConfig(_Conf, frozen=True):
     @property
     def effective_ttl_ms(self) -> int:
         return self.connection_ttl_override if self.connection_ttl_override > 0 else self.connection_ttl
+
+    def settings_repository(self) -> SettingsRepository:
+        from .core.settings import SettingsRepository
+
+        return SettingsRepository({p: s.values() for p, s in self.address_settings.items()})
 
     def acceptor(self, protocol: str) -> AcceptorConfig | None:
         for acc in self.acceptors:

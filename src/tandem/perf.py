@@ -65,7 +65,7 @@ async def _produce(url: str, queue: str, count: int, size: int, window: int, dur
     from .client.connection import connect
     from .client.message import Message
 
-    conn = await connect(url, producer_window_size=window)
+    conn = await connect(url, send_window=window)
     session = await conn.create_session()
     prod = session.create_producer(queue)
     pad = b"x" * max(size - STAMP.size, 0)
@@ -82,7 +82,7 @@ async def _produce(url: str, queue: str, count: int, size: int, window: int, dur
                 sent.value += 256
 
     for _ in range(count):
-        await prod.ready()  # stamp after waiting for the window: latency is broker + network, not our queue
+        await prod.ready(queue, size)  # stamp after waiting for window and credit: latency is broker + network
         prod.send_nowait(Message(STAMP.pack(time.monotonic_ns()) + pad, durable=durable), done)
     await prod.flush()
     with sent.get_lock():

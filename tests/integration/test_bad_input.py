@@ -28,7 +28,10 @@ from tandem.errors import ErrorCode
 from tandem.protocol import native as p
 
 MAX_FRAME = 65536
-SETTINGS: dict[str, Any] = {"max_frame_size": MAX_FRAME, "auto_create_queues": False, "auto_create_addresses": False}
+SETTINGS: dict[str, Any] = {
+    "max_frame_size": MAX_FRAME,
+    "address_settings": {"#": {"auto_create_queues": False, "auto_create_addresses": False}},
+}
 IO_TIMEOUT = 5.0  # a reply the broker owes us
 CLOSE_TIMEOUT = 3.0  # "closes the connection within a few seconds"
 GOOD_Q = "good"
@@ -508,7 +511,8 @@ def test_command_errors_over_raw_socket(brokers: Factory) -> None:
 
 def test_ill_typed_routing_type_in_message_is_invalid_argument(brokers: Factory) -> None:
     """A SEND whose message carries routing_type 7 to a new address: INVALID_ARGUMENT, nothing created."""
-    with guarded(brokers, auto_create_queues=True, auto_create_addresses=True) as (b, _good):
+    auto = {"#": {"auto_create_queues": True, "auto_create_addresses": True}}
+    with guarded(brokers, address_settings=auto) as (b, _good):
         with Raw(b.port) as raw:
             raw.hello()
             raw.send(p.encode(p.CreateSession(1, 1)))

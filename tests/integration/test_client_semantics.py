@@ -115,18 +115,14 @@ def test_blocking_listener_in_auto_mode_acks_after_it_returns(broker: BrokerProc
 
 
 def test_blocking_flush_raises_a_failed_async_send(broker_factory: Any) -> None:
-    b = broker_factory(auto_create_addresses=False, auto_create_queues=False).start()
+    no_auto = {"#": {"auto_create_addresses": False, "auto_create_queues": False}}
+    b = broker_factory(address_settings=no_auto).start()
     with tandem.connect(b.url) as conn:
         prod = conn.session().create_producer("nowhere")
         prod.send_async("lost?")
         with pytest.raises(tandem.AddressDoesNotExist):
             prod.flush()
         prod.flush()  # reported once
-
-
-def test_transacted_sessions_are_refused_clearly(broker: BrokerProcess) -> None:
-    with tandem.connect(broker.url) as conn, pytest.raises(tandem.InvalidArgument, match="transacted"):
-        conn.session(transacted=True)
 
 
 def test_connection_ttl_is_negotiated(broker_factory: Any) -> None:

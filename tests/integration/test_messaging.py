@@ -361,7 +361,7 @@ def test_listeners_aio_and_blocking(broker: BrokerProcess) -> None:
 def test_pipelined_sends_respect_the_window_and_all_confirm(broker: BrokerProcess) -> None:
     confirmed: list[BaseException | None] = []
     max_in_flight = 0
-    with tandem.connect(broker.url, producer_window_size=8) as conn:
+    with tandem.connect(broker.url, send_window=8) as conn:
         prod = conn.session().create_producer("pipe")
         for i in range(400):
             prod.send_async(f"{i}", confirmed.append)

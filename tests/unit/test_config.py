@@ -11,6 +11,7 @@ from tandem.config import (
     DEFAULT_NATIVE_PORT,
     AcceptorConfig,
     AddressConfig,
+    AddressSettingsConfig,
     BrokerConfig,
     QueueConfig,
     load_config,
@@ -35,11 +36,18 @@ journal-compact-percentage = 50
 journal-compact-min-files = 0
 journal-datasync = false
 journal-sync-non-transactional = false
-auto-create-queues = false
-auto-create-addresses = false
-default-routing-type = "multicast"
-default-consumer-window-size = -1
+persist-id-cache = false
+message-expiry-scan-period = 5000
 log-level = "debug"
+
+[address-settings."#"]
+dead-letter-address = "DLQ"
+max-delivery-attempts = 3
+
+[address-settings."orders.*"]
+auto-create-queues = false
+redelivery-delay = 100
+address-full-policy = "FAIL"
 
 [[acceptors]]
 name = "main"
@@ -114,7 +122,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
     """A file using every key of every config struct loads, and each value lands in its field."""
     cfg = load_config(write(tmp_path, FULL))
     top = {line.split("=")[0].strip() for line in FULL.splitlines() if "=" in line and not line.startswith(" ")}
-    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses"}
+    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses", "address-settings"}
     assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind"}
     assert kebab_names(AddressConfig) == {"name", "routing-type", "queues"}
     assert kebab_names(QueueConfig) == {"name", "durable", "filter", "max-consumers"}
@@ -151,10 +159,14 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         journal_compact_min_files=0,
         journal_datasync=False,
         journal_sync_non_transactional=False,
-        auto_create_queues=False,
-        auto_create_addresses=False,
-        default_routing_type="multicast",
-        default_consumer_window_size=-1,
+        address_settings={
+            "#": AddressSettingsConfig(dead_letter_address="DLQ", max_delivery_attempts=3),
+            "orders.*": AddressSettingsConfig(
+                auto_create_queues=False, redelivery_delay=100, address_full_policy="FAIL"
+            ),
+        },
+        persist_id_cache=False,
+        message_expiry_scan_period=5000,
         log_level="debug",
     )
     # Every field differs from its default, so none of them was silently ignored.

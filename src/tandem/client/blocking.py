@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from ..errors import CallTimeout, IllegalState, TandemError
 from .connection import AsyncConnection, FailureEvent
 from .message import Message, ReceivedMessage
-from .session import AsyncConsumer, AsyncProducer, AsyncSession, SendCallback
+from .session import AsyncConsumer, AsyncProducer, AsyncSession, SendCallback, _size, as_message
 
 T = TypeVar("T")
 
@@ -122,6 +122,13 @@ class Session:
     def delete_queue(self, name: str, force: bool = False) -> int:
         return self._run(self.aio.delete_queue(name, force))
 
+    def commit(self, dedup_id: str | None = None) -> None:
+        """Commit the transaction (see AsyncSession.commit)."""
+        self._run(self.aio.commit(dedup_id))
+
+    def rollback(self) -> None:
+        self._run(self.aio.rollback())
+
     def close(self) -> None:
         self._run(self.aio.close())
 
@@ -150,6 +157,10 @@ class Producer:
         `callback(error_or_None)` runs on the client thread when the broker answers.
         """
         self.session.aio._check()
+        msg = as_message(body, **fields)
+        address = msg.address or self.aio.address
+        if address is not None and not self.aio.has_credit(address, _size(msg)):
+            self._lt.run(self.aio.credit(address, _size(msg)))  # blocks while the address is full (BLOCK)
         timeout = self.aio.session.conn.options.call_timeout / 1000
         if not self._window.acquire(timeout=timeout):
             raise CallTimeout(f"send window stayed full for {timeout:.1f}s")
@@ -164,7 +175,7 @@ class Producer:
 
         def go() -> None:
             try:
-                self.aio.send_nowait(body, done, **fields)
+                self.aio.send_nowait(msg, done)
             except BaseException as exc:
                 done(exc)
 
@@ -254,6 +265,14 @@ class _Blocking(ReceivedMessage):
             await inner(self)
 
         return self._lt.run(_ack())
+
+    def nack(self) -> Any:
+        inner = ReceivedMessage.nack
+
+        async def _nack() -> None:
+            await inner(self)
+
+        return self._lt.run(_nack())
 
 
 class _ListenerThread:

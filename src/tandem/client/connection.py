@@ -282,13 +282,18 @@ class AsyncConnection:
         self._write(p.encode(pkt))
         ch.confirms.append((pkt.cmd, waiter))  # type: ignore[attr-defined]
 
-    async def call(self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None) -> Any:
+    async def call(
+        self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
+    ) -> Any:
+        """Send a command and wait for its answer (up to call_timeout, or `forever` until the connection fails)."""
         if self.closed:
             raise self._closed_error()
         cmd = ch.cmd()
         fut: asyncio.Future[Any] = self.loop.create_future()
         ch.calls[cmd] = fut
         self._write(p.encode(make(cmd)))
+        if forever:
+            return await fut
         t = self.options.call_timeout / 1000 if timeout is None else timeout
         try:
             return await asyncio.wait_for(fut, t)

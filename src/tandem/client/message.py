@@ -91,6 +91,14 @@ class ReceivedMessage:
             raise IllegalState("this message was not delivered by a consumer (browsed messages need no ack)")
         return self._consumer.ack_message(self)
 
+    def nack(self) -> Awaitable[None]:
+        """Negative acknowledgement: redelivered after the address's redelivery-delay, or dead-lettered."""
+        if self._consumer is None:
+            from ..errors import IllegalState
+
+            raise IllegalState("this message was not delivered by a consumer")
+        return self._consumer.nack_message(self)
+
     @classmethod
     def from_data(cls, d: MessageData, mid: int, delivery_count: int, seq: int, size: int) -> ReceivedMessage:
         return cls(

@@ -29,7 +29,8 @@ class ConnectOptions:
     connect_timeout: int = 10_000
     ha: bool = False
     consumer_window_size: int = -2  # -2: the broker's default-consumer-window-size
-    producer_window_size: int = 1000  # unconfirmed sends in flight per producer
+    send_window: int = 1000  # unconfirmed sends in flight per producer
+    producer_window_size: int = 64 * 1024  # bytes of credit asked for at a time (flow control, as Artemis)
     client_id: str | None = None
     username: str | None = None
     password: str | None = None
@@ -43,8 +44,10 @@ class ConnectOptions:
                 raise InvalidArgument(f"`{name}` must be > 0 (milliseconds)")
         if self.retry_interval_multiplier < 1.0:
             raise InvalidArgument("`retry_interval_multiplier` must be >= 1.0")
+        if self.send_window < 1:
+            raise InvalidArgument("`send_window` must be >= 1")
         if self.producer_window_size < 1:
-            raise InvalidArgument("`producer_window_size` must be >= 1")
+            raise InvalidArgument("`producer_window_size` must be >= 1 (bytes)")
         if self.consumer_window_size < -2:
             raise InvalidArgument("`consumer_window_size` must be -1 (unbounded), 0 (pull) or a byte count")
 

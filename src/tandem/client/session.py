@@ -29,6 +29,11 @@ Listener = Callable[[ReceivedMessage], Any]
 SendCallback = Callable[[BaseException | None], None]
 
 
+def _size(msg: Message) -> int:
+    body = msg.body
+    return len(body.encode()) if isinstance(body, str) else len(body)
+
+
 def as_message(body: Message | bytes | str, **fields: Any) -> Message:
     if isinstance(body, Message):
         if fields:
@@ -57,7 +62,7 @@ class AsyncSession:
         self._check()
         if window is not None and window < 1:
             raise InvalidArgument(f"producer window must be >= 1 unconfirmed sends, got {window}")
-        prod = AsyncProducer(self, address, window or self.conn.options.producer_window_size)
+        prod = AsyncProducer(self, address, window or self.conn.options.send_window)
         self.producers.append(prod)
         return prod
 
@@ -95,6 +100,8 @@ class AsyncSession:
         temporary: bool = False,
         exists_ok: bool = False,
         max_consumers: int = -1,
+        exclusive: bool | None = None,
+        last_value_key: str | None = None,
     ) -> dict[str, Any]:
         return await self.conn.manage(  # type: ignore[no-any-return]
             "queue.create",
@@ -106,7 +113,33 @@ class AsyncSession:
             temporary=temporary,
             exists_ok=exists_ok,
             max_consumers=max_consumers,
+            exclusive=exclusive,
+            last_value_key=last_value_key,
         )
+
+    async def commit(self, dedup_id: str | None = None) -> None:
+        """Commit the transaction: every send and ack since the last commit, atomically and durably.
+
+        With `dedup_id`, committing an id the broker has already committed does nothing and
+        succeeds (safe to retry). Raises DuplicateId or TransactionRolledBack (work undone).
+        """
+        self._check()
+        if not self.transacted:
+            raise IllegalState("commit() needs a transacted session")
+        for c in self.consumers.values():
+            c._emit_pending()  # automatic acks belong to this transaction
+        ch = self.channel
+        await self.conn.call(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
+
+    async def rollback(self) -> None:
+        """Undo the transaction: sends are dropped, acknowledged messages come back (delivery count + 1)."""
+        self._check()
+        if not self.transacted:
+            raise IllegalState("rollback() needs a transacted session")
+        for c in self.consumers.values():
+            c._emit_pending()
+        ch = self.channel
+        await self.conn.call(ch, lambda cmd: p.Rollback(ch.id, cmd))
 
     async def delete_queue(self, name: str, force: bool = False) -> int:
         res = await self.conn.manage("queue.delete", name=name, force=force)
@@ -192,6 +225,32 @@ class AsyncProducer:
         self.in_flight = 0
         self._room: asyncio.Future[None] | None = None
         self._idle: asyncio.Future[None] | None = None
+        self._credits: dict[str, int] = {}  # bytes this producer may still send per address; -1: no limit
+
+    def has_credit(self, address: str, size: int) -> bool:
+        c = self._credits.get(address)
+        return c is not None and (c < 0 or c >= size)
+
+    def _spend(self, address: str, size: int) -> None:
+        c = self._credits.get(address)
+        if c is not None and c >= 0:
+            self._credits[address] = c - size
+
+    async def credit(self, address: str, size: int) -> None:
+        """Producer flow control: wait until the broker lets us send `size` bytes to `address`.
+
+        An address with `address-full-policy = BLOCK` that is full answers only when it has
+        room again: the producer waits (the connection failing still ends the wait).
+        """
+        session = self.session
+        chunk = max(size, session.conn.options.producer_window_size)
+        ch = session.channel
+        while not self.has_credit(address, size):
+            granted = await session.conn.call(
+                ch, lambda cmd: p.RequestCredits(ch.id, cmd, address, chunk), forever=True
+            )
+            c = self._credits.get(address, 0)
+            self._credits[address] = -1 if granted < 0 else max(c, 0) + int(granted)
 
     def _encode_send(self, msg: Message) -> tuple[p.SendData, MessageData]:
         ch = self.session.channel
@@ -205,7 +264,8 @@ class AsyncProducer:
         self.session._check()
         msg = as_message(body, **fields)
         conn = self.session.conn
-        pkt, _data = self._encode_send(msg)
+        pkt, data = self._encode_send(msg)
+        self._spend(data.address, len(data.body))
         self.in_flight += 1
         fut: asyncio.Future[None] | None = None
         if callback is None:
@@ -240,8 +300,10 @@ class AsyncProducer:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
-    async def ready(self) -> None:
-        """Wait until the window has room and the socket is writable."""
+    async def ready(self, address: str | None = None, size: int = 0) -> None:
+        """Wait until the window has room, the socket is writable and (with an address) credit allows."""
+        if address is not None and not self.has_credit(address, size):
+            await self.credit(address, size)
         while self.in_flight >= self.window:
             self.session._check()
             self._room = self.session.conn.loop.create_future()
@@ -252,9 +314,14 @@ class AsyncProducer:
     async def send_async(
         self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
     ) -> asyncio.Future[None] | None:
-        """Wait for room in the window, then send; the confirmation arrives later."""
-        await self.ready()
-        return self.send_nowait(body, callback, **fields)
+        """Wait for room in the window and for credit, then send; the confirmation arrives later."""
+        msg = as_message(body, **fields)
+        address = msg.address or self.address
+        if address is not None:
+            await self.ready(address, _size(msg))
+        else:
+            await self.ready()
+        return self.send_nowait(msg, callback)
 
     async def send(self, body: Message | bytes | str, **fields: Any) -> None:
         """Send and wait for the broker's confirmation (durable: after fsync)."""
@@ -433,6 +500,15 @@ class AsyncConsumer:
             return fut
         ch = session.channel
         conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, msg.id, mode == "client"), fut)
+        return fut
+
+    def nack_message(self, msg: ReceivedMessage) -> Awaitable[None]:
+        session = self.session
+        conn = session.conn
+        conn.check_open()
+        fut: asyncio.Future[None] = conn.loop.create_future()
+        ch = session.channel
+        conn.pipeline(ch, p.Nack(ch.id, ch.cmd(), self.id, msg.id), fut)
         return fut
 
     def _emit_ack(self, mid: int) -> None:

@@ -1,22 +1,42 @@
-"""Addresses: where producers send; their queues are the bindings."""
+"""Addresses: where producers send; their queues are the bindings.
+
+An address also keeps the memory its queued messages take, for
+`max-size-bytes`: with `address-full-policy = BLOCK` producers wait for credit
+while it is full; with FAIL their sends fail with AddressFull.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .message import Message, MessageRef, RoutingType
-from .queue import Queue
+from .settings import AddressSettings
+
+if TYPE_CHECKING:
+    from .queue import Queue
 
 
 class Address:
-    __slots__ = ("_rr", "auto_created", "id", "name", "queues", "routing_types")
+    __slots__ = ("_rr", "auto_created", "blocked", "id", "name", "queues", "routing_types", "settings", "size_bytes")
 
-    def __init__(self, aid: int, name: str, routing_types: set[RoutingType], auto_created: bool = False) -> None:
+    def __init__(
+        self,
+        aid: int,
+        name: str,
+        routing_types: set[RoutingType],
+        auto_created: bool = False,
+        settings: AddressSettings | None = None,
+    ) -> None:
         self.id = aid
         self.name = name
         self.routing_types = routing_types
         self.auto_created = auto_created
+        self.settings = settings or AddressSettings()
         self.queues: dict[str, Queue] = {}
+        self.size_bytes = 0
+        self.blocked: deque[tuple[int, Callable[[int], None]]] = deque()  # producers waiting for credit
         self._rr = 0
 
     def route(self, message: Message) -> list[Queue]:
@@ -41,10 +61,39 @@ class Address:
                 out.append(anycast[i])
         return out
 
+    # ------------------------------------------------------------ full/blocking
+    @property
+    def full(self) -> bool:
+        limit = self.settings.max_size_bytes
+        return limit >= 0 and self.size_bytes >= limit
+
+    def size_changed(self, delta: int) -> None:
+        self.size_bytes += delta
+        if delta < 0 and self.blocked and not self.full:
+            self.release_blocked()
+
+    def request_credit(self, amount: int, grant: Callable[[int], None]) -> None:
+        """Grant producer credit now, or when the address has room again (BLOCK policy)."""
+        s = self.settings
+        if s.max_size_bytes < 0 or s.address_full_policy != "BLOCK":
+            grant(-1)  # unlimited: nothing to wait for (FAIL is checked at send time)
+        elif not self.full and not self.blocked:
+            grant(amount)
+        else:
+            self.blocked.append((amount, grant))
+
+    def release_blocked(self) -> None:
+        while self.blocked and not self.full:
+            amount, grant = self.blocked.popleft()
+            grant(amount)
+
     def stat(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "routing_types": sorted(rt.name.lower() for rt in self.routing_types),
             "auto_created": self.auto_created,
             "queues": sorted(self.queues),
+            "size_bytes": self.size_bytes,
+            "max_size_bytes": self.settings.max_size_bytes,
+            "blocked_producers": len(self.blocked),
         }

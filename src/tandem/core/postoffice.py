@@ -1,15 +1,20 @@
-"""The post office: addresses, queues and routing (Artemis's PostOffice, much smaller)."""
+"""The post office: addresses, queues, routing, duplicate detection, dead letters.
+
+Artemis's PostOffice, much smaller. Everything here runs on the event loop;
+journal records go through `Storage`, atomically when several must agree
+(a message and its dedup id; a dead-lettered copy and the original's ack).
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import (
     AddressDoesNotExist,
     AddressExists,
+    AddressFull,
     IllegalState,
     InvalidArgument,
     QueueDoesNotExist,
@@ -17,21 +22,17 @@ from ..errors import (
 )
 from .address import Address
 from .consumer import Filter
+from .dedup import TX_CACHE, DuplicateIdCache
 from .ids import IdGenerator
-from .message import Message, MessageRef, RoutingType
-from .queue import Queue, Scheduler
+from .message import Message, MessageData, MessageRef, RoutingType
+from .queue import Queue, Scheduler, now_ms
+from .settings import AddressSettings, SettingsRepository
 from .storage import Storage
 
 log = logging.getLogger("tandem.postoffice")
 
 FilterCompiler = Callable[[str], Filter]
-
-
-@dataclass(frozen=True)
-class RoutingSettings:
-    auto_create_queues: bool = True
-    auto_create_addresses: bool = True
-    default_routing_type: RoutingType = RoutingType.ANYCAST
+Later = Callable[[float, Callable[[], None]], Any]
 
 
 def _no_filters(text: str) -> Filter:
@@ -49,17 +50,25 @@ class PostOffice:
         storage: Storage,
         ids: IdGenerator,
         schedule: Scheduler,
-        settings: RoutingSettings,
+        settings: SettingsRepository | None = None,
         compile_filter: FilterCompiler = _no_filters,
+        call_later: Later | None = None,
+        persist_id_cache: bool = True,
     ) -> None:
         self.storage = storage
         self.ids = ids
         self.schedule = schedule
-        self.settings = settings
+        self.settings = settings or SettingsRepository()
         self.compile_filter = compile_filter
+        self._call_later = call_later
+        self.persist_id_cache = persist_id_cache and storage.persistent
         self.addresses: dict[str, Address] = {}
         self.queues: dict[str, Queue] = {}
         self.queues_by_id: dict[int, Queue] = {}
+        self.dedup: dict[str, DuplicateIdCache] = {}
+
+    def settings_for(self, address: str) -> AddressSettings:
+        return self.settings.match(address)
 
     # ------------------------------------------------------------- addresses
     def create_address(
@@ -74,7 +83,7 @@ class PostOffice:
                 addr.routing_types |= routing_types
                 self.storage.store_address(addr)
             return addr
-        addr = Address(self.ids.next(), name, set(routing_types), auto_created)
+        addr = Address(self.ids.next(), name, set(routing_types), auto_created, self.settings_for(name))
         self.addresses[name] = addr
         self.storage.store_address(addr)
         return addr
@@ -90,7 +99,51 @@ class PostOffice:
         del self.addresses[name]
         self.storage.delete_address(addr)
 
+    def restore_address(self, addr: Address) -> None:
+        addr.settings = self.settings_for(addr.name)
+        self.addresses[addr.name] = addr
+
     # ---------------------------------------------------------------- queues
+    def new_queue(
+        self,
+        qid: int,
+        name: str,
+        address: str,
+        routing_type: RoutingType,
+        durable: bool,
+        *,
+        filter_text: str | None = None,
+        temporary: bool = False,
+        auto_created: bool = False,
+        max_consumers: int = -1,
+        exclusive: bool | None = None,
+        last_value_key: str | None = None,
+        next_seq: int = 1,
+        seq_reserved: int = 0,
+    ) -> Queue:
+        """Build a queue with this post office's settings (used on create and on reload)."""
+        s = self.settings_for(address)
+        return Queue(
+            qid,
+            name,
+            address,
+            routing_type,
+            durable,
+            self.storage,
+            self.schedule,
+            settings=s,
+            host=self,
+            filter_text=filter_text,
+            filter=self.compile_filter(filter_text) if filter_text else None,
+            temporary=temporary,
+            auto_created=auto_created,
+            max_consumers=max_consumers,
+            exclusive=s.default_exclusive_queue if exclusive is None else exclusive,
+            last_value_key=last_value_key if last_value_key is not None else s.default_last_value_key,
+            next_seq=next_seq,
+            seq_reserved=seq_reserved,
+        )
+
     def create_queue(
         self,
         name: str,
@@ -103,6 +156,8 @@ class PostOffice:
         max_consumers: int = -1,
         exists_ok: bool = False,
         auto_create_address: bool = True,
+        exclusive: bool | None = None,
+        last_value_key: str | None = None,
     ) -> Queue:
         check_name("queue", name)
         if routing_type == RoutingType.ANY:
@@ -113,7 +168,21 @@ class PostOffice:
             if exists_ok and existing.address == address and existing.routing_type == routing_type:
                 return existing
             raise QueueExists(f"queue {name!r} already exists")
-        filt = self.compile_filter(filter_text) if filter_text else None
+        if temporary:
+            durable = False
+        q = self.new_queue(  # compiles the filter first: a bad one creates nothing
+            0,
+            name,
+            address,
+            routing_type,
+            durable,
+            filter_text=filter_text,
+            temporary=temporary,
+            auto_created=auto_created,
+            max_consumers=max_consumers,
+            exclusive=exclusive,
+            last_value_key=last_value_key,
+        )
         addr = self.addresses.get(address)
         if addr is None:
             if not auto_create_address:
@@ -122,22 +191,7 @@ class PostOffice:
         elif routing_type not in addr.routing_types:
             addr.routing_types.add(routing_type)
             self.storage.store_address(addr)
-        if temporary:
-            durable = False
-        q = Queue(
-            self.ids.next(),
-            name,
-            address,
-            routing_type,
-            durable,
-            self.storage,
-            self.schedule,
-            filter_text=filter_text,
-            filter=filt,
-            temporary=temporary,
-            auto_created=auto_created,
-            max_consumers=max_consumers,
-        )
+        q.id = self.ids.next()
         self._register(q, addr)
         if durable:
             self.storage.store_queue(q)
@@ -147,18 +201,16 @@ class PostOffice:
         self.queues[q.name] = q
         self.queues_by_id[q.id] = q
         addr.queues[q.name] = q
+        q.addr = addr
 
     def restore_queue(self, q: Queue) -> None:
         """Reload path: the queue's address must already be restored."""
         addr = self.addresses.get(q.address)
         if addr is None:
-            addr = Address(self.ids.next(), q.address, {q.routing_type}, auto_created=True)
+            addr = Address(self.ids.next(), q.address, {q.routing_type}, True, self.settings_for(q.address))
             self.addresses[q.address] = addr
             self.storage.store_address(addr)
         self._register(q, addr)
-
-    def restore_address(self, addr: Address) -> None:
-        self.addresses[addr.name] = addr
 
     def delete_queue(self, name: str, force: bool = False) -> int:
         """Delete a queue and its messages; returns how many messages went with it."""
@@ -175,6 +227,7 @@ class PostOffice:
         addr = self.addresses.get(q.address)
         if addr is not None:
             addr.queues.pop(name, None)
+            addr.release_blocked()
         if q.durable:
             self.storage.delete_queue(q)
         return removed
@@ -186,40 +239,106 @@ class PostOffice:
         return q
 
     def queue_for_consumer(self, name: str) -> Queue:
-        """The queue a consumer attaches to, auto-created (anycast, durable) if allowed."""
+        """The queue a consumer attaches to, auto-created (anycast, durable) if the settings allow."""
         q = self.queues.get(name)
         if q is not None:
             return q
-        if not self.settings.auto_create_queues:
+        if not self.settings_for(name).auto_create_queues:
             raise QueueDoesNotExist(f"queue {name!r} does not exist")
         return self.create_queue(name, name, RoutingType.ANYCAST, durable=True, auto_created=True)
+
+    # QueueHost ---------------------------------------------------------------
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Any:
+        if self._call_later is None:
+            self.schedule(fn)
+            return None
+        return self._call_later(delay, fn)
+
+    def queue_idle(self, queue: Queue) -> None:
+        """Auto-delete an auto-created queue once it has no consumers and no messages."""
+        if (
+            queue.auto_created
+            and not queue.deleted
+            and queue.settings.auto_delete_queues
+            and not queue.consumers
+            and not queue.message_count
+        ):
+            self.delete_queue(queue.name, force=True)
+            addr = self.addresses.get(queue.address)
+            if addr is not None and addr.auto_created and not addr.queues and addr.settings.auto_delete_addresses:
+                self.delete_address(addr.name)
+
+    def move(self, ref: MessageRef, target: str | None, reason: str, extra: dict[str, Any]) -> None:
+        """Copy a message to `target` (dead letters, expiry) and acknowledge the original, atomically."""
+        m = ref.message
+        queue: Queue = ref.queue
+        data = m.data()
+        props = dict(data.properties or {})
+        props.update(
+            {
+                "_AMQ_ORIG_ADDRESS": m.address,
+                "_AMQ_ORIG_QUEUE": queue.name,
+                "_AMQ_ORIG_MESSAGE_ID": m.id,
+                "_AMQ_REASON": reason,
+                **extra,
+            }
+        )
+        expired = reason == "expired"
+        copy = MessageData(
+            target or "",
+            data.durable,
+            data.priority,
+            0 if expired else m.expiration,
+            data.timestamp,
+            None,
+            RoutingType.ANY,
+            props,
+            data.body,
+        )
+        nm = Message.create(self.ids.next(), copy)
+        ops: list[object] = []
+        try:
+            refs = self._store(nm, self.route(nm), ops)
+        except Exception as exc:  # an address we may not create: drop, never loop
+            log.warning("cannot move message %s to %r (%s): %s; dropping it", m.id, target, reason, exc)
+            refs = []
+        if not refs:
+            log.warning("message dropped", extra={"message_id": m.id, "queue": queue.name, "reason": reason})
+        queue._drop([ref], ops)
+        if ops:
+            self.storage.commit(ops)
+        for r in refs:
+            r.queue.add(r)
 
     # --------------------------------------------------------------- routing
     def route(self, message: Message) -> list[Queue]:
         addr = self.addresses.get(message.address)
         if addr is None:
             addr = self._auto_address(message)
+        if addr.settings.address_full_policy == "FAIL" and addr.full:
+            raise AddressFull(
+                f"address {addr.name!r} is full ({addr.size_bytes} of {addr.settings.max_size_bytes} bytes)"
+            )
         return addr.route(message)
 
     def _auto_address(self, message: Message) -> Address:
         name = message.address
-        if not self.settings.auto_create_addresses:
+        s = self.settings_for(name)
+        if not s.auto_create_addresses:
             raise AddressDoesNotExist(f"address {name!r} does not exist")
-        rt = RoutingType(message.routing_type) if message.routing_type else self.settings.default_routing_type
+        rt = RoutingType(message.routing_type) if message.routing_type else s.default_address_routing_type
         addr = self.create_address(name, {rt}, auto_created=True)
-        if rt == RoutingType.ANYCAST and self.settings.auto_create_queues:
+        if rt == RoutingType.ANYCAST and s.auto_create_queues:
             self.create_queue(name, name, RoutingType.ANYCAST, durable=True, auto_created=True)
         return addr
 
-    def send(self, message: Message, tx: list[object] | None = None) -> list[MessageRef]:
-        """Route and store a message; returns its references (empty if nothing was bound).
-
-        With `tx`, the journal records go into the transaction and the refs are
-        returned for the caller to add to their queues at commit.
-        """
-        queues = self.route(message)
+    def _store(self, message: Message, queues: list[Queue], ops: list[object] | None) -> list[MessageRef]:
+        """Give the message its per-queue refs and journal it (into `ops` when given)."""
         if not queues:
             return []
+        s = queues[0].settings
+        if not message.expiration and s.expiry_delay > 0:
+            message.expiration = now_ms() + s.expiry_delay
         refs: list[MessageRef] = []
         persist = message.durable and self.storage.persistent
         drefs: list[tuple[int, int]] = []
@@ -230,11 +349,96 @@ class PostOffice:
                 drefs.append((q.id, ref.seq))
         if drefs:
             message.durable_refs = len(drefs)
-            self.storage.store_message(message, drefs, tx)
-        if tx is None:
+            self.storage.store_message(message, drefs, ops)
+        return refs
+
+    def send(self, message: Message) -> tuple[bool, bool]:
+        """Route, journal and enqueue one message; returns (routed, journaled).
+
+        A message whose dedup id the address has seen is confirmed but not routed.
+        """
+        dedup_id = message.dedup_id
+        if dedup_id is None:
+            refs = self._store(message, self.route(message), None)
             for ref in refs:
                 ref.queue.add(ref)
-        return refs
+            return bool(refs), message.durable_refs > 0
+        cache = self.dedup_cache(message.address)
+        if dedup_id in cache:
+            return False, False
+        queues = self.route(message)
+        ops: list[object] = []
+        refs = self._store(message, queues, ops)
+        self.remember(cache, dedup_id, ops if message.durable else None)
+        if ops:
+            self.storage.commit(ops)
+        for ref in refs:
+            ref.queue.add(ref)
+        return bool(refs), bool(ops)
+
+    # ----------------------------------------------------- duplicate detection
+    def dedup_cache(self, address: str) -> DuplicateIdCache:
+        cache = self.dedup.get(address)
+        if cache is None:
+            cache = self.dedup[address] = DuplicateIdCache(address, self.settings_for(address).id_cache_size)
+        return cache
+
+    def remember(self, cache: DuplicateIdCache, dedup_id: str, ops: list[object] | None) -> None:
+        """Add an id to a cache; journaled (with the evictions) into `ops` when persisting."""
+        if ops is not None and self.persist_id_cache:
+            rid = self.ids.next()
+            evicted = cache.add(dedup_id, rid)
+            self.storage.store_dedup(cache.address, dedup_id, rid, evicted, ops)
+        else:
+            evicted = cache.add(dedup_id, 0)
+            if evicted and self.persist_id_cache:
+                self.storage.store_dedup(cache.address, None, 0, evicted, None)
+
+    def restore_dedup(self, address: str, dedup_id: str, rid: int) -> None:
+        evicted = self.dedup_cache(address).add(dedup_id, rid)
+        if evicted:  # the cache shrank since: forget the overflow for good
+            self.storage.store_dedup(address, None, 0, evicted, None)
+
+    def commit_transaction(
+        self, messages: list[Message], acks: list[tuple[Queue, list[MessageRef]]], dedup_id: str | None
+    ) -> bool:
+        """Apply a transaction atomically; returns whether journal records were written.
+
+        Raises DuplicateId (nothing applied) if a message repeats a dedup id.
+        """
+        from ..errors import DuplicateId
+
+        seen: set[tuple[str, str]] = set()
+        for m in messages:
+            if m.dedup_id is not None:
+                key = (m.address, m.dedup_id)
+                if key in seen or m.dedup_id in self.dedup_cache(m.address):
+                    raise DuplicateId(f"duplicate message: dedup id {m.dedup_id!r} on address {m.address!r}")
+                seen.add(key)
+        routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
+        ops: list[object] = []
+        added: list[MessageRef] = []
+        for m, queues in zip(messages, routes, strict=True):
+            added.extend(self._store(m, queues, ops))
+            if m.dedup_id is not None:
+                self.remember(self.dedup_cache(m.address), m.dedup_id, ops if m.durable else None)
+        for q, refs in acks:
+            q.acknowledge(refs, ops)
+        if dedup_id is not None:
+            self.remember(self.dedup_cache(TX_CACHE), dedup_id, ops)
+        if ops:
+            self.storage.commit(ops)
+        for ref in added:
+            ref.queue.add(ref)
+        return bool(ops)
+
+    def transaction_seen(self, dedup_id: str) -> bool:
+        return dedup_id in self.dedup_cache(TX_CACHE)
+
+    # ------------------------------------------------------------------ scan
+    def expire_scan(self) -> int:
+        now = now_ms()
+        return sum(q.expire_scan(now) for q in list(self.queues.values()))
 
     def stat(self) -> dict[str, Any]:
         return {

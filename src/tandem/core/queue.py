@@ -3,20 +3,29 @@
 No task per message and no task per queue: adding a message or granting
 credit schedules one dispatch pass (a loop callback) that delivers up to
 MAX_PER_PASS messages and reschedules itself if more could go.
+
+What happens to a message that is not acknowledged (consumer gone, rollback,
+negative ack) follows the address settings: its delivery count goes up; at
+`max-delivery-attempts` it moves to the dead-letter address, otherwise it
+comes back after `redelivery-delay`. Expired messages are never delivered:
+they move to the expiry address (or are dropped).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TandemError
 from .consumer import Consumer, Filter
 from .message import MessageRef, RoutingType
+from .settings import AddressSettings
 
 if TYPE_CHECKING:
+    from .address import Address
     from .storage import Storage
 
 log = logging.getLogger("tandem.queue")
@@ -26,6 +35,20 @@ SEQ_BLOCK = 1 << 16
 LEVELS = 10
 
 Scheduler = Callable[[Callable[[], None]], Any]
+
+
+class QueueHost(Protocol):
+    """What a queue asks of the post office."""
+
+    def move(self, ref: MessageRef, target: str | None, reason: str, extra: dict[str, Any]) -> None: ...
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Any: ...
+
+    def queue_idle(self, queue: Queue) -> None: ...
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class Queue:
@@ -39,11 +62,15 @@ class Queue:
         storage: Storage,
         schedule: Scheduler,
         *,
+        settings: AddressSettings | None = None,
+        host: QueueHost | None = None,
         filter_text: str | None = None,
         filter: Filter | None = None,
         temporary: bool = False,
         auto_created: bool = False,
         max_consumers: int = -1,
+        exclusive: bool = False,
+        last_value_key: str | None = None,
         next_seq: int = 1,
         seq_reserved: int = 0,
     ) -> None:
@@ -53,12 +80,17 @@ class Queue:
         self.routing_type = routing_type
         self.durable = durable
         self.storage = storage
+        self.settings = settings or AddressSettings()
+        self.host = host
         self.filter_text = filter_text
         self.filter = filter
         self.temporary = temporary
         self.auto_created = auto_created
         self.max_consumers = max_consumers
+        self.exclusive = exclusive
+        self.last_value_key = last_value_key
         self.owner: object = None
+        self.addr: Address | None = None
         self._schedule = schedule
         self._levels: list[deque[MessageRef]] = [deque() for _ in range(LEVELS)]
         self._count = 0
@@ -67,12 +99,16 @@ class Queue:
         self.consumers: list[Consumer] = []
         self.browsers: dict[Consumer, deque[MessageRef]] = {}
         self._rr = 0
+        self._last_values: dict[Any, MessageRef] = {}
         self._next_seq = next_seq
         self._seq_reserved = seq_reserved
+        self.scheduled_count = 0  # waiting out a redelivery delay
         self.deleted = False
         # statistics
         self.messages_added = 0
         self.messages_acked = 0
+        self.messages_expired = 0
+        self.messages_killed = 0  # moved to the dead-letter address (or dropped there)
         self.delivering_count = 0
 
     # ----------------------------------------------------------- sequences
@@ -89,14 +125,11 @@ class Queue:
     def last_seq(self) -> int:
         return self._next_seq - 1
 
-    def restore_seq(self, next_seq: int) -> None:
-        self._next_seq = max(self._next_seq, next_seq)
-
     # ------------------------------------------------------------ contents
     @property
     def message_count(self) -> int:
-        """Messages in the queue, including those delivered and not yet acknowledged."""
-        return self._count + self.delivering_count
+        """Messages in the queue, including those in delivery or waiting out a redelivery delay."""
+        return self._count + self.delivering_count + self.scheduled_count
 
     @property
     def ready_count(self) -> int:
@@ -106,10 +139,19 @@ class Queue:
     def ready_bytes(self) -> int:
         return self._bytes
 
+    def _account(self, size: int) -> None:
+        addr = self.addr
+        if addr is not None:
+            addr.size_changed(size)
+
     def add(self, ref: MessageRef) -> None:
-        self._levels[ref.message.priority].append(ref)
+        m = ref.message
+        if self.last_value_key is not None:
+            self._replace_last_value(ref)
+        self._levels[m.priority].append(ref)
         self._count += 1
-        self._bytes += ref.message.size
+        self._bytes += m.size
+        self._account(m.size)
         self.messages_added += 1
         if self.browsers:
             for pending in self.browsers.values():
@@ -120,9 +162,11 @@ class Queue:
 
     def add_loaded(self, ref: MessageRef) -> None:
         """Reload path: no dispatch, no statistics."""
-        self._levels[ref.message.priority].append(ref)
+        m = ref.message
+        self._levels[m.priority].append(ref)
         self._count += 1
-        self._bytes += ref.message.size
+        self._bytes += m.size
+        self._account(m.size)
         if ref.seq >= self._next_seq:
             self._next_seq = ref.seq + 1
 
@@ -132,6 +176,9 @@ class Queue:
                 ordered = sorted(level, key=_seq_of)
                 level.clear()
                 level.extend(ordered)
+        if self.last_value_key is not None:
+            for ref in list(self.iter_refs()):
+                self._replace_last_value(ref, loading=True)
 
     def iter_refs(self) -> Iterator[MessageRef]:
         """Queued references in delivery order (highest priority first, FIFO within one)."""
@@ -164,6 +211,40 @@ class Queue:
                 items.sort(key=_seq_of)
             level.extendleft(reversed(items))
 
+    def _remove_queued(self, ref: MessageRef) -> bool:
+        level = self._levels[ref.message.priority]
+        try:
+            level.remove(ref)
+        except ValueError:
+            return False
+        self._count -= 1
+        self._bytes -= ref.message.size
+        return True
+
+    # -------------------------------------------------------- last value
+    def _replace_last_value(self, ref: MessageRef, loading: bool = False) -> None:
+        """A newer message with the same last-value key replaces the queued older one."""
+        key = self.last_value_key
+        props = ref.message.properties
+        if key is None or not props or key not in props:
+            return
+        value = props[key]
+        if isinstance(value, (bytearray, list, dict)):
+            return
+        old = self._last_values.get(value)
+        self._last_values[value] = ref
+        if old is not None and old is not ref and not old.removed and self._remove_queued(old):
+            self._drop([old])
+            self.messages_acked += 1
+
+    def _forget_last_value(self, ref: MessageRef) -> None:
+        key = self.last_value_key
+        props = ref.message.properties
+        if key is not None and props and key in props:
+            value = props[key]
+            if not isinstance(value, (bytearray, list, dict)) and self._last_values.get(value) is ref:
+                del self._last_values[value]
+
     # ----------------------------------------------------------- consumers
     def add_consumer(self, consumer: Consumer) -> None:
         if consumer.browse_only:
@@ -183,6 +264,10 @@ class Queue:
         refs = consumer.take_all()
         if refs:
             self.cancel(refs)
+        if self.consumers:
+            self.deliver_soon()  # an exclusive queue's next consumer takes over
+        elif self.host is not None:
+            self.host.queue_idle(self)
 
     def deliver_soon(self) -> None:
         if not self._scheduled and not self.deleted:
@@ -196,14 +281,23 @@ class Queue:
         delivered = 0
         if self.browsers:
             delivered += self._dispatch_browsers()
-        consumers = self.consumers
+        consumers = self.consumers[:1] if self.exclusive else self.consumers
         if not consumers or not self._count:
             return
         n = len(consumers)
         skipped: list[MessageRef] = []
+        now = 0
+        lvq = self.last_value_key is not None
         while self._count and delivered < MAX_PER_PASS:
             ref = self._pop()
             assert ref is not None
+            exp = ref.message.expiration
+            if exp:
+                if not now:
+                    now = now_ms()
+                if exp <= now:
+                    self._expire(ref)
+                    continue
             chosen = None
             any_ready = False
             rr = self._rr
@@ -221,6 +315,8 @@ class Queue:
                 if not any_ready:
                     break
                 continue
+            if lvq:
+                self._forget_last_value(ref)
             self.delivering_count += 1
             chosen.deliver(ref)
             delivered += 1
@@ -248,28 +344,107 @@ class Queue:
         self.delivering_count -= len(refs)
         self.messages_acked += len(refs)
         self._drop(refs, tx)
+        if not self.consumers and self.host is not None and not self.message_count:
+            self.host.queue_idle(self)
 
     def _drop(self, refs: list[MessageRef], tx: list[object] | None = None) -> None:
         persist = self.durable and self.storage.persistent
         durable = []
+        released = 0
         for ref in refs:
             ref.removed = True
-            if persist and ref.message.durable:
-                durable.append(ref.message)
+            m = ref.message
+            released += m.size
+            if persist and m.durable:
+                durable.append(m)
         if durable:
             self.storage.store_acks(durable, self, tx)
+        if released:
+            self._account(-released)
 
-    def cancel(self, refs: list[MessageRef]) -> None:
-        """Return delivered refs to the queue (consumer closed, session ended)."""
+    def cancel(self, refs: list[MessageRef], redeliver_delay: bool = True) -> None:
+        """Delivered refs come back unacknowledged (consumer gone, rollback, negative ack)."""
         persist = self.durable and self.storage.persistent
+        back: list[MessageRef] = []
+        max_attempts = self.settings.max_delivery_attempts
         for ref in refs:
             ref.delivery_count += 1
             self.delivering_count -= 1
+            if max_attempts > 0 and ref.delivery_count >= max_attempts:
+                self._kill(ref, f"delivery failed {ref.delivery_count} times (max-delivery-attempts)")
+                continue
             if persist and ref.message.durable:
                 self.storage.store_delivery_count(ref.message, self, ref.delivery_count)
+            back.append(ref)
+        if not back or self.deleted:
+            return
+        delay = self.settings.redelivery_delay_for(max(r.delivery_count for r in back)) if redeliver_delay else 0
+        if delay > 0 and self.host is not None:
+            self.scheduled_count += len(back)
+            self.host.call_later(delay / 1000, lambda: self._redeliver(back))
+        else:
+            self._requeue(back)
+
+    def _redeliver(self, refs: list[MessageRef]) -> None:
+        self.scheduled_count -= len(refs)
         if not self.deleted:
+            self._requeue([r for r in refs if not r.removed])
+
+    def _requeue(self, refs: list[MessageRef]) -> None:
+        if self.last_value_key is not None:
+            fresh = []
+            for ref in refs:
+                props = ref.message.properties
+                key = self.last_value_key
+                newer = props and key in props and self._last_values.get(props[key]) not in (None, ref)
+                if newer:
+                    self._drop([ref])  # a newer value arrived meanwhile: this one is superseded
+                    self.messages_acked += 1
+                else:
+                    fresh.append(ref)
+                    self._replace_last_value(ref)
+            refs = fresh
+        if refs:
             self._push_front(refs)
             self.deliver_soon()
+
+    # ----------------------------------------------------- expiry and DLQ
+    def _expire(self, ref: MessageRef) -> None:
+        self.messages_expired += 1
+        target = self.settings.expiry_address
+        extra = {"_AMQ_ACTUAL_EXPIRY": ref.message.expiration}
+        self._move_out(ref, target, "expired", extra)
+
+    def _kill(self, ref: MessageRef, reason: str) -> None:
+        self.messages_killed += 1
+        self._move_out(ref, self.settings.dead_letter_address, reason, {})
+
+    def _move_out(self, ref: MessageRef, target: str | None, reason: str, extra: dict[str, Any]) -> None:
+        if self.host is not None and target and target != self.address:
+            self.host.move(ref, target, reason, extra)  # routes a copy, then acknowledges ref durably
+        else:
+            log.warning(
+                "dropping message",
+                extra={"queue": self.name, "message_id": ref.message.id, "reason": reason, "target": target},
+            )
+            self._drop([ref])
+
+    def expire_scan(self, now: int) -> int:
+        """Move out every queued message whose expiration has passed (the periodic scan)."""
+        expired: list[MessageRef] = []
+        for level in self._levels:
+            if not level or not any(r.message.expiration and r.message.expiration <= now for r in level):
+                continue
+            keep = [r for r in level if not (r.message.expiration and r.message.expiration <= now)]
+            expired.extend(r for r in level if r.message.expiration and r.message.expiration <= now)
+            level.clear()
+            level.extend(keep)
+        for ref in expired:
+            self._count -= 1
+            self._bytes -= ref.message.size
+            self._forget_last_value(ref)
+            self._expire(ref)
+        return len(expired)
 
     def purge(self) -> int:
         """Drop every queued (not in-delivery) message; returns how many."""
@@ -279,6 +454,7 @@ class Queue:
             level.clear()
         self._count = 0
         self._bytes = 0
+        self._last_values.clear()
         self._drop(refs)
         return len(refs)
 
@@ -294,12 +470,17 @@ class Queue:
             "routing_type": self.routing_type.name.lower(),
             "durable": self.durable,
             "temporary": self.temporary,
+            "exclusive": self.exclusive,
+            "last_value_key": self.last_value_key,
             "filter": self.filter_text,
             "message_count": self.message_count,
             "delivering_count": self.delivering_count,
+            "scheduled_count": self.scheduled_count,
             "consumer_count": len(self.consumers),
             "messages_added": self.messages_added,
             "messages_acknowledged": self.messages_acked,
+            "messages_expired": self.messages_expired,
+            "messages_killed": self.messages_killed,
             "last_seq": self.last_seq,
         }
 

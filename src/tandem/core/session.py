@@ -1,7 +1,11 @@
-"""A protocol-neutral session: sends, consumers and acknowledgements on behalf of one client session.
+"""A protocol-neutral session: sends, consumers, acknowledgements and transactions.
 
 Native and STOMP connections both drive this; they only translate frames and
-decide when to reply (after `Storage.after_durable` for anything durable).
+decide when to reply (after `Storage.after_durable` for anything journaled).
+
+In a transacted session sends and acknowledgements are held until commit,
+which applies them as one atomic journal record; rollback drops the sends
+and returns the acknowledged messages to their queues (delivery count + 1).
 """
 
 from __future__ import annotations
@@ -10,24 +14,49 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..errors import ConsumerDoesNotExist, IllegalState, InvalidArgument
+from ..errors import (
+    ConsumerDoesNotExist,
+    DuplicateId,
+    IllegalState,
+    InvalidArgument,
+    TandemError,
+    TransactionRolledBack,
+)
 from .consumer import Consumer, DeliverySink
-from .message import Message
+from .message import Message, MessageRef
 
 if TYPE_CHECKING:
     from .postoffice import PostOffice
+    from .queue import Queue
+
+
+class Transaction:
+    __slots__ = ("acks", "failure", "messages")
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.acks: list[tuple[Queue, list[MessageRef]]] = []
+        self.failure: TandemError | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.messages and not self.acks and self.failure is None
 
 
 class ServerSession:
-    __slots__ = ("closed", "consumers", "default_window", "name", "owner", "postoffice")
+    __slots__ = ("closed", "consumers", "name", "owner", "postoffice", "tx")
 
-    def __init__(self, postoffice: PostOffice, owner: object, name: str = "", default_window: int = 1 << 20) -> None:
+    def __init__(self, postoffice: PostOffice, owner: object, name: str = "", transacted: bool = False) -> None:
         self.postoffice = postoffice
         self.owner = owner
         self.name = name
-        self.default_window = default_window
         self.consumers: dict[int, Consumer] = {}
         self.closed = False
+        self.tx: Transaction | None = Transaction() if transacted else None
+
+    @property
+    def transacted(self) -> bool:
+        return self.tx is not None
 
     # -------------------------------------------------------------- sending
     def send(self, raw: msgspec.Raw | bytes) -> bool:
@@ -40,8 +69,16 @@ class ServerSession:
         return self.send_message(message)
 
     def send_message(self, message: Message) -> bool:
-        refs = self.postoffice.send(message)
-        return message.durable_refs > 0 and bool(refs)
+        tx = self.tx
+        if tx is None:
+            return self.postoffice.send(message)[1]
+        try:
+            self.postoffice.route(message)  # errors now rather than at commit (no side effects)
+        except TandemError as exc:
+            tx.failure = tx.failure or exc
+            raise
+        tx.messages.append(message)
+        return False
 
     # ------------------------------------------------------------ consumers
     def create_consumer(
@@ -55,12 +92,12 @@ class ServerSession:
     ) -> Consumer:
         if cid in self.consumers:
             raise IllegalState(f"consumer id {cid} is already in use on this session")
-        if window == -2:
-            window = self.default_window
-        if window < -1:
+        if window < -2:
             raise InvalidArgument(f"consumer window must be -1, 0 or a byte count, got {window}")
         filt = self.postoffice.compile_filter(filter_text) if filter_text else None  # before any side effect
         q = self.postoffice.queue_for_consumer(queue_name)
+        if window == -2:
+            window = q.settings.default_consumer_window_size
         if not browse_only and q.max_consumers >= 0 and len(q.consumers) >= q.max_consumers:
             raise IllegalState(f"queue {queue_name!r} already has its maximum of {q.max_consumers} consumer(s)")
         c = Consumer(cid, q, sink, window, filt, browse_only, owner=self)
@@ -96,14 +133,63 @@ class ServerSession:
         c = self.consumer(cid)
         refs = c.take_acked(message_id, cumulative)
         q = c.queue
+        if self.tx is not None:
+            self.tx.acks.append((q, refs))
+            return False
         q.acknowledge(refs)
         return q.durable and q.storage.persistent and any(r.message.durable for r in refs)
 
+    def nack(self, cid: int, message_id: int) -> None:
+        """Negative ack: the message goes back (after redelivery-delay) or to the dead-letter address."""
+        c = self.consumer(cid)
+        c.queue.cancel(c.take_acked(message_id, cumulative=False))
+
+    # --------------------------------------------------------- transactions
+    def _require_tx(self) -> Transaction:
+        if self.tx is None:
+            raise IllegalState("this session is not transacted")
+        return self.tx
+
+    def commit(self, dedup_id: str | None = None) -> bool:
+        """Commit atomically; True if a journal record was written (reply after sync).
+
+        A `dedup_id` already committed makes this a no-op that succeeds.
+        """
+        tx = self._require_tx()
+        self.tx = Transaction()
+        if tx.failure is not None:
+            self._undo(tx)
+            raise TransactionRolledBack(f"transaction rolled back: {tx.failure.message}")
+        po = self.postoffice
+        if dedup_id is not None and po.transaction_seen(dedup_id):
+            self._undo(tx)
+            return False
+        try:
+            return po.commit_transaction(tx.messages, tx.acks, dedup_id)
+        except DuplicateId:
+            self._undo(tx)
+            raise
+        except TandemError as exc:
+            self._undo(tx)
+            raise TransactionRolledBack(f"transaction rolled back: {exc.message}") from None
+
+    def rollback(self) -> None:
+        tx = self._require_tx()
+        self.tx = Transaction()
+        self._undo(tx)
+
+    def _undo(self, tx: Transaction) -> None:
+        for q, refs in tx.acks:
+            q.cancel(refs)
+
     def close(self) -> None:
-        """Close every consumer; unacknowledged messages go back to their queues."""
+        """Close every consumer and roll back an open transaction; unacked messages go back."""
         if self.closed:
             return
         self.closed = True
+        if self.tx is not None:
+            tx, self.tx = self.tx, None
+            self._undo(tx)
         for c in list(self.consumers.values()):
             c.queue.remove_consumer(c)
         self.consumers.clear()

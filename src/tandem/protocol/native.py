@@ -119,6 +119,37 @@ class Ack(Packet, tag=16):
     cumulative: bool = True
 
 
+class Commit(Packet, tag=17):
+    """Commit the session's transaction; a `dedup_id` already committed makes it a no-op."""
+
+    channel: int
+    cmd: int
+    dedup_id: str | None = None
+
+
+class Rollback(Packet, tag=18):
+    channel: int
+    cmd: int
+
+
+class Nack(Packet, tag=19):
+    """Negative acknowledgement of one message: redelivery after a delay, or dead letter."""
+
+    channel: int
+    cmd: int
+    consumer_id: int
+    message_id: int
+
+
+class RequestCredits(Packet, tag=21):
+    """Producer flow control: answered with the bytes granted (-1: no limit on this address)."""
+
+    channel: int
+    cmd: int
+    address: str
+    amount: int
+
+
 class Manage(Packet, tag=20):
     """An administrative call: `op` names it, `args` are its keyword arguments."""
 
@@ -177,6 +208,10 @@ ClientPacket = (
     | Flow
     | Ack
     | Manage
+    | Commit
+    | Rollback
+    | Nack
+    | RequestCredits
 )
 ServerPacket = HelloOk | Ping | Pong | Error | Topology | Confirm | Response | Exception_ | Deliver | ConsumerClosed
 

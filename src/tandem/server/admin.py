@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import cache
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from ..core.message import RoutingType
 from ..errors import InvalidArgument, QueueDoesNotExist
@@ -23,6 +26,13 @@ def _routing(text: object) -> RoutingType:
         return RoutingType.parse(text)
     except ValueError as exc:
         raise InvalidArgument(f"`routing_type`: {exc}") from None
+
+
+@cache
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The argument types of an operation (annotations are strings here; conn/reply are skipped)."""
+    ann = inspect.get_annotations(fn)
+    return {k: eval(v, globals()) for k, v in ann.items() if k not in ("conn", "reply", "return")}
 
 
 class Admin:
@@ -48,19 +58,19 @@ class Admin:
         if fn is None:
             raise InvalidArgument(f"unknown management operation {op!r}; known: {', '.join(self.ops)}")
         params = inspect.signature(fn).parameters
-        for key in args:
+        hints = _hints(fn)
+        checked: dict[str, Any] = {}
+        for key, value in args.items():
             if key not in params or key in ("conn", "reply"):
                 raise InvalidArgument(f"{op}: unknown argument `{key}`")
+            try:
+                checked[key] = msgspec.convert(value, hints[key], strict=True)
+            except msgspec.ValidationError as exc:
+                raise InvalidArgument(f"{op}: argument `{key}`: {exc}") from None
         try:
-            bound = inspect.signature(fn).bind(conn=conn, reply=reply, **args)
+            bound = inspect.signature(fn).bind(conn=conn, reply=reply, **checked)
         except TypeError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
-        for name, value in bound.arguments.items():
-            ann = params[name].annotation
-            if ann in ("str", "str | None", "bool", "int") and value is not None:
-                want = {"str": str, "str | None": str, "bool": bool, "int": int}[ann]
-                if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                    raise InvalidArgument(f"{op}: argument `{name}` must be {ann}, got {type(value).__name__}")
         fn(*bound.args, **bound.kwargs)
 
     def _after_bindings(self, reply: Reply, result: Any) -> None:
@@ -79,6 +89,8 @@ class Admin:
         max_consumers: int = -1,
         temporary: bool = False,
         exists_ok: bool = False,
+        exclusive: bool | None = None,
+        last_value_key: str | None = None,
     ) -> None:
         q = self.broker.postoffice.create_queue(
             name,
@@ -89,6 +101,8 @@ class Admin:
             temporary=temporary,
             max_consumers=max_consumers,
             exists_ok=exists_ok,
+            exclusive=exclusive,
+            last_value_key=last_value_key,
         )
         if temporary and conn is not None:
             conn.temp_queues.add(q.name)

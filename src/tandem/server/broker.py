@@ -14,8 +14,7 @@ from .. import __version__
 from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
-from ..core.postoffice import PostOffice, RoutingSettings
-from ..core.queue import Queue
+from ..core.postoffice import PostOffice
 from ..errors import IllegalState
 from ..ha.lockfile import LIVE, PAUSED, LockFile
 from ..journal import JournalSettings
@@ -97,12 +96,15 @@ class Broker:
             self.storage.set_failure_handler(self._storage_failed)
             self.storage.start()
             ids = IdGenerator(state.max_id + 1, state.id_reserved, self.storage.reserve_ids)
-            settings = RoutingSettings(
-                auto_create_queues=cfg.auto_create_queues,
-                auto_create_addresses=cfg.auto_create_addresses,
-                default_routing_type=RoutingType.parse(cfg.default_routing_type),
+            self.postoffice = PostOffice(
+                self.storage,
+                ids,
+                loop.call_soon,
+                cfg.settings_repository(),
+                _compile_filter,
+                loop.call_later,
+                cfg.persist_id_cache,
             )
-            self.postoffice = PostOffice(self.storage, ids, loop.call_soon, settings, _compile_filter)
             self._restore(state)
         finally:
             gc.enable()
@@ -193,23 +195,23 @@ class Broker:
             po.restore_address(Address(aid, arec.name, {RoutingType(r) for r in arec.routing_types}, arec.auto_created))
         for lq in state.queues:
             r = lq.record
-            filt = po.compile_filter(r.filter) if r.filter else None
-            q = Queue(
+            q = po.new_queue(
                 lq.id,
                 r.name,
                 r.address,
                 RoutingType(r.routing_type),
                 True,
-                self.storage,
-                po.schedule,
                 filter_text=r.filter,
-                filter=filt,
                 auto_created=r.auto_created,
                 max_consumers=r.max_consumers,
+                exclusive=r.exclusive,
+                last_value_key=r.last_value_key,
                 next_seq=max(lq.seq_reserved, 1),
                 seq_reserved=lq.seq_reserved,
             )
             po.restore_queue(q)
+        for address, dedup_id, rid in state.dedup:
+            po.restore_dedup(address, dedup_id, rid)
         by_id = po.queues_by_id
         n = 0
         for lm in state.messages:
@@ -275,9 +277,16 @@ class Broker:
 
     async def _housekeeping(self) -> None:
         period = self.config.connection_check_period / 1000
+        scan_every = self.config.message_expiry_scan_period / 1000
         loop = asyncio.get_running_loop()
+        last_scan = loop.time()
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(min(period, scan_every) if scan_every > 0 else period)
             now = loop.time()
             for conn in list(self.connections):
                 conn.check_alive(now)
+            if scan_every > 0 and now - last_scan >= scan_every:
+                last_scan = now
+                expired = self.postoffice.expire_scan()
+                if expired:
+                    log.info("expiry scan", extra={"expired": expired})

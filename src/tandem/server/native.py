@@ -21,7 +21,6 @@ from ..errors import (
     ErrorCode,
     IllegalState,
     InternalError,
-    InvalidArgument,
     ProtocolError,
     SessionDoesNotExist,
     TandemError,
@@ -283,10 +282,8 @@ class NativeConnection(asyncio.Protocol):
     def on_create_session(self, pkt: p.CreateSession) -> None:
         if pkt.channel in self.sessions or pkt.channel <= 0:
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
-        if pkt.transacted:
-            raise InvalidArgument("transacted sessions are not supported by this broker version")
         b = self.broker
-        core = ServerSession(b.postoffice, self, pkt.name, b.config.default_consumer_window_size)
+        core = ServerSession(b.postoffice, self, pkt.name, pkt.transacted)
         self.sessions[pkt.channel] = NativeSession(self, pkt.channel, core)
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
@@ -322,6 +319,47 @@ class NativeConnection(asyncio.Protocol):
     def on_ack(self, pkt: p.Ack) -> None:
         s = self._session(pkt.channel)
         s.completed(pkt.cmd, s.core.ack(pkt.consumer_id, pkt.message_id, pkt.cumulative))
+
+    def on_nack(self, pkt: p.Nack) -> None:
+        s = self._session(pkt.channel)
+        s.core.nack(pkt.consumer_id, pkt.message_id)
+        s.completed(pkt.cmd, False)
+
+    def on_commit(self, pkt: p.Commit) -> None:
+        s = self._session(pkt.channel)
+        wrote = s.core.commit(pkt.dedup_id)
+        self._reply(pkt.channel, pkt.cmd, None, after_journal=wrote)
+
+    def on_rollback(self, pkt: p.Rollback) -> None:
+        s = self._session(pkt.channel)
+        s.core.rollback()
+        self.send(p.Response(pkt.channel, pkt.cmd, None))
+
+    def on_request_credits(self, pkt: p.RequestCredits) -> None:
+        self._session(pkt.channel)
+        channel, cmd = pkt.channel, pkt.cmd
+
+        def grant(amount: int) -> None:
+            if not self.closed:
+                self.send(p.Response(channel, cmd, amount))
+
+        po = self.broker.postoffice
+        addr = po.addresses.get(pkt.address)
+        if addr is None:
+            s = po.settings_for(pkt.address)
+            grant(pkt.amount if s.max_size_bytes >= 0 and s.address_full_policy == "BLOCK" else -1)
+        else:
+            addr.request_credit(max(pkt.amount, 1), grant)
+
+    def _reply(self, channel: int, cmd: int, result: Any, after_journal: bool) -> None:
+        def reply() -> None:
+            if not self.closed:
+                self.send(p.Response(channel, cmd, result))
+
+        if after_journal:
+            self.broker.storage.after_durable(reply)
+        else:
+            reply()
 
     def on_manage(self, pkt: p.Manage) -> None:
         channel, cmd = pkt.channel, pkt.cmd
@@ -366,4 +404,8 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.Flow: NativeConnection.on_flow,
     p.Ack: NativeConnection.on_ack,
     p.Manage: NativeConnection.on_manage,
+    p.Commit: NativeConnection.on_commit,
+    p.Rollback: NativeConnection.on_rollback,
+    p.Nack: NativeConnection.on_nack,
+    p.RequestCredits: NativeConnection.on_request_credits,
 }

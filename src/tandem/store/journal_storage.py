@@ -26,6 +26,7 @@ from .records import (
     AddressRecord,
     CounterRecord,
     DeliveryCountRecord,
+    DuplicateIdRecord,
     MessageRecord,
     QueueRecord,
     RecordType,
@@ -40,6 +41,7 @@ _dec_message = msgspec.msgpack.Decoder(MessageRecord)
 _dec_ack = msgspec.msgpack.Decoder(AckRecord)
 _dec_dc = msgspec.msgpack.Decoder(DeliveryCountRecord)
 _dec_counter = msgspec.msgpack.Decoder(CounterRecord)
+_dec_dedup = msgspec.msgpack.Decoder(DuplicateIdRecord)
 _encode = encoder.encode
 
 BINDINGS_FILE_SIZE = 1024 * 1024
@@ -65,6 +67,7 @@ class LoadedState:
     id_reserved: int = 0
     max_id: int = 0
     messages: Iterator[LoadedMessage] = field(default_factory=lambda: iter(()))
+    dedup: list[tuple[str, str, int]] = field(default_factory=list)  # (address, dedup id, record id), in order
 
 
 class JournalStorage:
@@ -117,6 +120,10 @@ class JournalStorage:
             self._next_counter_rid = max(self._next_counter_rid, self.bindings.max_id + 1)
         live = self.messages.load()
         state.max_id = max(top_id, self.messages.max_id)
+        for rid, lr in live.items():
+            if lr.user_type == RecordType.DUPLICATE_ID:
+                d = _dec_dedup.decode(lr.body)
+                state.dedup.append((d.address, d.dedup_id, rid))
         state.messages = self._iter_messages(live)
         return state
 
@@ -128,19 +135,22 @@ class JournalStorage:
             if lr.user_type != msg_type:
                 continue
             rec = decode(lr.body)
-            if lr.updates is None:  # the common case: never redelivered, not partly acknowledged
+            if lr.updates is None and not rec.expiration:  # the common case
                 yield LoadedMessage(make(rid, rec.message), [(qid, seq, 0) for qid, seq in rec.refs])
                 continue
             counts: dict[int, int] = {}
             acked: set[int] = set()
-            for utype, ubody in lr.updates:
+            for utype, ubody in lr.updates or ():
                 if utype == RecordType.ACK:
                     acked.add(_dec_ack.decode(ubody).queue_id)
                 elif utype == RecordType.DELIVERY_COUNT:
                     dc = _dec_dc.decode(ubody)
                     counts[dc.queue_id] = dc.count
             refs = [(qid, seq, counts.get(qid, 0)) for qid, seq in rec.refs if qid not in acked]
-            yield LoadedMessage(make(rid, rec.message), refs)
+            m = make(rid, rec.message)
+            if rec.expiration:
+                m.expiration = rec.expiration
+            yield LoadedMessage(m, refs)
         live.clear()
 
     def start(self) -> None:
@@ -174,6 +184,8 @@ class JournalStorage:
             queue.filter_text,
             queue.max_consumers,
             queue.auto_created,
+            queue.exclusive,
+            queue.last_value_key,
         )
         self.bindings.add(queue.id, RecordType.QUEUE, _encode(rec))
 
@@ -206,7 +218,7 @@ class JournalStorage:
 
     # -------------------------------------------------------------- messages
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
-        body = _encode(MessageRecord(refs, _as_raw(message.raw)))
+        body = _encode(MessageRecord(refs, _as_raw(message.raw), message.expiration if message.expiration else 0))
         if tx is None:
             self.messages.add(message.id, RecordType.MESSAGE, body)
         else:
@@ -244,6 +256,20 @@ class JournalStorage:
     def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
         if self.messages.contains(message.id):
             self.messages.update(message.id, RecordType.DELIVERY_COUNT, _encode(DeliveryCountRecord(queue.id, count)))
+
+    def store_dedup(
+        self, address: str, dedup_id: str | None, rid: int, evicted: list[int], tx: list[object] | None
+    ) -> None:
+        """Remember a dedup id (record `rid`) and forget the evicted ones; atomically with `tx`."""
+        ops = [Op(DELETE, 0, old, b"") for old in evicted]
+        if dedup_id is not None:
+            ops.append(Op(ADD, RecordType.DUPLICATE_ID, rid, _encode(DuplicateIdRecord(address, dedup_id))))
+        if tx is not None:
+            tx.extend(ops)
+        elif len(ops) > 1 and all(op.kind == DELETE for op in ops):
+            self.messages.delete_many([op.id for op in ops])
+        elif ops:
+            self.messages.batch(ops)
 
     def commit(self, tx: list[object]) -> None:
         ops = [op for op in tx if isinstance(op, Op)]
@@ -308,6 +334,11 @@ class NullStorage:
         pass
 
     def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
+        pass
+
+    def store_dedup(
+        self, address: str, dedup_id: str | None, rid: int, evicted: list[int], tx: list[object] | None
+    ) -> None:
         pass
 
     def commit(self, tx: list[object]) -> None:

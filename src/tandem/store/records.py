@@ -17,6 +17,7 @@ class RecordType(IntEnum):
     MESSAGE = 10
     ACK = 11
     DELIVERY_COUNT = 12
+    DUPLICATE_ID = 13
 
 
 # Counter reservations (message ids, per-queue sequences) are written as a fresh record that
@@ -38,6 +39,8 @@ class QueueRecord(msgspec.Struct, array_like=True, gc=False):
     filter: str | None = None
     max_consumers: int = -1
     auto_created: bool = False
+    exclusive: bool = False
+    last_value_key: str | None = None
 
 
 class MessageRecord(msgspec.Struct, array_like=True, gc=False):
@@ -45,6 +48,12 @@ class MessageRecord(msgspec.Struct, array_like=True, gc=False):
 
     refs: list[tuple[int, int]]
     message: msgspec.Raw
+    expiration: int = 0  # set by the broker (expiry-delay) when the message carried none
+
+
+class DuplicateIdRecord(msgspec.Struct, array_like=True, gc=False):
+    address: str
+    dedup_id: str
 
 
 class AckRecord(msgspec.Struct, array_like=True, gc=False):

@@ -1,0 +1,42 @@
+"""Duplicate detection: a circular cache of recent dedup ids per address (Artemis's DuplicateIDCache).
+
+Each id in the cache has a journal record (when `persist-id-cache` is on) so
+the cache comes back after a restart; an id pushed out of the circle has its
+record deleted in the same atomic batch that adds the new one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+TX_CACHE = "$tandem.tx"  # the cache of whole-transaction dedup ids
+
+
+class DuplicateIdCache:
+    __slots__ = ("_order", "address", "ids", "size")
+
+    def __init__(self, address: str, size: int) -> None:
+        self.address = address
+        self.size = size
+        self.ids: dict[str, int] = {}  # dedup id -> its journal record id (0: not persisted)
+        self._order: deque[str] = deque()
+
+    def __contains__(self, dedup_id: str) -> bool:
+        return dedup_id in self.ids
+
+    def add(self, dedup_id: str, record_id: int) -> list[int]:
+        """Remember an id; returns the record ids of entries pushed out (to delete)."""
+        evicted: list[int] = []
+        if dedup_id in self.ids:
+            return evicted
+        self.ids[dedup_id] = record_id
+        self._order.append(dedup_id)
+        while len(self._order) > max(self.size, 0):
+            old = self._order.popleft()
+            rid = self.ids.pop(old, 0)
+            if rid:
+                evicted.append(rid)
+        return evicted
+
+    def __len__(self) -> int:
+        return len(self.ids)
