@@ -16,6 +16,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, cast
 
+import msgspec
+
 from ..errors import (
     CallTimeout,
     ConnectionLost,
@@ -134,8 +136,11 @@ class _Protocol(asyncio.Protocol):
             conn._fail(exc)
             return
         handle = conn._handle
-        for pkt in packets:
-            handle(pkt)
+        try:
+            for pkt in packets:
+                handle(pkt)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            conn._fail(ProtocolError(f"malformed packet from {conn.server}: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn._fail(ConnectionLost(f"connection to {self.conn.server} lost" + (f": {exc}" if exc else "")))

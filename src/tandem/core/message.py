@@ -108,7 +108,7 @@ class Message(msgspec.Struct, gc=False, eq=False):
     @classmethod
     def create(cls, mid: int, data: MessageData) -> Message:
         """Build from a MessageData made on the server (other protocols, dead letters)."""
-        raw = _data_encoder.encode(data)
+        raw = msgspec.Raw(_data_encoder.encode(data))
         return cls.from_header(mid, _header_decoder.decode(raw), raw)
 
     @property
