@@ -106,7 +106,8 @@ def cmd_producer(args: argparse.Namespace) -> int:
 
         conn = await connect(args.url)
         try:
-            session = await conn.create_session()
+            tx = args.tx_batch
+            session = await conn.create_session(transacted=tx > 0)
             prod = session.create_producer(args.destination, window=args.window)
             body = os.urandom(args.size // 2).hex().encode()[: args.size].ljust(args.size, b"x")
             failures: list[BaseException] = []
@@ -122,8 +123,11 @@ def cmd_producer(args: argparse.Namespace) -> int:
                     durable=not args.non_durable,
                     priority=args.priority,
                     routing_type=args.routing_type,
+                    dedup_id=f"{args.dedup}-{i}" if args.dedup else None,
                 )
                 await prod.send_async(msg, done)
+                if tx and ((i + 1) % tx == 0 or i + 1 == args.count):
+                    await session.commit()
             await prod.flush()
             confirmed = args.count - len(failures)
             print(f"sent {args.count}, confirmed {confirmed} to {args.destination!r}")
@@ -221,6 +225,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
             durable=not args.non_durable,
             filter=args.filter,
             max_consumers=args.max_consumers,
+            exclusive=args.exclusive or None,
+            last_value_key=args.last_value_key,
         )
         print(f"created queue {res['name']!r} on address {res['address']!r} ({res['routing_type']})")
     elif args.action == "delete":
@@ -299,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--routing-type", choices=["anycast", "multicast"])
     pr.add_argument("--property", action="append", metavar="KEY=VALUE")
     pr.add_argument("--window", type=int, default=1000, help="unconfirmed sends in flight")
+    pr.add_argument("--tx-batch", type=int, default=0, metavar="K", help="send in transactions of K messages")
+    pr.add_argument("--dedup", metavar="PREFIX", help="give message i the dedup id PREFIX-i")
     pr.set_defaults(func=cmd_producer)
 
     co = sub.add_parser("consumer", help="receive messages; exits non-zero if fewer than --count arrive in time")
@@ -327,8 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
             x.add_argument("--address")
             x.add_argument("--routing-type", default="anycast", choices=["anycast", "multicast"])
             x.add_argument("--non-durable", action="store_true")
-            x.add_argument("--filter")
+            x.add_argument("--filter", help="selector: only matching messages are routed to the queue")
             x.add_argument("--max-consumers", type=int, default=-1)
+            x.add_argument("--exclusive", action="store_true", help="one active consumer at a time")
+            x.add_argument("--last-value-key", help="property whose latest value replaces older messages")
         if name == "delete":
             x.add_argument("--force", action="store_true", help="also when it has consumers")
     q.set_defaults(func=cmd_queue)

@@ -16,6 +16,7 @@ import os
 import struct
 import sys
 import time
+import uuid
 from array import array
 from typing import Any
 
@@ -33,7 +34,9 @@ def add_parser(sub: Any) -> None:
         x.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
         x.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         x.add_argument("--no-progress", action="store_true")
+        x.add_argument("--tx-batch", type=int, default=0, help="send / acknowledge in transactions of N")
         if mode in ("producer", "pair"):
+            x.add_argument("--dedup", action="store_true", help="give every message a dedup id")
             x.add_argument("--producers", type=int, default=1)
             x.add_argument("--size", type=int, default=1024)
             x.add_argument("--window", type=int, default=256, help="unconfirmed sends per producer")
@@ -61,14 +64,17 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ producers
-async def _produce(url: str, queue: str, count: int, size: int, window: int, durable: bool, sent: Any) -> None:
+async def _produce(args: dict[str, Any], index: int, count: int, sent: Any) -> None:
     from .client.connection import connect
     from .client.message import Message
 
-    conn = await connect(url, send_window=window)
-    session = await conn.create_session()
+    queue, size, tx_batch = args["queue"], args["size"], args["tx_batch"]
+    conn = await connect(args["url"], send_window=args["window"])
+    session = await conn.create_session(transacted=tx_batch > 0)
     prod = session.create_producer(queue)
     pad = b"x" * max(size - STAMP.size, 0)
+    durable = args["durable"]
+    dedup = f"{args['run_id']}-{index}-" if args.get("dedup") else None
     errors: list[BaseException] = []
     confirmed = 0
 
@@ -77,16 +83,22 @@ async def _produce(url: str, queue: str, count: int, size: int, window: int, dur
         if exc is not None:
             errors.append(exc)
         confirmed += 1
-        if confirmed % 256 == 0:
+        if not tx_batch and confirmed % 256 == 0:
             with sent.get_lock():
                 sent.value += 256
 
-    for _ in range(count):
+    for i in range(count):
         await prod.ready(queue, size)  # stamp after waiting for window and credit: latency is broker + network
-        prod.send_nowait(Message(STAMP.pack(time.monotonic_ns()) + pad, durable=durable), done)
+        body = STAMP.pack(time.monotonic_ns()) + pad
+        prod.send_nowait(Message(body, durable=durable, dedup_id=f"{dedup}{i}" if dedup else None), done)
+        if tx_batch and ((i + 1) % tx_batch == 0 or i + 1 == count):
+            await session.commit()  # durable once this returns
+            with sent.get_lock():
+                sent.value += (i % tx_batch) + 1
     await prod.flush()
-    with sent.get_lock():
-        sent.value += confirmed % 256
+    if not tx_batch:
+        with sent.get_lock():
+            sent.value += confirmed % 256
     await conn.close()
     if errors:
         raise errors[0]
@@ -99,12 +111,7 @@ def _producer_proc(args: dict[str, Any], sent: Any, out: Any, start: Any) -> Non
         start.wait()
         t0 = time.monotonic_ns()
         counts = _split(args["count"], args["producers"])
-        await asyncio.gather(
-            *(
-                _produce(args["url"], args["queue"], n, args["size"], args["window"], args["durable"], sent)
-                for n in counts
-            )
-        )
+        await asyncio.gather(*(_produce(args, i, n, sent) for i, n in enumerate(counts)))
         return {"first_send_ns": t0, "last_confirm_ns": time.monotonic_ns()}
 
     try:
@@ -114,16 +121,19 @@ def _producer_proc(args: dict[str, Any], sent: Any, out: Any, start: Any) -> Non
 
 
 # ------------------------------------------------------------------ consumers
-async def _open_consumer(url: str, queue: str, window: int) -> Any:
+async def _open_consumer(url: str, queue: str, window: int, transacted: bool) -> Any:
     from .client.connection import connect
 
     conn = await connect(url, consumer_window_size=window)
-    session = await conn.create_session(ack_mode="auto")
+    session = await conn.create_session(ack_mode="auto", transacted=transacted)
     return conn, await session.create_consumer(queue)
 
 
-async def _consume(conn: Any, consumer: Any, count: int, recv: Any, lat: array[int], deadline: float) -> int:
+async def _consume(
+    conn: Any, consumer: Any, count: int, recv: Any, lat: array[int], deadline: float, tx_batch: int
+) -> int:
     got = 0
+    uncommitted = 0
     unpack = STAMP.unpack_from
     mono = time.monotonic_ns
     append = lat.append
@@ -138,13 +148,18 @@ async def _consume(conn: Any, consumer: Any, count: int, recv: Any, lat: array[i
         append(mono() - unpack(msg.body)[0])
         got += 1
         batch += 1
-        while got < count:  # drain what is buffered without awaiting
+        uncommitted += 1
+        while got < count and (not tx_batch or uncommitted < tx_batch):  # drain the buffer without awaiting
             m2 = consumer.receive_nowait()
             if m2 is None:
                 break
             append(mono() - unpack(m2.body)[0])
             got += 1
             batch += 1
+            uncommitted += 1
+        if tx_batch and (uncommitted >= tx_batch or got == count):
+            await consumer.session.commit()
+            uncommitted = 0
         if batch >= 256:
             with recv.get_lock():
                 recv.value += batch
@@ -163,11 +178,12 @@ def _consumer_proc(args: dict[str, Any], recv: Any, out: Any, ready: Any) -> Non
         deadline = time.monotonic() + args["timeout"]
         lats = [array("q") for _ in range(args["consumers"])]
         counts = _split(args["count"], args["consumers"])
-        opened = [await _open_consumer(args["url"], args["queue"], args["consumer_window"]) for _ in counts]
+        tx = args["tx_batch"]
+        opened = [await _open_consumer(args["url"], args["queue"], args["consumer_window"], tx > 0) for _ in counts]
         ready.set()
         got = await asyncio.gather(
             *(
-                _consume(c, k, n, recv, lats[i], deadline)
+                _consume(c, k, n, recv, lats[i], deadline, tx)
                 for i, ((c, k), n) in enumerate(zip(opened, counts, strict=True))
             )
         )
@@ -237,6 +253,7 @@ def main(a: argparse.Namespace) -> int:
     ctx = mp.get_context("spawn")
     args = {k: v for k, v in vars(a).items() if k != "func"}
     args["durable"] = not args.get("non_durable", False)
+    args["run_id"] = uuid.uuid4().hex[:12]
     _prepare(a.url, a.queue, purge=(a.mode == "pair" and not a.keep))
     start = ctx.Event()
     procs: list[Any] = []
@@ -268,6 +285,8 @@ def main(a: argparse.Namespace) -> int:
         "count": a.count,
         "window": getattr(a, "window", 0),
         "durable": args["durable"],
+        "tx_batch": a.tx_batch,
+        "dedup": bool(getattr(a, "dedup", False)),
     }
     prod = results.get("producer")
     cons = results.get("consumer")

@@ -94,9 +94,7 @@ def test_dead_letter_without_address_drops_with_a_log_line(broker_factory: Any) 
 
 
 def test_expired_messages_go_to_the_expiry_address_on_delivery_and_by_scan(broker_factory: Any) -> None:
-    b = broker_factory(
-        message_expiry_scan_period=200, address_settings={"#": {"expiry-address": "EXP"}}
-    ).start()
+    b = broker_factory(message_expiry_scan_period=200, address_settings={"#": {"expiry-address": "EXP"}}).start()
 
     async def main() -> None:
         conn = await aio.connect(b.url)
@@ -284,7 +282,7 @@ def test_full_address_block_policy_holds_producers_until_room(broker_factory: An
     got = 0
     with tandem.connect(b.url) as conn:
         consumer = conn.session().create_consumer("blocky")
-        while got < 30 and (m := consumer.receive(10)) is not None:
+        while got < 30 and consumer.receive(10) is not None:
             got += 1
     t.join(20)
     assert not failed, failed

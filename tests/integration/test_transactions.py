@@ -119,7 +119,7 @@ def test_duplicates_are_dropped_also_after_restart_and_compaction(broker_factory
         prod.send("once", dedup_id="order-1")
         # churn so the journal rolls and the files holding the dedup records get compacted
         filler = conn.session().create_producer("filler")
-        for i in range(300):
+        for _i in range(300):
             filler.send_async("x" * 1000)
         filler.flush()
     run(_drain(b.url, "filler"))
