@@ -287,3 +287,65 @@ def test_full_address_block_policy_holds_producers_until_room(broker_factory: An
     t.join(20)
     assert not failed, failed
     assert progress["sent"] == 30 and got == 30
+
+
+def test_auto_delete_queues_when_idle(broker_factory: Any) -> None:
+    b = broker_factory(address_settings={"temp.#": {"auto-delete-queues": True, "auto-delete-addresses": True}}).start()
+
+    async def main() -> None:
+        conn = await aio.connect(b.url)
+        s = await conn.create_session()
+        c = await s.create_consumer("temp.work")  # auto-created
+        await s.create_producer("temp.work").send("x")
+        assert await c.receive(5) is not None
+        await c.close()
+        names = {q["name"] for q in await conn.manage("queue.stat")}
+        addresses = {a["name"] for a in await conn.manage("address.list")}
+        c2 = await s.create_consumer("kept.work")  # default settings: not auto-deleted
+        await c2.close()
+        names2 = {q["name"] for q in await conn.manage("queue.stat")}
+        await conn.close()
+        assert "temp.work" not in names and "temp.work" not in addresses
+        assert "kept.work" in names2
+
+    run(main())
+
+
+def test_id_cache_size_is_circular_and_survives_restart(broker_factory: Any) -> None:
+    b = broker_factory(address_settings={"small": {"id-cache-size": 3}}).start()
+
+    def send(ids: list[str]) -> None:
+        with tandem.connect(b.url) as conn:
+            prod = conn.session().create_producer("small")
+            for i in ids:
+                prod.send(i, dedup_id=i)
+
+    send(["a", "b", "c", "a"])  # "a" is still remembered
+    assert run(_stat(b.url, "small"))["message_count"] == 3
+    send(["d"])  # pushes "a" out
+    b.kill()
+    b.start()
+    send(["b", "c", "d"])  # still remembered after the restart
+    assert run(_stat(b.url, "small"))["message_count"] == 4
+    send(["a"])  # forgotten: accepted again
+    assert [m.text for m in run(_drain(b.url, "small"))] == ["a", "b", "c", "d", "a"]
+
+
+def test_default_consumer_window_size_per_address(broker_factory: Any) -> None:
+    b = broker_factory(address_settings={"slow.#": {"default-consumer-window-size": 0}}).start()
+
+    async def main() -> None:
+        conn = await aio.connect(b.url)
+        s = await conn.create_session()
+        prod = s.create_producer("slow.q")
+        for i in range(5):
+            await prod.send(str(i))
+        c = await s.create_consumer("slow.q")  # window from the address settings: pull one at a time
+        assert c.window == 0
+        await asyncio.sleep(0.3)
+        assert (await _stat(b.url, "slow.q"))["delivering_count"] == 0
+        fast = await s.create_consumer("fast.q")
+        assert fast.window == 1024 * 1024
+        await conn.close()
+
+    run(main())
