@@ -80,10 +80,14 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
     if not quiet:
         native = next(iter(broker.bound.values()))
         url = f"tcp://{native[0]}:{native[1]}"
-        print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id})")
+        role = broker.activation.role if broker.activation is not None else "live-only"
+        print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role}, {broker.ha_state})")
         for name, (host, port) in broker.bound.items():
             print(f"  listening  {name}: {host}:{port}")
-        print(f"  data       {cfg.data_path.resolve()}  ({broker.loaded_messages} messages reloaded)")
+        if broker.active:
+            print(f"  data       {cfg.data_path.resolve()}  ({broker.loaded_messages} messages reloaded)")
+        else:
+            print(f"  data       {cfg.data_path.resolve()}  (shared; served once this server holds the live lock)")
         print("Send a first message from another shell:")
         print(f"  .venv/bin/tandem producer --url {url} --destination hello --count 1")
         print(f"  .venv/bin/tandem consumer --url {url} --destination hello --count 1")
@@ -255,6 +259,11 @@ def cmd_address(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
+    if args.action == "stop":
+        _manage(args.url, "broker.stop", failover=args.failover)
+        how = "its backup takes over" if args.failover else "clean stop, no failover"
+        print(f"stopping the broker at {args.url} ({how})")
+        return 0
     if args.action == "status":
         status = _manage(args.url, "broker.status")
         if args.json:
@@ -360,9 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ad = sub.add_parser("admin", help="broker administration")
     ads = ad.add_subparsers(dest="action", required=True)
-    st = ads.add_parser("status", help="role, state, node id, uptime, counts")
+    st = ads.add_parser("status", help="role, state (active/passive/waiting), node id, peer, uptime, counts")
     _add_url(st)
     st.add_argument("--json", action="store_true")
+    sp = ads.add_parser("stop", help="stop the broker cleanly (no failover), or with --failover")
+    _add_url(sp)
+    sp.add_argument("--failover", action="store_true", help="leave the store live so the backup takes over")
     ad.set_defaults(func=cmd_admin)
 
     d = sub.add_parser("data", help="inspect or compact a stopped broker's data directory")

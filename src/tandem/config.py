@@ -103,6 +103,16 @@ class AddressSettingsConfig(_Conf, frozen=True):
         return out
 
 
+class ConnectorConfig(_Conf, frozen=True):
+    """Where to reach a server: this one (`connector-ref`) or a peer (`static-connectors`)."""
+
+    name: str
+    url: str  # host:port
+
+
+HaPolicyName = Literal["live-only", "shared-store-primary", "shared-store-backup"]
+
+
 class BrokerConfig(_Conf, frozen=True):
     name: str = "tandem"
     data_directory: str = "./data"
@@ -126,6 +136,18 @@ class BrokerConfig(_Conf, frozen=True):
     journal_compact_min_files: int = 10
     journal_datasync: bool = True
     journal_sync_non_transactional: bool = True
+
+    # High availability (Artemis's ha-policy with a shared store).
+    ha_policy: HaPolicyName = "live-only"
+    failover_on_shutdown: bool = False
+    allow_failback: bool = True
+    restart_backup: bool = True
+    lock_check_period: int = 50  # ms between attempts at a lock held by another server
+    connectors: list[ConnectorConfig] = []
+    connector_ref: str | None = None  # this server's connector, told to clients (default: its native acceptor)
+    static_connectors: list[str] = []  # peers a waiting server announces itself to
+    cluster_user: str = "tandem.cluster"
+    cluster_password: str = "change me"
 
     # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
     address_settings: dict[str, AddressSettingsConfig] = {}
@@ -154,6 +176,16 @@ class BrokerConfig(_Conf, frozen=True):
                 raise ValueError(f"address-settings: {exc}") from None
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
+        _check_positive(self, "lock_check_period", minimum=1)
+        known = {c.name for c in self.connectors}
+        for c in self.connectors:
+            try:
+                parse_host_port(c.url)
+            except ValueError as exc:
+                raise ValueError(f"connector {c.name!r}: `url` {exc}") from None
+        for ref in [*([self.connector_ref] if self.connector_ref else []), *self.static_connectors]:
+            if ref not in known:
+                raise ValueError(f"connector {ref!r} is not defined in [[connectors]]")
         names = [a.name for a in self.acceptors]
         if len(set(names)) != len(names):
             raise ValueError("acceptor names must be unique")
@@ -179,6 +211,12 @@ class BrokerConfig(_Conf, frozen=True):
     @property
     def effective_ttl_ms(self) -> int:
         return self.connection_ttl_override if self.connection_ttl_override > 0 else self.connection_ttl
+
+    def connector_url(self, name: str) -> str:
+        for c in self.connectors:
+            if c.name == name:
+                return c.url
+        raise KeyError(name)
 
     def settings_repository(self) -> SettingsRepository:
         from .core.settings import SettingsRepository

@@ -37,6 +37,7 @@ class ErrorCode(IntEnum):
     TIMEOUT = 42
     NOT_CONNECTED = 43
     SHUTTING_DOWN = 44
+    NOT_ACTIVE = 45
     CONFIG = 50
     JOURNAL = 51
 
@@ -155,6 +156,12 @@ class NotConnected(TandemError):
 
 class ShuttingDown(TandemError):
     code = ErrorCode.SHUTTING_DOWN
+
+
+class NotActive(TandemError):
+    """The server is a waiting backup (or stepping down): try its live server."""
+
+    code = ErrorCode.NOT_ACTIVE
 
 
 class ConfigError(TandemError):

@@ -207,7 +207,7 @@ def test_address_administration(running: BrokerProcess) -> None:
 
 
 def test_admin_status(running: BrokerProcess) -> None:
-    node = re.search(r"\(node (\S+)\)", running.banner)
+    node = re.search(r"\(node ([^,)\s]+)", running.banner)
     assert node is not None, running.banner
     status = json.loads(ok("admin", "status", "--url", running.url, "--json"))
     assert status["name"] == "b"

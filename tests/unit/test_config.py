@@ -12,6 +12,7 @@ from tandem.config import (
     AcceptorConfig,
     AddressConfig,
     AddressSettingsConfig,
+    ConnectorConfig,
     BrokerConfig,
     QueueConfig,
     load_config,
@@ -39,6 +40,23 @@ journal-sync-non-transactional = false
 persist-id-cache = false
 message-expiry-scan-period = 5000
 log-level = "debug"
+ha-policy = "shared-store-backup"
+failover-on-shutdown = true
+allow-failback = false
+restart-backup = false
+lock-check-period = 20
+connector-ref = "me"
+static-connectors = ["peer"]
+cluster-user = "u"
+cluster-password = "pw"
+
+[[connectors]]
+name = "me"
+url = "127.0.0.1:7000"
+
+[[connectors]]
+name = "peer"
+url = "127.0.0.1:7002"
 
 [address-settings."#"]
 dead-letter-address = "DLQ"
@@ -122,7 +140,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
     """A file using every key of every config struct loads, and each value lands in its field."""
     cfg = load_config(write(tmp_path, FULL))
     top = {line.split("=")[0].strip() for line in FULL.splitlines() if "=" in line and not line.startswith(" ")}
-    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses", "address-settings"}
+    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses", "address-settings", "connectors"}
     assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind"}
     assert kebab_names(AddressConfig) == {"name", "routing-type", "queues"}
     assert kebab_names(QueueConfig) == {"name", "durable", "filter", "max-consumers"}
@@ -168,6 +186,16 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         persist_id_cache=False,
         message_expiry_scan_period=5000,
         log_level="debug",
+        ha_policy="shared-store-backup",
+        failover_on_shutdown=True,
+        allow_failback=False,
+        restart_backup=False,
+        lock_check_period=20,
+        connectors=[ConnectorConfig("me", "127.0.0.1:7000"), ConnectorConfig("peer", "127.0.0.1:7002")],
+        connector_ref="me",
+        static_connectors=["peer"],
+        cluster_user="u",
+        cluster_password="pw",
     )
     # Every field differs from its default, so none of them was silently ignored.
     default = BrokerConfig()

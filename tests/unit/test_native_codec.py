@@ -33,6 +33,7 @@ SAMPLES: list[n.Packet] = [
     n.Error(int(ErrorCode.PROTOCOL), "bad things"),
     n.Disconnect(),
     n.Topology([["node-1", "127.0.0.1", 61616], ["node-2", "::1", 61617]]),
+    n.Activated([{"node_id": "n", "live": "127.0.0.1:1", "backup": None}]),
     n.CreateSession(1, 1, True, "s1"),
     n.CreateSession(2, 1),
     n.CloseSession(1, 9),

@@ -1,9 +1,14 @@
-"""The asyncio client connection: one Protocol, channels with command ids, coalesced writes.
+"""The asyncio client connection: one Protocol, channels with command ids, coalesced writes, failover.
 
 Pipelined commands (SEND, ACK) wait in a per-channel deque until the server's
 CONFIRM(upto) covers them; calls wait for RESPONSE/EXCEPTION by command id.
-A connection that fails unblocks everything waiting with `Unblocked` /
-`ConnectionLost`: nothing waits forever.
+
+When the socket fails the connection either gives up (DISCONNECT) or, with
+reconnection enabled, unblocks every call in flight (`Unblocked`), reconnects
+by the retry policy — to the backup the topology names first — recreates
+sessions, consumers and temporary queues, resends the sends that carry a dedup
+id and were never confirmed, and tells listeners FAILOVER or RECONNECTED.
+Nothing waits forever: every wait ends with an answer, a timeout or an error.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import uuid
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
@@ -21,7 +27,7 @@ import msgspec
 from ..errors import (
     CallTimeout,
     ConnectionLost,
-    IllegalState,
+    NotActive,
     NotConnected,
     ProtocolError,
     TandemError,
@@ -40,9 +46,20 @@ Waiter = asyncio.Future[None] | Callable[[BaseException | None], None] | None
 
 
 class FailureEvent(Enum):
-    FAILOVER = "failover"
-    RECONNECTED = "reconnected"
-    DISCONNECT = "disconnect"
+    FAILOVER = "failover"  # reconnected to another server (the backup)
+    RECONNECTED = "reconnected"  # reconnected to the same server
+    DISCONNECT = "disconnect"  # gave up: the connection is closed
+
+
+class Pending:
+    """A pipelined command waiting for CONFIRM; `resend` is the message to send again after failover."""
+
+    __slots__ = ("cmd", "resend", "waiter")
+
+    def __init__(self, cmd: int, waiter: Waiter, resend: Any = None) -> None:
+        self.cmd = cmd
+        self.waiter = waiter
+        self.resend = resend
 
 
 class Channel:
@@ -51,7 +68,7 @@ class Channel:
     def __init__(self, cid: int) -> None:
         self.id = cid
         self.next_cmd = 1
-        self.confirms: deque[tuple[int, Waiter]] = deque()
+        self.confirms: deque[Pending] = deque()
         self.calls: dict[int, asyncio.Future[Any]] = {}
         self.session: AsyncSession | None = None
 
@@ -64,16 +81,9 @@ class Channel:
         """Resolve pipelined commands up to `upto`; returns how many."""
         q = self.confirms
         n = 0
-        while q and q[0][0] <= upto:
-            _cmd, waiter = q.popleft()
+        while q and q[0].cmd <= upto:
+            _resolve(q.popleft().waiter, None)
             n += 1
-            if waiter is None:
-                continue
-            if isinstance(waiter, asyncio.Future):
-                if not waiter.done():
-                    waiter.set_result(None)
-            else:
-                waiter(None)
         return n
 
     def fail_command(self, cmd: int, exc: TandemError) -> bool:
@@ -82,10 +92,10 @@ class Channel:
             if not fut.done():
                 fut.set_exception(exc)
             return True
-        for i, (c, waiter) in enumerate(self.confirms):
-            if c == cmd:
+        for i, pend in enumerate(self.confirms):
+            if pend.cmd == cmd:
                 del self.confirms[i]
-                _resolve(waiter, exc)
+                _resolve(pend.waiter, exc)
                 return True
         return False
 
@@ -96,8 +106,23 @@ class Channel:
                 fut.exception()  # mark retrieved: nobody may be awaiting any more
         self.calls.clear()
         while self.confirms:
-            _cmd, waiter = self.confirms.popleft()
-            _resolve(waiter, exc)
+            _resolve(self.confirms.popleft().waiter, exc)
+
+    def take_resendable(self, exc: TandemError) -> list[Pending]:
+        """Transport lost: calls and commands that cannot be replayed fail; the rest come back."""
+        for fut in self.calls.values():
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()
+        self.calls.clear()
+        keep: list[Pending] = []
+        while self.confirms:
+            pend = self.confirms.popleft()
+            if pend.resend is not None:
+                keep.append(pend)
+            else:
+                _resolve(pend.waiter, exc)
+        return keep
 
 
 def _resolve(waiter: Waiter, exc: BaseException | None) -> None:
@@ -119,31 +144,62 @@ class _Protocol(asyncio.Protocol):
         self.conn = conn
         self.reader = p.FrameReader(p.ServerPacket, conn.options.max_frame_size, expect_magic=False)
         self.transport: asyncio.Transport | None = None
+        self.hello: asyncio.Future[p.HelloOk] = conn.loop.create_future()
+        self.activated: asyncio.Future[None] = conn.loop.create_future()
+        self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
-        transport = self.transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
+        if self.lost:
+            return
         conn.last_received = conn.loop.time()
         try:
             packets = self.reader.feed(data)
         except ProtocolError as exc:
-            conn._fail(exc)
+            self.abort(exc)
             return
-        handle = conn._handle
         try:
             for pkt in packets:
-                handle(pkt)
+                t = type(pkt)
+                if t is p.HelloOk:
+                    if not self.hello.done():
+                        self.hello.set_result(pkt)
+                elif t is p.Activated:
+                    conn.topology = list(pkt.nodes)
+                    if not self.activated.done():
+                        self.activated.set_result(None)
+                elif t is p.Error and not self.hello.done():
+                    self.hello.set_exception(error_for(pkt.code, pkt.message))
+                    self.hello.exception()
+                elif conn._proto is self:
+                    conn._handle(pkt)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            conn._fail(ProtocolError(f"malformed packet from {conn.server}: {exc}"))
+            self.abort(ProtocolError(f"malformed packet from {conn.server}: {exc}"))
+
+    def abort(self, exc: TandemError) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        self._lost(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn._fail(ConnectionLost(f"connection to {self.conn.server} lost" + (f": {exc}" if exc else "")))
+        self._lost(ConnectionLost(f"connection to {self.conn.server} lost" + (f": {exc}" if exc else "")))
+
+    def _lost(self, exc: TandemError) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        for fut in (self.hello, self.activated):
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()
+        if self.conn._proto is self:
+            self.conn._transport_lost(exc)
 
     def pause_writing(self) -> None:
         self.conn._writable.clear()
@@ -153,27 +209,32 @@ class _Protocol(asyncio.Protocol):
 
 
 class AsyncConnection:
-    """A connection to one Tandem server (failover arrives with the HA client)."""
+    """A connection to a Tandem server, or to a primary/backup pair with automatic failover."""
 
-    def __init__(self, hosts: list[tuple[str, int]], options: ConnectOptions) -> None:
+    def __init__(self, hosts: list[tuple[str, int]], options: ConnectOptions, explicit: frozenset[str] = frozenset()):
         self.hosts = hosts
         self.options = options
+        self.explicit = explicit
         self.loop = asyncio.get_running_loop()
+        self.client_uuid = uuid.uuid4().hex
         self.server = ""
         self.server_name = ""
         self.node_id = ""
         self.topology: list[Any] = []
         self.channels: dict[int, Channel] = {}
         self.control = Channel(0)
+        self.generation = 0  # +1 on every (re)connection: messages of older ones are stale
         self._next_channel = 1
         self._proto: _Protocol | None = None
         self._out: list[bytes | bytearray] = []
         self._flush_scheduled = False
         self._pending_acks: dict[AsyncConsumer, int] = {}
-        self._hello: asyncio.Future[p.HelloOk] | None = None
         self._writable = asyncio.Event()
         self._writable.set()
+        self._ready = asyncio.Event()
         self._pinger: asyncio.Task[None] | None = None
+        self._reconnector: asyncio.Task[None] | None = None
+        self._closed_event = asyncio.Event()
         self.closed = False
         self.error: TandemError | None = None
         self.failure_listeners: list[Callable[[FailureEvent, TandemError | None], None]] = []
@@ -184,24 +245,48 @@ class AsyncConnection:
     # ------------------------------------------------------------- connect
     @classmethod
     async def connect(cls, url: str, **options: Any) -> AsyncConnection:
-        hosts, opts = parse_url(url, **options)
-        conn = cls(hosts, opts)
+        hosts, opts, explicit = parse_url(url, explicit=True, **options)
+        conn = cls(hosts, opts, explicit)
         await conn._open()
         return conn
 
+    @property
+    def reconnect_attempts(self) -> int:
+        """Artemis's knob, with one departure: a topology that names a backup turns HA on."""
+        o = self.options
+        if o.ha or "reconnect_attempts" in self.explicit or "ha" in self.explicit:
+            return o.reconnect_attempts
+        if any(n.get("backup") for n in self.topology if isinstance(n, dict)):
+            return -1
+        return o.reconnect_attempts
+
     async def _open(self) -> None:
         opts = self.options
-        attempts = opts.initial_connect_attempts
+        last = await self._attempts(self.hosts, opts.initial_connect_attempts, wait_active=False)
+        if last is not None:
+            where = ", ".join(f"{h}:{p}" for h, p in self.hosts)
+            raise NotConnected(f"cannot connect to {where}: {last}")
+        self._ready.set()
+
+    async def _attempts(
+        self, candidates: Callable[[], list[tuple[str, int]]] | list[tuple[str, int]], attempts: int, wait_active: bool
+    ) -> BaseException | None:
+        """Try every candidate, `attempts` rounds (-1: for ever) with the retry policy; None on success."""
+        opts = self.options
         interval = opts.retry_interval / 1000
         last: BaseException | None = None
         n = 0
         while attempts < 0 or n < max(attempts, 1):
-            for host, port in self.hosts:
+            for host, port in candidates() if callable(candidates) else candidates:
+                if self.closed:
+                    return last or ConnectionLost("connection closed by the application")
                 try:
-                    await self._open_one(host, port)
-                    return
+                    await self._open_one(host, port, wait_active)
+                    return None
                 except (OSError, TimeoutError, TandemError) as exc:
-                    if isinstance(exc, TandemError) and not isinstance(exc, (ConnectionLost, CallTimeout)):
+                    if isinstance(exc, TandemError) and not isinstance(
+                        exc, (ConnectionLost, CallTimeout, NotActive, ProtocolError)
+                    ):
                         raise
                     last = exc
             n += 1
@@ -209,31 +294,37 @@ class AsyncConnection:
                 break
             await asyncio.sleep(interval)
             interval = min(interval * opts.retry_interval_multiplier, opts.max_retry_interval / 1000)
-        where = ", ".join(f"{h}:{p}" for h, p in self.hosts)
-        raise NotConnected(f"cannot connect to {where}: {last}")
+        return last or NotConnected("no server to connect to")
 
-    async def _open_one(self, host: str, port: int) -> None:
+    async def _open_one(self, host: str, port: int, wait_active: bool) -> None:
         timeout = self.options.connect_timeout / 1000
-        transport, proto = await asyncio.wait_for(
+        _transport, proto = await asyncio.wait_for(
             self.loop.create_connection(lambda: _Protocol(self), host, port), timeout
         )
-        self._proto = proto
-        self.server = f"{host}:{port}"
-        self.closed = False
-        self.error = None
-        self._hello = self.loop.create_future()
+        assert proto.transport is not None
         o = self.options
         hello = p.Hello(p.PROTOCOL_VERSION, o.client_id, o.username, o.password, "tandem-python", o.connection_ttl)
-        transport.write(p.MAGIC + p.encode(hello))
+        proto.transport.write(p.MAGIC + p.encode(hello))
         try:
-            ok = await asyncio.wait_for(self._hello, timeout)
+            ok = await asyncio.wait_for(asyncio.shield(proto.hello), timeout)
+            if not ok.active:
+                if not wait_active:
+                    raise NotActive(f"{host}:{port} is a waiting backup")
+                # A backup: it tells us the moment it takes over (shared store: within its lock poll).
+                await asyncio.wait_for(asyncio.shield(proto.activated), max(o.retry_interval / 1000, 5.0))
         except BaseException:
-            transport.abort()
+            proto.lost = True
+            if proto.transport is not None:
+                proto.transport.abort()
             raise
+        self._proto = proto
+        self.generation += 1
+        self.server = f"{host}:{port}"
         self.server_name = ok.server_name
         self.node_id = ok.node_id
         self.ttl_ms = ok.connection_ttl  # the broker's decision (it may override ours)
-        self.topology = list(ok.topology)
+        self.topology = list(ok.topology) if ok.active else self.topology or list(ok.topology)
+        self.last_received = self.last_sent = self.loop.time()
         self._pinger = self.loop.create_task(self._ping_loop(), name="tandem-client-ping")
 
     # ------------------------------------------------------------- output
@@ -250,7 +341,7 @@ class AsyncConnection:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._pending_acks:
+        if self._pending_acks and self._ready.is_set():
             acks = self._pending_acks
             self._pending_acks = {}
             for consumer, mid in acks.items():
@@ -259,10 +350,14 @@ class AsyncConnection:
         if not out:
             return
         proto = self._proto
-        if proto is not None and proto.transport is not None and not proto.transport.is_closing():
+        if proto is None or (not self._ready.is_set() and not self._restoring):
+            return  # reconnecting: hold the bytes (they are rebuilt or dropped on reconnect)
+        if proto.transport is not None and not proto.transport.is_closing():
             proto.transport.write(b"".join(out) if len(out) > 1 else out[0])
             self.last_sent = self.loop.time()
         out.clear()
+
+    _restoring = False
 
     def schedule_ack(self, consumer: AsyncConsumer, message_id: int) -> None:
         self._pending_acks[consumer] = message_id
@@ -275,6 +370,27 @@ class AsyncConnection:
         if not self._writable.is_set():
             await self._writable.wait()
 
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until connected (a reconnection may be under way); ConnectionLost if it gives up."""
+        if self._ready.is_set():
+            return
+        self.check_open()
+        t = self.options.call_timeout / 1000 if timeout is None else timeout
+        closed = asyncio.ensure_future(self._closed_event.wait())
+        ready = asyncio.ensure_future(self._ready.wait())
+        try:
+            await asyncio.wait({closed, ready}, timeout=t, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            ready.cancel()
+        self.check_open()
+        if not self._ready.is_set():
+            raise CallTimeout(f"not reconnected within {t:.1f}s (call_timeout)")
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
     # --------------------------------------------------------- commands
     def new_channel(self) -> Channel:
         ch = Channel(self._next_channel)
@@ -282,15 +398,21 @@ class AsyncConnection:
         self.channels[ch.id] = ch
         return ch
 
-    def pipeline(self, ch: Channel, pkt: p.Packet, waiter: Waiter) -> None:
+    def pipeline(self, ch: Channel, pkt: p.Packet, waiter: Waiter, resend: Any = None) -> None:
         """Send a confirmed command (its `cmd` already set from ch.cmd())."""
         self._write(p.encode(pkt))
-        ch.confirms.append((pkt.cmd, waiter))  # type: ignore[attr-defined]
+        ch.confirms.append(Pending(pkt.cmd, waiter, resend))  # type: ignore[attr-defined]
 
     async def call(
         self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
     ) -> Any:
         """Send a command and wait for its answer (up to call_timeout, or `forever` until the connection fails)."""
+        await self.wait_ready(timeout)
+        return await self._call_now(ch, make, timeout, forever)
+
+    async def _call_now(
+        self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
+    ) -> Any:
         if self.closed:
             raise self._closed_error()
         cmd = ch.cmd()
@@ -313,6 +435,7 @@ class AsyncConnection:
     async def create_session(self, transacted: bool = False, ack_mode: str = "auto") -> AsyncSession:
         from .session import AsyncSession
 
+        await self.wait_ready()
         ch = self.new_channel()
         session = AsyncSession(self, ch, transacted, ack_mode)
         ch.session = session
@@ -347,9 +470,6 @@ class AsyncConnection:
             self.send_packet(p.Pong())
         elif t is p.Pong:
             pass
-        elif t is p.HelloOk:
-            if self._hello is not None and not self._hello.done():
-                self._hello.set_result(pkt)
         elif t is p.ConsumerClosed:
             ch = self.channels.get(pkt.channel)
             if ch is not None and ch.session is not None:
@@ -358,9 +478,9 @@ class AsyncConnection:
             self.topology = list(pkt.nodes)
         elif t is p.Error:
             err = error_for(pkt.code, pkt.message)
-            if self._hello is not None and not self._hello.done():
-                self._hello.set_exception(err)
-            self._fail(err)
+            proto = self._proto
+            if proto is not None:
+                proto.abort(err)
 
     # ------------------------------------------------------------ failure
     def _closed_error(self) -> TandemError:
@@ -368,72 +488,164 @@ class AsyncConnection:
             return ConnectionLost(f"connection is closed: {self.error.message}")
         return ConnectionLost("connection is closed")
 
+    def _transport_lost(self, exc: TandemError) -> None:
+        """The socket of the current server failed: reconnect, or give up."""
+        if self.closed:
+            return
+        self._proto = None
+        self._ready.clear()
+        if self._pinger is not None:
+            self._pinger.cancel()
+            self._pinger = None
+        if self.reconnect_attempts == 0:
+            self._fail(exc)
+            return
+        log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
+        self._out.clear()
+        self._pending_acks.clear()
+        unblocked = Unblocked(f"{exc.message} (the call was in flight; its outcome is unknown)")
+        self.control.take_resendable(unblocked)
+        for ch in list(self.channels.values()):
+            resend = ch.take_resendable(unblocked)
+            if ch.session is not None:
+                ch.session._transport_lost(unblocked, resend)
+        self._writable.set()
+        self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
+
+    def _candidates(self, failed: str) -> list[tuple[str, int]]:
+        """The backup the topology names for our node first, the failed server last."""
+        order: list[str] = []
+        for n in self.topology:
+            if isinstance(n, dict) and n.get("node_id") == self.node_id:
+                order += [x for x in (n.get("backup"), n.get("live")) if x]
+        order += [f"{h}:{p}" for h, p in self.hosts]
+        order += [x for n in self.topology if isinstance(n, dict) for x in (n.get("live"), n.get("backup")) if x]
+        seen: list[str] = []
+        for x in order:
+            if x not in seen and x != failed:
+                seen.append(x)
+        seen.append(failed)
+        out = []
+        for x in seen:
+            host, _, port = x.rpartition(":")
+            if host and port.isdigit():
+                out.append((host.strip("[]"), int(port)))
+        return out
+
+    async def _reconnect(self, cause: TandemError) -> None:
+        failed_server, failed_node = self.server, self.node_id
+        try:
+            last = await self._attempts(lambda: self._candidates(failed_server), self.reconnect_attempts, True)
+        except TandemError as exc:  # a server refused us for good (authentication, version)
+            self._fail(exc)
+            return
+        except asyncio.CancelledError:
+            return
+        if last is not None:
+            self._fail(NotConnected(f"failover gave up: {last}"))
+            return
+        proto = self._proto
+        self._out.clear()  # nothing written for the old server may reach the new one
+        self._restoring = True
+        try:
+            for ch in sorted(self.channels.values(), key=lambda c: c.id):
+                if ch.session is not None:
+                    await ch.session._restore()
+        except TandemError as exc:
+            if self._proto is not proto or self.closed:
+                return  # lost again while restoring: that loss started a new reconnection
+            self._fail(exc)
+            return
+        except asyncio.CancelledError:
+            return
+        finally:
+            self._restoring = False
+        self._ready.set()
+        self._flush()
+        kind = FailureEvent.RECONNECTED if self.server == failed_server else FailureEvent.FAILOVER
+        log.warning("%s: now connected to %s (node %s, was %s)", kind.value, self.server, self.node_id, failed_node)
+        self._notify(kind, cause)
+
+    def _notify(self, kind: FailureEvent, cause: TandemError | None) -> None:
+        for listener in list(self.failure_listeners):
+            try:
+                listener(kind, cause)
+            except Exception:
+                log.exception("failure listener raised")
+
     def _fail(self, exc: TandemError) -> None:
+        """Give up for good: everything waiting gets an error, listeners hear DISCONNECT."""
         if self.closed:
             return
         self.closed = True
         self.error = exc
-        if self._proto is not None and self._proto.transport is not None:
-            self._proto.transport.abort()
+        self._ready.clear()
+        proto, self._proto = self._proto, None
+        if proto is not None:
+            proto.lost = True
+            if proto.transport is not None:
+                proto.transport.abort()
         if self._pinger is not None:
             self._pinger.cancel()
-        if self._hello is not None and not self._hello.done():
-            self._hello.set_exception(exc)
-            self._hello.exception()
         unblocked = Unblocked(f"{exc.message} (the call was in flight; its outcome is unknown)")
         for ch in [self.control, *self.channels.values()]:
             ch.fail_all(unblocked)
             if ch.session is not None:
                 ch.session._connection_failed(exc)
         self._writable.set()
-        for listener in list(self.failure_listeners):
-            try:
-                listener(FailureEvent.DISCONNECT, exc)
-            except Exception:
-                log.exception("failure listener raised")
+        self._closed_event.set()
+        self._notify(FailureEvent.DISCONNECT, exc)
 
     async def _ping_loop(self) -> None:
         period = self.options.client_failure_check_period / 1000
         ping_every = min(period / 2, self.ttl_ms / 2000)
-        while not self.closed:
+        proto = self._proto
+        while not self.closed and self._proto is proto and proto is not None:
             await asyncio.sleep(ping_every)
             now = self.loop.time()
             if now - self.last_received > period:
-                self._fail(ConnectionLost(f"no packet from {self.server} for {period:.1f}s"))
+                proto.abort(ConnectionLost(f"no packet from {self.server} for {period:.1f}s"))
                 return
-            if now - self.last_sent >= ping_every:
-                try:
-                    self.send_packet(p.Ping())
-                except TandemError:
-                    return
+            if now - self.last_sent >= ping_every and proto.transport is not None:
+                proto.transport.write(p.encode(p.Ping()))
+                self.last_sent = now
 
     def add_failure_listener(self, listener: Callable[[FailureEvent, TandemError | None], None]) -> None:
+        """`listener(FailureEvent, cause)` on FAILOVER, RECONNECTED or DISCONNECT."""
         self.failure_listeners.append(listener)
+
+    async def wait_closed(self) -> None:
+        await self._closed_event.wait()
 
     async def close(self) -> None:
         """Close sessions politely, then the socket."""
         if self.closed:
             return
-        for ch in list(self.channels.values()):
-            if ch.session is not None:
-                try:
-                    await ch.session.close()
-                except TandemError:
-                    pass
+        if self._reconnector is not None and not self._reconnector.done():
+            self._reconnector.cancel()
+        if self._ready.is_set():
+            for ch in list(self.channels.values()):
+                if ch.session is not None:
+                    try:
+                        await ch.session.close()
+                    except TandemError:
+                        pass
         if not self.closed:
             self._flush()
-            try:
-                self.send_packet(p.Disconnect())
-                self._flush()
-            except TandemError:
-                pass
+            proto = self._proto
+            if proto is not None and proto.transport is not None:
+                proto.transport.write(p.encode(p.Disconnect()))
+                proto.lost = True
+                proto.transport.close()
             self.closed = True
+            self._proto = None
             if self._pinger is not None:
                 self._pinger.cancel()
-            if self._proto is not None and self._proto.transport is not None:
-                self._proto.transport.close()
             for ch in [self.control, *self.channels.values()]:
                 ch.fail_all(ConnectionLost("connection closed by the application"))
+                if ch.session is not None:
+                    ch.session._connection_failed(ConnectionLost("connection closed by the application"))
+            self._closed_event.set()
 
     async def __aenter__(self) -> AsyncConnection:
         return self
@@ -451,4 +663,4 @@ async def connect(url: str, **options: Any) -> AsyncConnection:
     return await AsyncConnection.connect(url, **options)
 
 
-__all__ = ["AsyncConnection", "Channel", "FailureEvent", "IllegalState", "connect"]
+__all__ = ["AsyncConnection", "Channel", "FailureEvent", "connect"]

@@ -74,6 +74,7 @@ class ReceivedMessage:
     seq: int
     size: int
     _consumer: AsyncConsumer | None = field(default=None, repr=False)
+    _generation: int = field(default=0, repr=False)  # which connection delivered it (failover voids older ones)
 
     @property
     def redelivered(self) -> bool:

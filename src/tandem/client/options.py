@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 from urllib.parse import parse_qsl
 
 from ..config import DEFAULT_NATIVE_PORT, parse_host_port
@@ -31,6 +31,7 @@ class ConnectOptions:
     consumer_window_size: int = -2  # -2: the broker's default-consumer-window-size
     send_window: int = 1000  # unconfirmed sends in flight per producer
     producer_window_size: int = 64 * 1024  # bytes of credit asked for at a time (flow control, as Artemis)
+    auto_dedup: bool = True  # durable sends carry a dedup id and are resent after failover
     client_id: str | None = None
     username: str | None = None
     password: str | None = None
@@ -76,7 +77,19 @@ def _coerce(name: str, value: Any) -> Any:
     return value
 
 
-def parse_url(url: str, **overrides: Any) -> tuple[list[tuple[str, int]], ConnectOptions]:
+@overload
+def parse_url(
+    url: str, explicit: Literal[False] = False, **overrides: Any
+) -> tuple[list[tuple[str, int]], ConnectOptions]: ...
+
+
+@overload
+def parse_url(
+    url: str, explicit: Literal[True], **overrides: Any
+) -> tuple[list[tuple[str, int]], ConnectOptions, frozenset[str]]: ...
+
+
+def parse_url(url: str, explicit: bool = False, **overrides: Any) -> Any:
     """`tcp://a:61616,tcp://b:61617?ha=true&reconnect_attempts=-1` → hosts and options."""
     text = url.strip()
     query = ""
@@ -109,13 +122,14 @@ def parse_url(url: str, **overrides: Any) -> tuple[list[tuple[str, int]], Connec
         if key not in _FIELDS:
             raise InvalidArgument(f"unknown connection option `{key}`")
         values[key] = _coerce(key, value)
-    # Departure from Artemis: a URL naming several servers means HA with endless retries
-    # (they take effect with client failover; see docs/client.md).
+    given = frozenset(values)
+    # Departure from Artemis: a URL naming several servers means HA with endless retries.
     if len(hosts) > 1:
         values.setdefault("ha", True)
-        if values.get("ha"):
-            values.setdefault("reconnect_attempts", -1)
+    if values.get("ha"):
+        values.setdefault("reconnect_attempts", -1)
     try:
-        return hosts, ConnectOptions(**values)
+        opts = ConnectOptions(**values)
     except TypeError as exc:
         raise InvalidArgument(str(exc)) from None
+    return (hosts, opts, given) if explicit else (hosts, opts)

@@ -1,4 +1,13 @@
-"""Sessions, producers and consumers (asyncio API)."""
+"""Sessions, producers and consumers (asyncio API), and how each rides through a failover.
+
+After a failover a session is recreated on the new server with its consumers
+(same filters and windows) and temporary queues. Messages delivered by the
+old server and not acknowledged come again from the new one; acknowledging an
+old delivery does nothing (it would ack the wrong thing). A transaction that
+had work when the connection failed can only be rolled back; a commit that was
+in flight is resolved by asking the new server whether its transaction id
+was committed.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +17,26 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from ..core.message import MessageData
-from ..errors import ConnectionLost, IllegalState, InvalidArgument, TandemError
+from ..errors import (
+    CallTimeout,
+    ConnectionLost,
+    IllegalState,
+    InvalidArgument,
+    TandemError,
+    TransactionRolledBack,
+    Unblocked,
+)
 from ..protocol import native as p
 from .message import Message, ReceivedMessage
 
 if TYPE_CHECKING:
-    from .connection import AsyncConnection, Channel
+    from .connection import AsyncConnection, Channel, Pending
 
 log = logging.getLogger("tandem.client")
 
@@ -54,7 +72,12 @@ class AsyncSession:
         self.ack_mode = ack_mode
         self.consumers: dict[int, AsyncConsumer] = {}
         self.producers: list[AsyncProducer] = []
+        self.temp_queues: dict[str, dict[str, Any]] = {}
         self._consumer_ids = itertools.count(1)
+        self._tx_ids = itertools.count(1)
+        self._tx_work = False  # the open transaction has sent or acknowledged something
+        self._rollback_only = False
+        self._resend: list[Pending] = []
         self.closed = False
 
     # --------------------------------------------------------------- factories
@@ -62,7 +85,7 @@ class AsyncSession:
         self._check()
         if window is not None and window < 1:
             raise InvalidArgument(f"producer window must be >= 1 unconfirmed sends, got {window}")
-        prod = AsyncProducer(self, address, window or self.conn.options.send_window)
+        prod = AsyncProducer(self, address, window or self.conn.options.send_window, len(self.producers) + 1)
         self.producers.append(prod)
         return prod
 
@@ -72,18 +95,14 @@ class AsyncSession:
         self._check()
         cid = next(self._consumer_ids)
         w = self.conn.options.consumer_window_size if window is None else window
-        consumer = AsyncConsumer(self, cid, queue, browse_only)
+        consumer = AsyncConsumer(self, cid, queue, browse_only, filter, w)
         self.consumers[cid] = consumer
-        ch = self.channel
         try:
-            result = await self.conn.call(
-                ch, lambda cmd: p.CreateConsumer(ch.id, cmd, cid, queue, filter, w, browse_only)
-            )
+            result = await self.conn.call(self.channel, consumer._create_packet)
         except BaseException:
             self.consumers.pop(cid, None)
             raise
-        consumer.window = int(result["window"])
-        consumer.queue = result["queue"]
+        consumer._created(result)
         return consumer
 
     async def create_browser(self, queue: str, filter: str | None = None, window: int | None = None) -> AsyncConsumer:
@@ -103,20 +122,48 @@ class AsyncSession:
         exclusive: bool | None = None,
         last_value_key: str | None = None,
     ) -> dict[str, Any]:
-        return await self.conn.manage(  # type: ignore[no-any-return]
-            "queue.create",
-            name=name,
-            address=address,
-            routing_type=routing_type,
+        args: dict[str, Any] = {
+            "name": name,
+            "address": address,
+            "routing_type": routing_type,
+            "durable": durable,
+            "filter": filter,
+            "temporary": temporary,
+            "exists_ok": exists_ok,
+            "max_consumers": max_consumers,
+            "exclusive": exclusive,
+            "last_value_key": last_value_key,
+        }
+        result = await self.conn.manage("queue.create", **args)
+        if temporary:  # it dies with the connection: a failover must make it again
+            self.temp_queues[name] = {**args, "exists_ok": True}
+        return result  # type: ignore[no-any-return]
+
+    async def delete_queue(self, name: str, force: bool = False) -> int:
+        res = await self.conn.manage("queue.delete", name=name, force=force)
+        self.temp_queues.pop(name, None)
+        return int(res["removed"])
+
+    async def subscribe(
+        self, address: str, subscription: str | None = None, durable: bool = False, filter: str | None = None
+    ) -> AsyncConsumer:
+        """Pub/sub: a multicast queue on `address` (temporary unless named and durable) and a consumer on it."""
+        if subscription is None:
+            if durable:
+                raise InvalidArgument("a durable subscription needs a name")
+            subscription = f"{address}.sub.{self.conn.client_uuid[:12]}.{self.channel.id}.{next(self._consumer_ids)}"
+        await self.create_queue(
+            subscription,
+            address,
+            "multicast",
             durable=durable,
             filter=filter,
-            temporary=temporary,
-            exists_ok=exists_ok,
-            max_consumers=max_consumers,
-            exclusive=exclusive,
-            last_value_key=last_value_key,
+            temporary=not durable,
+            exists_ok=durable,
         )
+        return await self.create_consumer(subscription)
 
+    # ------------------------------------------------------------ transactions
     async def commit(self, dedup_id: str | None = None) -> None:
         """Commit the transaction: every send and ack since the last commit, atomically and durably.
 
@@ -128,8 +175,36 @@ class AsyncSession:
             raise IllegalState("commit() needs a transacted session")
         for c in self.consumers.values():
             c._emit_pending()  # automatic acks belong to this transaction
+        if self._rollback_only:
+            self._tx_done()
+            raise TransactionRolledBack(
+                "the connection failed over during this transaction: it was rolled back; retry it"
+            )
+        conn = self.conn
+        if dedup_id is None and conn.options.auto_dedup:
+            dedup_id = f"{conn.client_uuid}:tx:{self.channel.id}:{next(self._tx_ids)}"
         ch = self.channel
-        await self.conn.call(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
+        try:
+            await conn.call(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
+        except Unblocked:
+            # In flight when the server failed: ask the new one whether it was committed.
+            self._tx_done()
+            if dedup_id is not None and await self._committed(dedup_id):
+                return
+            raise TransactionRolledBack(
+                "the connection failed while committing and the transaction was not committed; retry it"
+            ) from None
+        except TandemError:
+            self._tx_done()  # the server rolled it back
+            raise
+        self._tx_done()
+
+    async def _committed(self, dedup_id: str) -> bool:
+        try:
+            await self.conn.wait_ready()
+            return bool(await self.conn.manage("tx.status", dedup_id=dedup_id))
+        except TandemError:
+            return False
 
     async def rollback(self) -> None:
         """Undo the transaction: sends are dropped, acknowledged messages come back (delivery count + 1)."""
@@ -139,30 +214,12 @@ class AsyncSession:
         for c in self.consumers.values():
             c._emit_pending()
         ch = self.channel
+        self._tx_done()
         await self.conn.call(ch, lambda cmd: p.Rollback(ch.id, cmd))
 
-    async def delete_queue(self, name: str, force: bool = False) -> int:
-        res = await self.conn.manage("queue.delete", name=name, force=force)
-        return int(res["removed"])
-
-    async def subscribe(
-        self, address: str, subscription: str | None = None, durable: bool = False, filter: str | None = None
-    ) -> AsyncConsumer:
-        """Pub/sub: a multicast queue on `address` (temporary unless named and durable) and a consumer on it."""
-        if subscription is None:
-            if durable:
-                raise InvalidArgument("a durable subscription needs a name")
-            subscription = f"{address}.sub.{id(self):x}.{next(self._consumer_ids)}"
-        await self.create_queue(
-            subscription,
-            address,
-            "multicast",
-            durable=durable,
-            filter=filter,
-            temporary=not durable,
-            exists_ok=durable,
-        )
-        return await self.create_consumer(subscription)
+    def _tx_done(self) -> None:
+        self._tx_work = False
+        self._rollback_only = False
 
     # ------------------------------------------------------------ lifecycle
     def _check(self) -> None:
@@ -183,7 +240,7 @@ class AsyncSession:
         self.closed = True
         ch = self.channel
         try:
-            if not self.conn.closed:
+            if not self.conn.closed and self.conn.ready:
                 await self.conn.call(ch, lambda cmd: p.CloseSession(ch.id, cmd))
         finally:
             for c in self.consumers.values():
@@ -214,11 +271,46 @@ class AsyncSession:
         for prod in self.producers:
             prod._wake_all()
 
+    def _transport_lost(self, exc: TandemError, resend: list[Pending]) -> None:
+        if self.transacted and self._tx_work:
+            self._rollback_only = True
+        self._resend.extend(resend)
+        for c in self.consumers.values():
+            c._transport_lost(exc)
+        for prod in self.producers:
+            prod._credits.clear()
+
+    async def _restore(self) -> None:
+        """Recreate this session on the new server (connection is restoring: no waiting for ready)."""
+        conn, ch = self.conn, self.channel
+        await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
+        for args in self.temp_queues.values():
+            await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
+        for c in list(self.consumers.values()):
+            if not c.closed:
+                c._created(await conn._call_now(ch, c._create_packet))
+        pending = [*self._resend, *ch.confirms]  # what was never confirmed, in the order it was sent
+        self._resend = []
+        ch.confirms.clear()
+        unblocked = Unblocked("sent while the connection was failing over and not replayable; its outcome is unknown")
+        for pend in pending:
+            data = pend.resend
+            if data is None:
+                _fail_waiter(pend.waiter, unblocked)
+            else:
+                conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+
+
+def _fail_waiter(waiter: Any, exc: BaseException) -> None:
+    from .connection import _resolve
+
+    _resolve(waiter, exc)
+
 
 class AsyncProducer:
     """Sends to one address (or to each message's own). Durable sends are confirmed after fsync."""
 
-    def __init__(self, session: AsyncSession, address: str | None, window: int) -> None:
+    def __init__(self, session: AsyncSession, address: str | None, window: int, number: int) -> None:
         self.session = session
         self.address = address
         self.window = window
@@ -226,6 +318,8 @@ class AsyncProducer:
         self._room: asyncio.Future[None] | None = None
         self._idle: asyncio.Future[None] | None = None
         self._credits: dict[str, int] = {}  # bytes this producer may still send per address; -1: no limit
+        self._dedup_prefix = f"{session.conn.client_uuid}:{session.channel.id}:{number}:"
+        self._sent = itertools.count(1)
 
     def has_credit(self, address: str, size: int) -> bool:
         c = self._credits.get(address)
@@ -253,27 +347,38 @@ class AsyncProducer:
             self._credits[address] = -1 if granted < 0 else max(c, 0) + int(granted)
 
     def _encode_send(self, msg: Message) -> tuple[p.SendData, MessageData]:
-        ch = self.session.channel
+        session = self.session
+        ch = session.channel
         data = msg.to_data(self.address)
+        if data.dedup_id is None and data.durable and not session.transacted and session.conn.options.auto_dedup:
+            data.dedup_id = f"{self._dedup_prefix}{next(self._sent)}"
         return p.SendData(ch.id, ch.cmd(), data), data
 
     def send_nowait(
         self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
     ) -> asyncio.Future[None] | None:
-        """Send without waiting (ignores the window). Returns a future unless a callback is given."""
-        self.session._check()
+        """Send without waiting (ignores the window and flow control). Returns a future unless a callback is given.
+
+        A send with a dedup id (`auto_dedup` gives every durable one an id) is sent again after a
+        failover if it was never confirmed; any other unconfirmed send fails with Unblocked.
+        """
+        session = self.session
+        session._check()
         msg = as_message(body, **fields)
-        conn = self.session.conn
+        conn = session.conn
         pkt, data = self._encode_send(msg)
         self._spend(data.address, len(data.body))
         self.in_flight += 1
+        if session.transacted:
+            session._tx_work = True
+        resend = data if data.dedup_id is not None and not session.transacted else None
         fut: asyncio.Future[None] | None = None
         if callback is None:
             fut = conn.loop.create_future()
             fut.add_done_callback(self._done_future)
-            conn.pipeline(self.session.channel, pkt, fut)
+            conn.pipeline(session.channel, pkt, fut, resend)
         else:
-            conn.pipeline(self.session.channel, pkt, self._wrap(callback))
+            conn.pipeline(session.channel, pkt, self._wrap(callback), resend)
         return fut
 
     def _wrap(self, callback: SendCallback) -> SendCallback:
@@ -301,15 +406,18 @@ class AsyncProducer:
                 fut.set_result(None)
 
     async def ready(self, address: str | None = None, size: int = 0) -> None:
-        """Wait until the window has room, the socket is writable and (with an address) credit allows."""
+        """Wait until connected, the window has room, the socket is writable and (with an address) credit allows."""
+        conn = self.session.conn
+        if not conn.ready:
+            await conn.wait_ready()
         if address is not None and not self.has_credit(address, size):
             await self.credit(address, size)
         while self.in_flight >= self.window:
             self.session._check()
-            self._room = self.session.conn.loop.create_future()
+            self._room = conn.loop.create_future()
             await self._room
             self._room = None
-        await self.session.conn.drain()
+        await conn.drain()
 
     async def send_async(
         self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
@@ -331,8 +439,6 @@ class AsyncProducer:
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
-            from ..errors import CallTimeout
-
             raise CallTimeout(f"send not confirmed within {timeout:.1f}s (call_timeout)") from None
 
     async def flush(self) -> None:
@@ -347,20 +453,35 @@ class AsyncProducer:
 class AsyncConsumer:
     """Receives from one queue with credit-based flow control."""
 
-    def __init__(self, session: AsyncSession, cid: int, queue: str, browse_only: bool) -> None:
+    def __init__(
+        self, session: AsyncSession, cid: int, queue: str, browse_only: bool, filter: str | None, window: int
+    ) -> None:
         self.session = session
         self.id = cid
         self.queue = queue
         self.browse_only = browse_only
+        self.filter = filter
+        self.requested_window = window
         self.window = -1
+        self.generation = 0
         self.buffer: deque[ReceivedMessage] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._consumed = 0
         self._pull_pending = False
+        self._unblocked: TandemError | None = None
         self._listener: Listener | None = None
         self._listener_task: asyncio.Task[None] | None = None
         self.closed = False
         self.error: TandemError | None = None
+
+    def _create_packet(self, cmd: int) -> p.CreateConsumer:
+        ch = self.session.channel
+        self.generation = self.session.conn.generation  # deliveries may arrive before the answer
+        return p.CreateConsumer(ch.id, cmd, self.id, self.queue, self.filter, self.requested_window, self.browse_only)
+
+    def _created(self, result: dict[str, Any]) -> None:
+        self.window = int(result["window"])
+        self.queue = result["queue"]
 
     # ------------------------------------------------------------ inbound
     def _on_deliver(self, pkt: p.Deliver) -> None:
@@ -369,6 +490,7 @@ class AsyncConsumer:
         msg = ReceivedMessage.from_data(_decode_data(raw), pkt.message_id, pkt.delivery_count, pkt.seq, size)
         if not self.browse_only:
             msg._consumer = self
+        msg._generation = self.generation
         self._pull_pending = False
         self.buffer.append(msg)
         w = self._waiter
@@ -382,6 +504,17 @@ class AsyncConsumer:
         if w is not None and not w.done():
             w.set_result(None)
 
+    def _transport_lost(self, exc: TandemError) -> None:
+        """Deliveries from the old server are void: the new one sends them again."""
+        self.buffer.clear()
+        self._consumed = 0
+        self._pull_pending = False
+        self.generation = -1
+        w = self._waiter
+        if w is not None and not w.done():
+            self._unblocked = exc
+            w.set_result(None)
+
     # -------------------------------------------------- handing to the app
     def _handed(self, msg: ReceivedMessage, auto_ack: bool = True) -> ReceivedMessage:
         """Account for a message the application now has: credits back, and (auto mode) the ack."""
@@ -392,13 +525,20 @@ class AsyncConsumer:
             if self._consumed >= w // 2:
                 conn.send_packet(p.Flow(self.session.channel.id, self.id, self._consumed))
                 self._consumed = 0
+        if self.session.transacted and not self.browse_only:
+            self.session._tx_work = True
         if auto_ack:
             self.auto_ack(msg)
         return msg
 
     def auto_ack(self, msg: ReceivedMessage) -> None:
         """In `auto` mode, acknowledge `msg` (batched: one cumulative ACK per loop pass)."""
-        if self.session.ack_mode == "auto" and not self.browse_only and not self.closed:
+        if (
+            self.session.ack_mode == "auto"
+            and not self.browse_only
+            and not self.closed
+            and msg._generation == self.generation
+        ):
             self.session.conn.schedule_ack(self, msg.id)
 
     def _request_one(self) -> None:
@@ -410,11 +550,15 @@ class AsyncConsumer:
         if self.buffer:
             return self._handed(self.buffer.popleft())
         self._raise_if_closed()
-        self._request_one()
+        if self.session.conn.ready:
+            self._request_one()
         return None
 
     async def receive(self, timeout: float | None = None) -> ReceivedMessage | None:
-        """The next message, or None after `timeout` seconds (None: wait for ever)."""
+        """The next message, or None after `timeout` seconds (None: wait for ever).
+
+        Raises Unblocked if the connection fails over while waiting (call again to go on).
+        """
         return await self._receive(timeout, auto_ack=True)
 
     async def _receive(self, timeout: float | None, auto_ack: bool) -> ReceivedMessage | None:
@@ -422,7 +566,11 @@ class AsyncConsumer:
         deadline = None if timeout is None else loop.time() + timeout
         while not self.buffer:
             self._raise_if_closed()
-            self._request_one()
+            if self._unblocked is not None:
+                exc, self._unblocked = self._unblocked, None
+                raise exc
+            if self.session.conn.ready:
+                self._request_one()
             self._waiter = loop.create_future()
             try:
                 if deadline is None:
@@ -442,8 +590,13 @@ class AsyncConsumer:
 
     def _raise_if_closed(self) -> None:
         if self.closed:
-            if self.error is not None:
-                raise self.error if not isinstance(self.error, ConnectionLost) else ConnectionLost(self.error.message)
+            err = self.error
+            if err is not None:
+                raise (
+                    type(err)(err.message, err.code)
+                    if not isinstance(err, ConnectionLost)
+                    else ConnectionLost(err.message)
+                )
             raise IllegalState("consumer is closed")
 
     def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
@@ -455,6 +608,8 @@ class AsyncConsumer:
                 msg = await self.receive()
             except IllegalState:
                 return
+            except Unblocked:
+                continue  # failed over: the new server sends what was not acknowledged
             if msg is not None:
                 yield msg
 
@@ -475,6 +630,8 @@ class AsyncConsumer:
         while not self.closed:
             try:
                 msg = await self._receive(None, auto_ack=False)
+            except Unblocked:
+                continue
             except TandemError:
                 return
             if msg is None:
@@ -489,11 +646,22 @@ class AsyncConsumer:
                 self.auto_ack(msg)
 
     # ------------------------------------------------------------------ acks
+    def _stale(self, msg: ReceivedMessage) -> asyncio.Future[None] | None:
+        """A delivery from before a failover: acknowledging it here would ack something else."""
+        if msg._generation == self.generation:
+            return None
+        fut: asyncio.Future[None] = self.session.conn.loop.create_future()
+        fut.set_result(None)
+        return fut
+
     def ack_message(self, msg: ReceivedMessage) -> Awaitable[None]:
         session = self.session
         mode = session.ack_mode
         conn = session.conn
         conn.check_open()
+        stale = self._stale(msg)
+        if stale is not None:
+            return stale
         fut: asyncio.Future[None] = conn.loop.create_future()
         if mode == "auto":
             fut.set_result(None)  # already acknowledged automatically
@@ -506,6 +674,9 @@ class AsyncConsumer:
         session = self.session
         conn = session.conn
         conn.check_open()
+        stale = self._stale(msg)
+        if stale is not None:
+            return stale
         fut: asyncio.Future[None] = conn.loop.create_future()
         ch = session.channel
         conn.pipeline(ch, p.Nack(ch.id, ch.cmd(), self.id, msg.id), fut)
@@ -518,7 +689,7 @@ class AsyncConsumer:
             conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, mid, True), self._auto_ack_done)
 
     def _auto_ack_done(self, exc: BaseException | None) -> None:
-        if exc is not None and not self.closed:
+        if exc is not None and not self.closed and not isinstance(exc, Unblocked):
             log.warning("automatic acknowledgement on queue %r failed: %s", self.queue, exc)
 
     def _emit_pending(self) -> None:
@@ -538,6 +709,6 @@ class AsyncConsumer:
         session = self.session
         session.consumers.pop(self.id, None)
         ch = session.channel
-        if not session.conn.closed:
+        if not session.conn.closed and session.conn.ready:
             await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id))
         self._mark_closed(None)

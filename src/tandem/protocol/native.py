@@ -45,6 +45,7 @@ class HelloOk(Packet, tag=2):
     node_id: str
     connection_ttl: int
     topology: list[Any] = []
+    active: bool = True  # False: a waiting backup; it sends ACTIVATED if it takes over
 
 
 class Ping(Packet, tag=3):
@@ -67,6 +68,12 @@ class Disconnect(Packet, tag=6):
 
 
 class Topology(Packet, tag=7):
+    nodes: list[Any]
+
+
+class Activated(Packet, tag=8):
+    """A waiting server has taken over and now serves; the topology as it now stands."""
+
     nodes: list[Any]
 
 
@@ -213,7 +220,9 @@ ClientPacket = (
     | Nack
     | RequestCredits
 )
-ServerPacket = HelloOk | Ping | Pong | Error | Topology | Confirm | Response | Exception_ | Deliver | ConsumerClosed
+ServerPacket = (
+    HelloOk | Ping | Pong | Error | Topology | Activated | Confirm | Response | Exception_ | Deliver | ConsumerClosed
+)
 
 CLIENT_TAGS = {c.__struct_config__.tag for c in ClientPacket.__args__}
 SERVER_TAGS = {c.__struct_config__.tag for c in ServerPacket.__args__}

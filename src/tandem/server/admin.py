@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from functools import cache
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..core.message import RoutingType
-from ..errors import InvalidArgument, QueueDoesNotExist
+from ..errors import InvalidArgument, QueueDoesNotExist, Unauthorized
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -47,6 +48,9 @@ class Admin:
             "address.delete": self.address_delete,
             "address.list": self.address_list,
             "broker.status": self.broker_status,
+            "broker.stop": self.broker_stop,
+            "cluster.announce": self.cluster_announce,
+            "tx.status": self.tx_status,
         }
 
     @property
@@ -92,7 +96,7 @@ class Admin:
         exclusive: bool | None = None,
         last_value_key: str | None = None,
     ) -> None:
-        q = self.broker.postoffice.create_queue(
+        q = self.broker.require_active().create_queue(
             name,
             address,
             _routing(routing_type),
@@ -110,17 +114,17 @@ class Admin:
         self._after_bindings(reply, q.stat())
 
     def queue_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
-        removed = self.broker.postoffice.delete_queue(name, force=force)
+        removed = self.broker.require_active().delete_queue(name, force=force)
         if conn is not None:
             conn.temp_queues.discard(name)
         self.broker.storage.after_durable(lambda: self._after_bindings(reply, {"removed": removed}))
 
     def queue_purge(self, conn: NativeConnection | None, reply: Reply, name: str) -> None:
-        removed = self.broker.postoffice.queue(name).purge()
+        removed = self.broker.require_active().queue(name).purge()
         self.broker.storage.after_durable(lambda: reply({"removed": removed}))
 
     def queue_stat(self, conn: NativeConnection | None, reply: Reply, name: str | None = None) -> None:
-        po = self.broker.postoffice
+        po = self.broker.require_active()
         if name is not None:
             if name not in po.queues:
                 raise QueueDoesNotExist(f"queue {name!r} does not exist")
@@ -135,16 +139,40 @@ class Admin:
         if routing_types is not None and not isinstance(routing_types, list):
             raise InvalidArgument(f"address.create: `routing_types` must be a list, got {type(routing_types).__name__}")
         rts = {_routing(t) for t in (routing_types or ["anycast"])}
-        addr = self.broker.postoffice.create_address(name, rts)
+        addr = self.broker.require_active().create_address(name, rts)
         self._after_bindings(reply, addr.stat())
 
     def address_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
-        self.broker.postoffice.delete_address(name, force=force)
+        self.broker.require_active().delete_address(name, force=force)
         self.broker.storage.after_durable(lambda: self._after_bindings(reply, None))
 
     def address_list(self, conn: NativeConnection | None, reply: Reply) -> None:
-        reply([a.stat() for _n, a in sorted(self.broker.postoffice.addresses.items())])
+        reply([a.stat() for _n, a in sorted(self.broker.require_active().addresses.items())])
 
     # ---------------------------------------------------------------- broker
     def broker_status(self, conn: NativeConnection | None, reply: Reply) -> None:
         reply(self.broker.status())
+
+    def broker_stop(self, conn: NativeConnection | None, reply: Reply, failover: bool = False) -> None:
+        """Stop the broker: cleanly (state P: no failover) or leaving state L so its backup takes over."""
+        reply({"stopping": True, "failover": failover})
+        asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.broker.stop(failover)))
+
+    def tx_status(self, conn: NativeConnection | None, reply: Reply, dedup_id: str) -> None:
+        """Was a transaction with this dedup id committed? (A client asks after a commit lost in a failover.)"""
+        reply(self.broker.require_active().transaction_seen(dedup_id))
+
+    def cluster_announce(
+        self, conn: NativeConnection | None, reply: Reply, user: str, password: str, node_id: str, connector: str
+    ) -> None:
+        """A waiting server of the same store tells us where it is; we pass it on to clients."""
+        self.broker.require_active()
+        cfg = self.broker.config
+        if user != cfg.cluster_user or password != cfg.cluster_password:
+            raise Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
+        if node_id != self.broker.node_id:
+            raise InvalidArgument(f"cluster.announce: node {node_id} is not this store's node {self.broker.node_id}")
+        if conn is None:
+            raise InvalidArgument("cluster.announce needs a connection")
+        self.broker.backup_announced(conn, connector)
+        reply(self.broker.topology())

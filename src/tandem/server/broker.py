@@ -1,4 +1,10 @@
-"""A broker instance: storage, post office, acceptors and housekeeping, started and stopped as one."""
+"""A broker instance: acceptors always, storage and post office while active.
+
+The acceptors listen from start to stop so that management (status, stop) and
+clients waiting for a backup to take over can connect at any time. Whether
+the broker *serves* — holds the journal and the post office — is decided by
+its activation (live-only, shared-store primary or backup, see ha/activation.py).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,6 @@ import asyncio
 import gc
 import logging
 import time
-import uuid
 from functools import partial
 from typing import Any
 
@@ -15,9 +20,11 @@ from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
 from ..core.postoffice import PostOffice
-from ..errors import IllegalState
-from ..ha.lockfile import LIVE, PAUSED, LockFile
+from ..errors import IllegalState, NotActive
+from ..ha.activation import Activation, make_activation
+from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import JournalSettings
+from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
 from .admin import Admin
 from .native import NativeConnection
@@ -45,13 +52,10 @@ def _compile_filter(text: str) -> Any:
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, node_manager: NodeManager | None = None) -> None:
         self.config = config
-        self.storage: JournalStorage | NullStorage
-        if config.persistence_enabled:
-            self.storage = JournalStorage(config.data_path, journal_settings(config))
-        else:
-            self.storage = NullStorage()
+        self.node_manager = node_manager
+        self.storage: JournalStorage | NullStorage = NullStorage()
         self.postoffice: PostOffice
         self.admin = Admin(self)
         self.connections: set[NativeConnection] = set()
@@ -59,32 +63,180 @@ class Broker:
         self.bound: dict[str, tuple[str, int]] = {}
         self.node_id = ""
         self.started_at = 0.0
+        self.activated_at = 0.0
         self.load_seconds = 0.0
         self.loaded_messages = 0
+        self.active = False
+        self.ha_state = "starting"  # starting | waiting | passive | active | stopped
+        self.activation: Activation | None = None
+        self.backups: dict[NativeConnection, str] = {}  # waiting servers that announced themselves
+        self.failure: BaseException | None = None
+        self._activation_task: asyncio.Task[None] | None = None
+        self._announcer: asyncio.Task[None] | None = None
         self._housekeeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
-        self._lock: LockFile | None = None
-        self.failure: BaseException | None = None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        t0 = time.monotonic()
-        self.node_id = self._take_lock()
+        """Listen, then activate (live-only) or begin the HA dance in the background."""
+        cfg = self.config
+        if self.node_manager is None:
+            self.node_manager = (
+                FileNodeManager(cfg.data_path) if cfg.persistence_enabled else InMemoryNodeManager(SharedStore())
+            )
+        self.node_id = self.node_manager.node_id
+        self.activation = make_activation(self, self.node_manager)
+        self.started_at = time.time()
         try:
-            self._load()
-            self.load_seconds = time.monotonic() - t0
+            if cfg.ha_policy == "live-only":
+                await self.activation.run()  # fails fast if the store is in use
             await self._listen()
         except BaseException:
             await self._abort_start()
             raise
-        self.started_at = time.time()
+        if cfg.ha_policy != "live-only":
+            self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
-        log.info(
-            "broker started",
-            extra={"broker": self.config.name, "node_id": self.node_id, "messages": self.loaded_messages},
-        )
 
+    async def _run_activation(self) -> None:
+        assert self.activation is not None
+        try:
+            await self.activation.run()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.critical("activation failed: %r", exc)
+            self.failure = exc
+            asyncio.get_running_loop().create_task(self.stop())
+
+    async def activate(self) -> None:
+        """Load the journal and serve (we hold the live lock)."""
+        t0 = time.monotonic()
+        cfg = self.config
+        self.storage = (
+            JournalStorage(cfg.data_path, journal_settings(cfg)) if cfg.persistence_enabled else NullStorage()
+        )
+        self._load()
+        self.load_seconds = time.monotonic() - t0
+        self.active = True
+        self.ha_state = "active"
+        self.activated_at = time.time()
+        log.info(
+            "broker active",
+            extra={"broker": cfg.name, "node_id": self.node_id, "messages": self.loaded_messages},
+        )
+        for conn in list(self.connections):
+            conn.send(p.Activated(self.topology()))
+
+    async def deactivate(self, state: bytes | None) -> None:
+        """Stop serving: clients are disconnected (they fail over), the journal is closed, the lock released."""
+        if not self.active:
+            return
+        self.active = False
+        self.ha_state = "stopped"
+        for conn in list(self.connections):
+            conn.close()
+        await self.storage.stop()
+        self.storage = NullStorage()
+        nm = self.node_manager
+        if nm is not None:
+            if state is not None:
+                nm.set_state(state)
+            nm.release_live()
+
+    async def stop(self, failover: bool = False, leave_state: bool = True) -> None:
+        """Stop for good; `failover` leaves the store marked live so a backup takes over.
+
+        `leave_state=False` keeps the state byte as it is (a failed journal; a backup
+        stepping down for failback that must not restart).
+        """
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        for task in (self._activation_task, self._housekeeper):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        await self.stop_announcing()
+        for server in self.servers:
+            server.close()
+        state = None
+        if leave_state and self.activation is not None:
+            state = self.activation.stop_state(failover)
+        was_active = self.active
+        await self.deactivate(state)
+        for conn in list(self.connections):
+            conn.close()
+        for server in self.servers:
+            try:
+                await asyncio.wait_for(server.wait_closed(), 5)
+            except TimeoutError:
+                pass
+        if self.node_manager is not None:
+            if not was_active:
+                self.node_manager.release_backup()
+            self.node_manager.close()
+        self.ha_state = "stopped"
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def _storage_failed(self, err: BaseException) -> None:
+        log.critical("storage failure, stopping the broker: %r", err)
+        self.failure = err
+        asyncio.get_running_loop().create_task(self.stop(leave_state=False))
+
+    async def _abort_start(self) -> None:
+        for server in self.servers:
+            server.close()
+        try:
+            await self.storage.stop()
+        finally:
+            if self.node_manager is not None:
+                self.node_manager.close()
+            self._stopped.set()
+
+    # ------------------------------------------------------------ announcing
+    def start_announcing(self) -> None:
+        """While waiting, tell the active server of our connector (it tells its clients)."""
+        if self._announcer is None and self.config.static_connectors:
+            from ..ha.announcer import announce
+
+            self._announcer = asyncio.create_task(announce(self), name="announcer")
+
+    async def stop_announcing(self) -> None:
+        task, self._announcer = self._announcer, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def start_following(self) -> None:
+        """A passive backup could read the journal ahead of time; it loads it at activation."""
+
+    def backup_announced(self, conn: NativeConnection, connector: str) -> None:
+        self.backups[conn] = connector
+        self._topology_changed()
+
+    def backup_gone(self, conn: NativeConnection) -> None:
+        if self.backups.pop(conn, None) is not None:
+            self._topology_changed()
+
+    def _topology_changed(self) -> None:
+        nodes = self.topology()
+        for conn in list(self.connections):
+            if conn.handshaken and conn not in self.backups:
+                conn.send(p.Topology(nodes))
+
+    # ---------------------------------------------------------------- reload
     def _load(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
@@ -124,69 +276,6 @@ class Broker:
             sock = server.sockets[0].getsockname()
             self.bound[acc.name] = (sock[0], sock[1])
 
-    async def _abort_start(self) -> None:
-        for server in self.servers:
-            server.close()
-        try:
-            await self.storage.stop()
-        finally:
-            self._release_lock(PAUSED)
-            self._stopped.set()
-
-    async def stop(self) -> None:
-        if self._stopping:
-            await self._stopped.wait()
-            return
-        self._stopping = True
-        for server in self.servers:
-            server.close()
-        if self._housekeeper is not None:
-            self._housekeeper.cancel()
-            try:
-                await self._housekeeper
-            except asyncio.CancelledError:
-                pass
-        for conn in list(self.connections):
-            conn.close()
-        for server in self.servers:
-            try:
-                await asyncio.wait_for(server.wait_closed(), 5)
-            except TimeoutError:
-                pass
-        await self.storage.stop()
-        self._release_lock(PAUSED)
-        self._stopped.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    def _storage_failed(self, err: BaseException) -> None:
-        log.critical("storage failure, stopping the broker: %r", err)
-        self.failure = err
-        asyncio.get_running_loop().create_task(self.stop())
-
-    def _take_lock(self) -> str:
-        """Hold the live lock on the data directory so no second broker writes the same journal."""
-        if not self.config.persistence_enabled:
-            return str(uuid.uuid4())
-        lock = LockFile(self.config.data_path)
-        if not lock.try_lock_live():
-            lock.close()
-            raise IllegalState(
-                f"data directory {self.config.data_path} is in use by another running broker (server.lock is held)"
-            )
-        self._lock = lock
-        lock.write_state(LIVE)
-        return lock.node_id()
-
-    def _release_lock(self, state: bytes) -> None:
-        if self._lock is not None:
-            self._lock.write_state(state)
-            self._lock.unlock_live()
-            self._lock.close()
-            self._lock = None
-
-    # ---------------------------------------------------------------- reload
     def _restore(self, state: LoadedState) -> None:
         po = self.postoffice
         from ..core.address import Address
@@ -241,39 +330,62 @@ class Broker:
                     po.create_queue(qc.name, a.name, rt, qc.durable, qc.filter, max_consumers=qc.max_consumers)
 
     # ----------------------------------------------------------- operations
+    def require_active(self) -> PostOffice:
+        if not self.active:
+            raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
+        return self.postoffice
+
     def authenticate(self, username: str | None, password: str | None) -> bool:
         return True
 
-    def topology(self) -> list[Any]:
-        native = self.bound.get(self._native_acceptor_name() or "", None)
-        connector = f"{native[0]}:{native[1]}" if native else ""
-        return [{"node_id": self.node_id, "primary": connector, "backup": None}]
+    def own_connector(self) -> str:
+        cfg = self.config
+        if cfg.connector_ref:
+            return cfg.connector_url(cfg.connector_ref)
+        for acc in cfg.acceptors:
+            if acc.protocol == "native" and acc.name in self.bound:
+                host, port = self.bound[acc.name]
+                return f"{host}:{port}"
+        return ""
 
-    def _native_acceptor_name(self) -> str | None:
-        for acc in self.config.acceptors:
-            if acc.protocol == "native":
-                return acc.name
-        return None
+    def topology(self) -> list[Any]:
+        """For our node id: the connector of the server serving it and of the one waiting to."""
+        me = self.own_connector()
+        if self.active:
+            backup = next(iter(self.backups.values()), None)
+            return [{"node_id": self.node_id, "live": me, "backup": backup}]
+        peers = [self.config.connector_url(n) for n in self.config.static_connectors]
+        return [{"node_id": self.node_id, "live": peers[0] if peers else None, "backup": me}]
 
     def status(self) -> dict[str, Any]:
-        po = self.postoffice
+        now = time.time()
         out: dict[str, Any] = {
             "name": self.config.name,
             "version": __version__,
             "node_id": self.node_id,
-            "role": "live-only",
-            "state": "active",
-            "uptime_s": round(time.time() - self.started_at, 3),
+            "role": self.activation.role if self.activation is not None else "live-only",
+            "ha_policy": self.config.ha_policy,
+            "state": self.ha_state,
+            "uptime_s": round(now - self.started_at, 3),
+            "active_for_s": round(now - self.activated_at, 3) if self.active else 0.0,
+            "peer": self._peer(),
             "connections": len(self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
             "persistence": self.config.persistence_enabled,
-            "reload_s": round(self.load_seconds, 3),
-            **po.stat(),
         }
-        if isinstance(self.storage, JournalStorage):
-            out["journal"] = vars(self.storage.messages.stats())
-            out["bindings_journal"] = vars(self.storage.bindings.stats())
+        if self.active:
+            out["reload_s"] = round(self.load_seconds, 3)
+            out.update(self.postoffice.stat())
+            if isinstance(self.storage, JournalStorage):
+                out["journal"] = vars(self.storage.messages.stats())
+                out["bindings_journal"] = vars(self.storage.bindings.stats())
         return out
+
+    def _peer(self) -> str | None:
+        if self.active:
+            return next(iter(self.backups.values()), None)
+        peers = [self.config.connector_url(n) for n in self.config.static_connectors]
+        return peers[0] if peers else None
 
     async def _housekeeping(self) -> None:
         period = self.config.connection_check_period / 1000
@@ -285,7 +397,7 @@ class Broker:
             now = loop.time()
             for conn in list(self.connections):
                 conn.check_alive(now)
-            if scan_every > 0 and now - last_scan >= scan_every:
+            if self.active and scan_every > 0 and now - last_scan >= scan_every:
                 last_scan = now
                 expired = self.postoffice.expire_scan()
                 if expired:

@@ -235,12 +235,14 @@ class NativeConnection(asyncio.Protocol):
         for s in self.sessions.values():
             s.core.close()
         self.sessions.clear()
-        for name in list(self.temp_queues):
-            try:
-                self.broker.postoffice.delete_queue(name, force=True)
-            except TandemError:
-                pass
+        if self.broker.active:
+            for name in list(self.temp_queues):
+                try:
+                    self.broker.postoffice.delete_queue(name, force=True)
+                except TandemError:
+                    pass
         self.temp_queues.clear()
+        self.broker.backup_gone(self)
 
     # ------------------------------------------------------------ handlers
     def _session(self, channel: int) -> NativeSession:
@@ -263,7 +265,7 @@ class NativeConnection(asyncio.Protocol):
             self.ttl_ms = cfg.connection_ttl_override
         elif pkt.connection_ttl > 0:
             self.ttl_ms = pkt.connection_ttl
-        self.send(p.HelloOk(p.PROTOCOL_VERSION, cfg.name, b.node_id, self.ttl_ms, b.topology()))
+        self.send(p.HelloOk(p.PROTOCOL_VERSION, cfg.name, b.node_id, self.ttl_ms, b.topology(), b.active))
 
     def on_ping(self, pkt: p.Ping) -> None:
         self.send(p.Pong())
@@ -283,7 +285,7 @@ class NativeConnection(asyncio.Protocol):
         if pkt.channel in self.sessions or pkt.channel <= 0:
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
         b = self.broker
-        core = ServerSession(b.postoffice, self, pkt.name, pkt.transacted)
+        core = ServerSession(b.require_active(), self, pkt.name, pkt.transacted)
         self.sessions[pkt.channel] = NativeSession(self, pkt.channel, core)
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
@@ -343,7 +345,7 @@ class NativeConnection(asyncio.Protocol):
             if not self.closed:
                 self.send(p.Response(channel, cmd, amount))
 
-        po = self.broker.postoffice
+        po = self.broker.require_active()
         addr = po.addresses.get(pkt.address)
         if addr is None:
             s = po.settings_for(pkt.address)

@@ -1,0 +1,52 @@
+"""A waiting server announces its connector to the active server of its store.
+
+The active server adds it to the topology it sends its clients, so they know
+where to fail over to. The announcing connection stays open; when it drops
+(the active server died or stepped down) the entry goes, and we try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import TandemError
+
+if TYPE_CHECKING:
+    from ..server.broker import Broker
+
+log = logging.getLogger("tandem.ha")
+
+RETRY = 0.5
+
+
+async def announce(broker: Broker) -> None:
+    from ..client.connection import AsyncConnection
+
+    cfg = broker.config
+    urls = [cfg.connector_url(n) for n in cfg.static_connectors]
+    while True:
+        me = broker.own_connector()
+        for url in urls:
+            if url == me:
+                continue
+            try:
+                conn = await AsyncConnection.connect(f"tcp://{url}", connect_timeout=1000)
+            except (TandemError, OSError):
+                continue
+            try:
+                await conn.manage(
+                    "cluster.announce",
+                    user=cfg.cluster_user,
+                    password=cfg.cluster_password,
+                    node_id=broker.node_id,
+                    connector=me,
+                )
+                log.info("announced to the active server", extra={"peer": url, "connector": me})
+                await conn.wait_closed()
+            except TandemError as exc:
+                log.debug("announce to %s failed: %s", url, exc)
+            finally:
+                await conn.close()
+        await asyncio.sleep(RETRY)
