@@ -73,6 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
     broker = broker_cls(cfg)
+    if not quiet:
+        broker.on_state = lambda state: print(f"[{time.strftime('%H:%M:%S')}] {cfg.name}: {state}", flush=True)
     await broker.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -81,7 +83,7 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
         native = next(iter(broker.bound.values()))
         url = f"tcp://{native[0]}:{native[1]}"
         role = broker.activation.role if broker.activation is not None else "live-only"
-        print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role}, {broker.ha_state})")
+        print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role})")
         for name, (host, port) in broker.bound.items():
             print(f"  listening  {name}: {host}:{port}")
         if broker.active:
@@ -195,7 +197,7 @@ def _manage(url: str, op: str, **kw: Any) -> Any:
     async def main() -> Any:
         from .client.connection import connect
 
-        conn = await connect(url)
+        conn = await connect(url, allow_passive=True, reconnect_attempts=0)
         try:
             return await conn.manage(op, **kw)
         finally:

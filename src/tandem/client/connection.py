@@ -263,13 +263,18 @@ class AsyncConnection:
     async def _open(self) -> None:
         opts = self.options
         last = await self._attempts(self.hosts, opts.initial_connect_attempts, wait_active=False)
+        if last is not None and opts.allow_passive:
+            last = await self._attempts(self.hosts, opts.initial_connect_attempts, wait_active=None)
         if last is not None:
             where = ", ".join(f"{h}:{p}" for h, p in self.hosts)
             raise NotConnected(f"cannot connect to {where}: {last}")
         self._ready.set()
 
     async def _attempts(
-        self, candidates: Callable[[], list[tuple[str, int]]] | list[tuple[str, int]], attempts: int, wait_active: bool
+        self,
+        candidates: Callable[[], list[tuple[str, int]]] | list[tuple[str, int]],
+        attempts: int,
+        wait_active: bool | None,
     ) -> BaseException | None:
         """Try every candidate, `attempts` rounds (-1: for ever) with the retry policy; None on success."""
         opts = self.options
@@ -296,7 +301,9 @@ class AsyncConnection:
             interval = min(interval * opts.retry_interval_multiplier, opts.max_retry_interval / 1000)
         return last or NotConnected("no server to connect to")
 
-    async def _open_one(self, host: str, port: int, wait_active: bool) -> None:
+    async def _open_one(self, host: str, port: int, wait_active: bool | None) -> None:
+        """Connect and say HELLO. A waiting backup: skip it (False), wait for it to take over (True),
+        or keep it (None: management of the backup itself)."""
         timeout = self.options.connect_timeout / 1000
         _transport, proto = await asyncio.wait_for(
             self.loop.create_connection(lambda: _Protocol(self), host, port), timeout
@@ -307,7 +314,7 @@ class AsyncConnection:
         proto.transport.write(p.MAGIC + p.encode(hello))
         try:
             ok = await asyncio.wait_for(asyncio.shield(proto.hello), timeout)
-            if not ok.active:
+            if not ok.active and wait_active is not None:
                 if not wait_active:
                     raise NotActive(f"{host}:{port} is a waiting backup")
                 # A backup: it tells us the moment it takes over (shared store: within its lock poll).

@@ -31,6 +31,7 @@ class ConnectOptions:
     consumer_window_size: int = -2  # -2: the broker's default-consumer-window-size
     send_window: int = 1000  # unconfirmed sends in flight per producer
     producer_window_size: int = 64 * 1024  # bytes of credit asked for at a time (flow control, as Artemis)
+    allow_passive: bool = False  # management only: talk to a waiting backup instead of skipping it
     auto_dedup: bool = True  # durable sends carry a dedup id and are resent after failover
     client_id: str | None = None
     username: str | None = None

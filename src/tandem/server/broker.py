@@ -12,6 +12,7 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -67,7 +68,8 @@ class Broker:
         self.load_seconds = 0.0
         self.loaded_messages = 0
         self.active = False
-        self.ha_state = "starting"  # starting | waiting | passive | active | stopped
+        self._ha_state = "starting"  # starting | waiting | passive | active | stopped
+        self.on_state: Callable[[str], None] | None = None
         self.activation: Activation | None = None
         self.backups: dict[NativeConnection, str] = {}  # waiting servers that announced themselves
         self.failure: BaseException | None = None
@@ -76,6 +78,18 @@ class Broker:
         self._housekeeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
+
+    @property
+    def ha_state(self) -> str:
+        return self._ha_state
+
+    @ha_state.setter
+    def ha_state(self, state: str) -> None:
+        if state != self._ha_state:
+            self._ha_state = state
+            log.info("state", extra={"broker": self.config.name, "state": state})
+            if self.on_state is not None:
+                self.on_state(state)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
