@@ -175,15 +175,17 @@ class AsyncSession:
             raise IllegalState("commit() needs a transacted session")
         for c in self.consumers.values():
             c._emit_pending()  # automatic acks belong to this transaction
+        conn = self.conn
+        ch = self.channel
         if self._rollback_only:
+            # Work done on the new server since the failover belongs to the lost transaction: undo it too.
             self._tx_done()
+            await conn.call(ch, lambda cmd: p.Rollback(ch.id, cmd))
             raise TransactionRolledBack(
                 "the connection failed over during this transaction: it was rolled back; retry it"
             )
-        conn = self.conn
         if dedup_id is None and conn.options.auto_dedup:
             dedup_id = f"{conn.client_uuid}:tx:{self.channel.id}:{next(self._tx_ids)}"
-        ch = self.channel
         try:
             await conn.call(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
         except Unblocked:
@@ -340,9 +342,12 @@ class AsyncProducer:
         chunk = max(size, session.conn.options.producer_window_size)
         ch = session.channel
         while not self.has_credit(address, size):
-            granted = await session.conn.call(
-                ch, lambda cmd: p.RequestCredits(ch.id, cmd, address, chunk), forever=True
-            )
+            try:
+                granted = await session.conn.call(
+                    ch, lambda cmd: p.RequestCredits(ch.id, cmd, address, chunk), forever=True
+                )
+            except Unblocked:
+                continue  # failed over: ask the new server (credit does not carry over)
             c = self._credits.get(address, 0)
             self._credits[address] = -1 if granted < 0 else max(c, 0) + int(granted)
 

@@ -1,0 +1,92 @@
+"""Shared-store servers as real processes on one data directory, for HA tests."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import tandem.aio as aio
+from broker_process import BrokerProcess
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    """N servers on one store: server 0 is the primary, the rest are backups."""
+
+    def __init__(self, root: Path, backups: int = 1, **settings: Any) -> None:
+        self.data = root / "store"
+        self.ports = [free_port() for _ in range(backups + 1)]
+        names = ["primary"] + [f"backup{i}" if backups > 1 else "backup" for i in range(1, backups + 1)]
+        self.servers: list[BrokerProcess] = []
+        connectors = "".join(
+            f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, self.ports, strict=True)
+        )
+        for i, (name, port) in enumerate(zip(names, self.ports, strict=True)):
+            others = [n for n in names if n != name]
+            extra = (
+                f'ha-policy = "{"shared-store-primary" if i == 0 else "shared-store-backup"}"\n'
+                f'connector-ref = "{name}"\n'
+                f"static-connectors = [{', '.join(repr(o).replace(chr(39), chr(34)) for o in others)}]\n"
+                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{connectors}'
+            )
+            b = BrokerProcess(root / name, name=name, extra_toml=extra, data_directory=str(self.data), **settings)
+            self.servers.append(b)
+
+    @property
+    def primary(self) -> BrokerProcess:
+        return self.servers[0]
+
+    @property
+    def backup(self) -> BrokerProcess:
+        return self.servers[1]
+
+    @property
+    def url(self) -> str:
+        return ",".join(f"tcp://127.0.0.1:{p}" for p in self.ports)
+
+    def url_of(self, i: int) -> str:
+        return f"tcp://127.0.0.1:{self.ports[i]}"
+
+    def start_all(self) -> Cluster:
+        self.primary.start()
+        self.wait_state(0, "active")
+        for i in range(1, len(self.servers)):
+            self.servers[i].start()
+        self.wait_state(1, "passive")
+        return self
+
+    def status(self, i: int) -> dict[str, Any]:
+        async def go() -> dict[str, Any]:
+            conn = await aio.connect(self.url_of(i), allow_passive=True, connect_timeout=2000)
+            try:
+                return await conn.manage("broker.status")  # type: ignore[no-any-return]
+            finally:
+                await conn.close()
+
+        return asyncio.run(go())
+
+    def wait_state(self, i: int, state: str, timeout: float = 30.0) -> float:
+        """Seconds until server i reports `state`."""
+        t0 = time.monotonic()
+        last: Any = None
+        while time.monotonic() - t0 < timeout:
+            try:
+                last = self.status(i)
+                if last["state"] == state:
+                    return time.monotonic() - t0
+            except Exception as exc:  # not up yet
+                last = exc
+            time.sleep(0.05)
+        raise AssertionError(f"server {i} not {state!r} within {timeout}s: {last}\n{self.servers[i].log_text()}")
+
+    def kill_all(self) -> None:
+        for b in self.servers:
+            b.kill()
