@@ -297,3 +297,45 @@ def test_reconnect_to_the_same_server_is_reported_as_reconnected(broker_factory:
     port = b.port
     b.config_path.write_text(b.config_path.read_text().replace("127.0.0.1:0", f"127.0.0.1:{port}"))
     asyncio.run(main())
+
+
+def test_warm_backup_takes_over_a_backlog_without_reloading(cluster: Any) -> None:
+    c = cluster().start_all()
+
+    async def fill() -> None:
+        conn = await aio.connect(c.url)
+        prod = (await conn.create_session()).create_producer("backlog")
+        for i in range(2000):
+            await prod.send_async(f"{i}", properties={"i": i}, priority=i % 10)
+        await prod.flush()
+        consumer = await (await conn.create_session(ack_mode="individual")).create_consumer("backlog")
+        for _ in range(300):  # ack some, leave some redelivered
+            m = await consumer.receive(5)
+            assert m is not None
+            if int(m.properties["i"]) % 2:
+                await m.ack()
+        await conn.close()
+
+    asyncio.run(fill())
+    deadline = time.monotonic() + 30
+    while not c.status(1).get("following", {}).get("caught_up") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    expected_before = asyncio.run(_count(c.url, "backlog"))
+    c.primary.kill()
+    c.wait_state(1, "active", timeout=10)
+    status = c.status(1)
+    assert status["warm_activation"] is True
+    assert asyncio.run(_count(c.url_of(1), "backlog")) == expected_before
+
+    async def drain() -> list[tuple[int, int]]:
+        conn = await aio.connect(c.url_of(1))
+        consumer = await (await conn.create_session()).create_consumer("backlog")
+        out = []
+        while (m := await consumer.receive(1)) is not None:
+            out.append((m.priority, int(m.properties["i"])))
+        await conn.close()
+        return out
+
+    got = asyncio.run(drain())
+    assert len(got) == expected_before
+    assert [p for p, _ in got] == sorted((p for p, _ in got), reverse=True), "priority order lost"

@@ -170,6 +170,17 @@ class Queue:
         if ref.seq >= self._next_seq:
             self._next_seq = ref.seq + 1
 
+    def adopt(self, refs: list[MessageRef]) -> int:
+        """Take the references a warm backup built while following; acknowledged ones are dropped."""
+        n = 0
+        add = self.add_loaded
+        for r in refs:
+            if not r.removed:
+                r.queue = self
+                add(r)
+                n += 1
+        return n
+
     def sort_loaded(self) -> None:
         for level in self._levels:
             if len(level) > 1:

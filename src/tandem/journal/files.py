@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
@@ -28,7 +28,7 @@ class JFile:
     records: int = 0  # every record counted (BATCH members individually)
     live: int = 0  # records belonging to ids that are still live
     used: int = FILE_HEADER_SIZE
-    extra: dict[str, int] = field(default_factory=dict)
+    sealed: bool = False  # its EOF marker has been read (a follower moves on to the next file)
 
     def __repr__(self) -> str:
         return f"JFile({self.path.name}, live={self.live}/{self.records})"

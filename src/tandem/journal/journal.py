@@ -15,6 +15,9 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from ..errors import JournalError
 from . import compactor
@@ -28,15 +31,16 @@ _Entry = jf.JFile | list[jf.JFile]
 _TERMINATOR = bytes(rec.EOF_SIZE)
 
 
-class LiveRecord:
-    """A live id after reload: its ADD body and its UPDATEs in journal order."""
+class LiveRecord(msgspec.Struct, gc=False):
+    """A live id after reload: its ADD body and its UPDATEs in journal order.
 
-    __slots__ = ("body", "updates", "user_type")
+    `obj` is for a reader that builds its own objects as it goes (a backup following the journal).
+    """
 
-    def __init__(self, user_type: int, body: bytes) -> None:
-        self.user_type = user_type
-        self.body = body
-        self.updates: list[tuple[int, bytes]] | None = None
+    user_type: int
+    body: bytes
+    updates: list[tuple[int, bytes]] | None = None
+    obj: Any = None
 
 
 @dataclass

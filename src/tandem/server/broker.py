@@ -69,12 +69,15 @@ class Broker:
         self.loaded_messages = 0
         self.active = False
         self._ha_state = "starting"  # starting | waiting | passive | active | stopped
+        self.warm_activation = False
         self.on_state: Callable[[str], None] | None = None
         self.activation: Activation | None = None
         self.backups: dict[NativeConnection, str] = {}  # waiting servers that announced themselves
         self.failure: BaseException | None = None
         self._activation_task: asyncio.Task[None] | None = None
         self._announcer: asyncio.Task[None] | None = None
+        self._follow_task: asyncio.Task[None] | None = None
+        self._follower: Any = None
         self._housekeeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -128,9 +131,17 @@ class Broker:
         """Load the journal and serve (we hold the live lock)."""
         t0 = time.monotonic()
         cfg = self.config
-        self.storage = (
-            JournalStorage(cfg.data_path, journal_settings(cfg)) if cfg.persistence_enabled else NullStorage()
-        )
+        follower = await self._stop_following()
+        warm = follower.finish() if follower is not None else None
+        self.warm_activation = warm is not None
+        if warm is not None:
+            self.storage = warm
+        elif cfg.persistence_enabled:
+            if follower is not None:
+                log.warning("warm takeover not possible (%s): loading the journal", follower.problem or "compaction")
+            self.storage = JournalStorage(cfg.data_path, journal_settings(cfg))
+        else:
+            self.storage = NullStorage()
         self._load()
         self.load_seconds = time.monotonic() - t0
         self.active = True
@@ -177,6 +188,7 @@ class Broker:
                 except (asyncio.CancelledError, Exception):
                     pass
         await self.stop_announcing()
+        await self._stop_following()
         for server in self.servers:
             server.close()
         state = None
@@ -234,7 +246,38 @@ class Broker:
                 pass
 
     async def start_following(self) -> None:
-        """A passive backup could read the journal ahead of time; it loads it at activation."""
+        """While passive, read the store as the active server writes it (a warm backup, store/follower.py)."""
+        if self.config.persistence_enabled and self._follow_task is None:
+            self._follow_task = asyncio.create_task(self._follow(), name="follower")
+
+    async def _follow(self) -> None:
+        from ..store.follower import StoreFollower
+
+        cfg = self.config
+        period = max(cfg.lock_check_period / 1000, 0.02)
+        self._follower = StoreFollower(cfg.data_path, journal_settings(cfg))
+        while True:
+            done = self._follower.poll()
+            if done is False:
+                log.info("follower starting over: %s", self._follower.problem)
+                self._follower = StoreFollower(cfg.data_path, journal_settings(cfg))
+                await asyncio.sleep(period)
+            elif done is None:
+                await asyncio.sleep(0)  # more to read: let management in between chunks
+            else:
+                await asyncio.sleep(period)
+
+    async def _stop_following(self) -> Any:
+        """Stop polling; returns the follower (or None)."""
+        task, self._follow_task = self._follow_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        follower, self._follower = self._follower, None
+        return follower
 
     def backup_announced(self, conn: NativeConnection, connector: str) -> None:
         self.backups[conn] = connector
@@ -317,6 +360,16 @@ class Broker:
             po.restore_dedup(address, dedup_id, rid)
         by_id = po.queues_by_id
         n = 0
+        if state.queue_refs is not None:  # warm: the follower built the references already
+            refs_by_queue = state.queue_refs
+            for q in po.queues.values():
+                n += q.adopt(refs_by_queue.pop(q.id, []))
+            for refs in refs_by_queue.values():  # queues deleted since: their messages go with them
+                for ref in refs:
+                    if not ref.removed:
+                        ref.message.durable_refs -= 1
+                        if ref.message.durable_refs <= 0:
+                            self.storage.delete_message(ref.message.id)
         for lm in state.messages:
             m = lm.message
             kept = 0
@@ -387,8 +440,16 @@ class Broker:
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
             "persistence": self.config.persistence_enabled,
         }
+        if self._follower is not None:
+            f = self._follower
+            out["following"] = {
+                "caught_up": f.caught_up,
+                "messages_seen": f.messages_seen,
+                "bytes_read": f.messages.bytes_read,
+            }
         if self.active:
             out["reload_s"] = round(self.load_seconds, 3)
+            out["warm_activation"] = self.warm_activation
             out.update(self.postoffice.stat())
             if isinstance(self.storage, JournalStorage):
                 out["journal"] = vars(self.storage.messages.stats())

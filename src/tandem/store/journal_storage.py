@@ -12,11 +12,12 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from ..core.address import Address
-from ..core.message import Message
+from ..core.message import Message, MessageRef
 from ..core.queue import Queue
 from ..errors import JournalError
 from ..journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord, Op
@@ -68,6 +69,7 @@ class LoadedState:
     max_id: int = 0
     messages: Iterator[LoadedMessage] = field(default_factory=lambda: iter(()))
     dedup: list[tuple[str, str, int]] = field(default_factory=list)  # (address, dedup id, record id), in order
+    queue_refs: dict[int, list[MessageRef]] | None = None  # a follower's references per queue id (warm backup)
 
 
 class JournalStorage:
@@ -89,15 +91,46 @@ class JournalStorage:
         self._counter_rids: dict[tuple[RecordType, int], int] = {}
         self._next_counter_rid = COUNTER_RECORD_BASE
         self.messages = Journal(self.data_dir / "journal", "tandem-data", settings)
+        self._followed: tuple[dict[int, LiveRecord], dict[int, LiveRecord], Any] | None = None
         for d in ("paging", "large-messages"):
             (self.data_dir / d).mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------ lifecycle
     def load(self) -> LoadedState:
+        if self._followed is not None:
+            return self._load_followed()
         state = LoadedState()
+        top_id = self._bindings_state(self.bindings.load(), state)
+        live = self.messages.load()
+        state.max_id = max(top_id, self.messages.max_id)
+        for rid, lr in live.items():
+            if lr.user_type == RecordType.DUPLICATE_ID:
+                d = _dec_dedup.decode(lr.body)
+                state.dedup.append((d.address, d.dedup_id, rid))
+        state.messages = self._iter_messages(live)
+        return state
+
+    def adopt_followed(self, bindings: dict[int, LiveRecord], messages: dict[int, LiveRecord], follower: Any) -> None:
+        """Journals already read by a follower (store/follower.py): `load` builds from what it built."""
+        self._followed = (bindings, messages, follower)
+
+    def _load_followed(self) -> LoadedState:
+        assert self._followed is not None
+        blive, mlive, follower = self._followed
+        self._followed = None
+        state = LoadedState()
+        top_id = self._bindings_state(blive, state)
+        state.max_id = max(top_id, self.messages.max_id)
+        state.dedup = [(a, d, rid) for rid, (a, d) in follower.dedup.items()]
+        state.queue_refs = follower.by_queue
+        mlive.clear()  # the follower's message objects carry on; the record bodies are theirs
+        return state
+
+    def _bindings_state(self, live: dict[int, LiveRecord], state: LoadedState) -> int:
+        """Addresses, queues and counters from the bindings journal; returns the highest broker id."""
         seqs: dict[int, int] = {}
         top_id = 0
-        for rid, lr in self.bindings.load().items():
+        for rid, lr in live.items():
             if rid >= COUNTER_RECORD_BASE:
                 self._next_counter_rid = max(self._next_counter_rid, rid + 1)
             else:
@@ -118,14 +151,7 @@ class JournalStorage:
             lq.seq_reserved = seqs.get(lq.id, 0)
         if self.bindings.max_id >= COUNTER_RECORD_BASE:  # never reuse a deleted counter record's id
             self._next_counter_rid = max(self._next_counter_rid, self.bindings.max_id + 1)
-        live = self.messages.load()
-        state.max_id = max(top_id, self.messages.max_id)
-        for rid, lr in live.items():
-            if lr.user_type == RecordType.DUPLICATE_ID:
-                d = _dec_dedup.decode(lr.body)
-                state.dedup.append((d.address, d.dedup_id, rid))
-        state.messages = self._iter_messages(live)
-        return state
+        return top_id
 
     def _iter_messages(self, live: dict[int, LiveRecord]) -> Iterator[LoadedMessage]:
         msg_type = RecordType.MESSAGE

@@ -1,0 +1,186 @@
+"""Follow a journal that another process writes, so a backup is ready the moment it takes over.
+
+A follower reads the same files, in the same key order, with the same record
+checks (file key, CRC) and the same replay code as `Journal.load`, only
+incrementally: each poll reads what was appended since the last one. When it
+is asked to finish — after its server took the live lock, so nobody else
+writes any more — it reads the rest and repairs a torn tail exactly as a load
+does. Its state then equals what a cold load of the store would build.
+
+Whatever it cannot follow safely makes it start over (`poll` returns False):
+a file that vanished before it was read to its end (its deletes would be
+missed), a file the writer recycled under it, or compaction output (copies of
+records already applied). A finish that meets an unfinished compaction swap
+returns None and the caller loads cold.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Callable
+
+from . import compactor
+from . import files as jf
+from . import records as rec
+from .journal import Journal, LiveRecord
+
+log = logging.getLogger("tandem.journal")
+
+CHUNK = 256 * 1024
+_LEN = struct.Struct("<I")
+
+# observer(kind, user_type, id, body, live record): called for each operation that changed the live set
+Observer = Callable[[int, int, int, bytes, LiveRecord], None]
+
+
+def _sealed(f: jf.JFile) -> bool:
+    return f.sealed
+
+
+class JournalFollower:
+    def __init__(self, journal: Journal, observer: Observer | None = None) -> None:
+        self.j = journal
+        self.observer = observer
+        self.live: dict[int, LiveRecord] = {}
+        self.problem: str | None = None
+        self._max_key = -1
+        self._last_end: dict[int, rec.ScanEnd] = {}
+        self.bytes_read = 0
+
+    # -------------------------------------------------------------------- poll
+    def poll(self, budget: int = 64 * 1024 * 1024) -> bool | None:
+        """Read what was appended; True: caught up, None: more to read (budget spent), False: start over."""
+        if self.problem is not None:
+            return False
+        j = self.j
+        if not j.directory.exists():
+            return True
+        data_files, _free, _top = jf.list_files(j.directory, j.prefix)
+        present = dict(data_files)
+        for key, f in list(j._files.items()):
+            if key not in present:
+                if not f.sealed:
+                    return self._broken(f"{f.path.name} went away before it was read to its end")
+                del j._files[key]
+        for key, path in data_files:
+            if key in j._files:
+                continue
+            if key < self._max_key:
+                return self._broken(f"{path.name} appeared below the files already read (compaction output)")
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue  # recycled between listing and now: the next poll sees where it went
+            j._files[key] = jf.JFile(key, path, size)
+            self._max_key = key
+        spent = 0
+        for f in list(j._files.values()):
+            if f.sealed:
+                continue
+            ok, n = self._read(f, budget - spent)
+            spent += n
+            if ok is False:
+                return False
+            if not _sealed(f) or spent >= budget:
+                break  # an unsealed file is where the writer is: the files after it hold nothing yet
+        self.bytes_read += spent
+        return None if spent >= budget else True
+
+    def _broken(self, why: str) -> bool:
+        self.problem = why
+        log.info("journal %s: follower starts over: %s", self.j.prefix, why)
+        return False
+
+    def _read(self, f: jf.JFile, budget: int) -> tuple[bool, int]:
+        try:
+            fd = os.open(f.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return True, 0  # gone: the next listing decides
+        spent = 0
+        try:
+            if jf.read_header_key(os.pread(fd, jf.FILE_HEADER_SIZE, 0)) != f.key:
+                if f.sealed:
+                    return True, 0
+                return self._broken(f"{f.path.name} was recycled before it was read to its end"), 0
+            pos = f.used
+            while spent < budget:
+                chunk = os.pread(fd, CHUNK, pos)
+                if len(chunk) < rec.HEADER_SIZE:
+                    break
+                parsed: list[rec.Parsed] = []
+                end = rec.scan(chunk, 0, f.key, parsed)
+                if end.offset == 0 and not end.eof_marker and end.reason.startswith("bad length"):
+                    # a record longer than the chunk: read it whole
+                    (length,) = _LEN.unpack_from(chunk, 0)
+                    if rec.HEADER_SIZE <= length <= f.size - pos:
+                        chunk = os.pread(fd, length, pos)
+                        end = rec.scan(chunk, 0, f.key, parsed)
+                if parsed:
+                    self._apply(parsed, f)
+                pos += end.offset
+                spent += end.offset
+                self._last_end[f.key] = end
+                if end.eof_marker:
+                    f.sealed = True
+                    break
+                more = end.reason == "end of file" or end.reason.startswith("bad length")
+                if not more or end.offset == 0:
+                    break  # caught up (zeros), or a record not complete yet
+            f.used = pos
+        finally:
+            os.close(fd)
+        return True, spent
+
+    def _apply(self, parsed: list[rec.Parsed], f: jf.JFile) -> None:
+        j, live, observer = self.j, self.live, self.observer
+        if observer is None:
+            j._replay(parsed, f, live)
+            return
+        for p in parsed:
+            for op in rec.iter_ops(p):
+                kind, utype, rid, body = op
+                if rid > j.max_id:
+                    j.max_id = rid
+                before = live.get(rid)
+                j._apply_loaded(kind, utype, rid, body, f, live)
+                if kind == rec.DELETE:
+                    if before is not None:
+                        observer(kind, utype, rid, body, before)
+                else:
+                    lr = live.get(rid)
+                    if lr is not None:
+                        observer(kind, utype, rid, body, lr)
+
+    # ------------------------------------------------------------------ finish
+    def finish(self) -> dict[int, LiveRecord] | None:
+        """We hold the live lock now: read the rest, repair the tail; None if only a cold load will do."""
+        j = self.j
+        if compactor.marker_path(j.directory, j.prefix).exists():
+            return None  # the writer died in the middle of a compaction swap
+        while True:
+            done = self.poll()
+            if done is False:
+                return None
+            if done:
+                break
+        compactor.apply_marker(j.directory, j.prefix)  # only clears stale outputs (no marker)
+        for tmp in j.directory.glob(f"{j.prefix}-*.tmp"):
+            tmp.unlink()
+        _data, j._free, top_key = jf.list_files(j.directory, j.prefix)
+        if j._files:
+            last = next(reversed(j._files.values()))
+            end = self._last_end.get(last.key)
+            j._cur = last
+            j._cur_off = last.size if last.sealed else last.used
+            top_key = max(top_key, max(j._files))
+            if end is not None and not end.clean and not last.sealed:
+                j.torn_tail = f"{last.path.name}: {end.reason}"
+                log.warning("journal %s: torn tail truncated (%s)", j.prefix, end.reason)
+                j._zero_tail(last, last.used)
+        j._next_key = ((top_key >> jf.KEY_SHIFT) + 1) << jf.KEY_SHIFT
+        j.directory.mkdir(parents=True, exist_ok=True)
+        j._ensure_min_files()
+        j._loaded = True
+        return self.live
