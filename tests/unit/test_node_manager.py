@@ -1,0 +1,126 @@
+"""Node managers (file and in-memory) and the activations over them, in one process."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tandem.config import load_config
+from tandem.ha.lockfile import FAILBACK, LIVE, NOT_STARTED, PAUSED
+from tandem.ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
+from tandem.server.broker import Broker
+
+
+def pairs(tmp_path: Path) -> list[tuple[NodeManager, NodeManager]]:
+    store = SharedStore()
+    return [
+        (FileNodeManager(tmp_path), FileNodeManager(tmp_path)),
+        (InMemoryNodeManager(store), InMemoryNodeManager(store)),
+    ]
+
+
+@pytest.mark.parametrize("kind", [0, 1], ids=["file", "memory"])
+def test_locks_exclude_within_one_process(tmp_path: Path, kind: int) -> None:
+    a, b = pairs(tmp_path)[kind]
+    assert a.node_id == b.node_id, "one store, one node id"
+    assert a.state() == NOT_STARTED
+    assert a.try_live() and not b.try_live()
+    assert b.live_held_elsewhere() and not a.live_held_elsewhere()
+    assert b.try_backup() and not a.try_backup()
+    a.set_state(LIVE)
+    assert b.state() == LIVE
+    a.close()  # like a crash: the live lock goes
+    assert b.try_live()
+    b.close()
+
+
+def test_file_lock_state_and_id_survive_reopening(tmp_path: Path) -> None:
+    a = FileNodeManager(tmp_path)
+    node = a.node_id
+    a.set_state(PAUSED)
+    a.close()
+    b = FileNodeManager(tmp_path)
+    assert (b.node_id, b.state()) == (node, PAUSED)
+    assert (tmp_path / "server.lock").stat().st_size == 19
+    b.close()
+
+
+def test_backup_never_takes_the_backup_lock_during_failback(tmp_path: Path) -> None:
+    store = SharedStore()
+    a, b = InMemoryNodeManager(store), InMemoryNodeManager(store)
+    a.set_state(FAILBACK)
+
+    async def main() -> bool:
+        task = asyncio.create_task(b.wait_backup(0.01))
+        await asyncio.sleep(0.1)
+        waited = not task.done()
+        a.set_state(LIVE)
+        await asyncio.wait_for(task, 2)
+        return waited
+
+    assert asyncio.run(main())
+
+
+def _config(name: str, policy: str, **extra: Any) -> Any:
+    return load_config(
+        None,
+        name=name,
+        persistence_enabled=False,
+        ha_policy=policy,
+        lock_check_period=10,
+        acceptors=[{"name": "n", "bind": "127.0.0.1:0"}],
+        **extra,
+    )
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_activations_failover_and_failback_in_memory() -> None:
+    async def main() -> None:
+        store = SharedStore()
+        primary = Broker(_config("p", "shared-store-primary"), InMemoryNodeManager(store))
+        backup = Broker(_config("b", "shared-store-backup"), InMemoryNodeManager(store))
+        await primary.start()
+        await _until(lambda: primary.active)
+        await backup.start()
+        await _until(lambda: backup.ha_state == "passive")
+        # crash of the primary: its locks go, state stays L
+        primary.node_manager.close()  # type: ignore[union-attr]
+        await primary.stop(leave_state=False)
+        await _until(lambda: backup.active)
+        assert store.state == LIVE
+        # the primary comes back: asks for failback, the backup steps down and waits again
+        again = Broker(_config("p", "shared-store-primary"), InMemoryNodeManager(store))
+        await again.start()
+        await _until(lambda: again.active)
+        await _until(lambda: backup.ha_state == "passive")
+        assert not backup.active
+        # a clean stop: state P, the backup stays passive
+        await again.stop()
+        assert store.state == PAUSED
+        await asyncio.sleep(0.2)
+        assert backup.ha_state == "passive"
+        await backup.stop()
+
+    asyncio.run(main())
+
+
+def test_live_only_refuses_a_store_in_use() -> None:
+    async def main() -> None:
+        store = SharedStore()
+        first = Broker(_config("a", "live-only"), InMemoryNodeManager(store))
+        await first.start()
+        second = Broker(_config("b", "live-only"), InMemoryNodeManager(store))
+        with pytest.raises(Exception, match="in use"):
+            await second.start()
+        await first.stop()
+
+    asyncio.run(main())
