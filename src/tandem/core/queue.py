@@ -172,13 +172,22 @@ class Queue:
 
     def adopt(self, refs: list[MessageRef]) -> int:
         """Take the references a warm backup built while following; acknowledged ones are dropped."""
-        n = 0
-        add = self.add_loaded
+        levels = self._levels
+        n = size = top = 0
         for r in refs:
             if not r.removed:
                 r.queue = self
-                add(r)
+                m = r.message
+                levels[m.priority].append(r)
+                size += len(m.raw)
+                if r.seq > top:
+                    top = r.seq
                 n += 1
+        self._count += n
+        self._bytes += size
+        self._account(size)
+        if top >= self._next_seq:
+            self._next_seq = top + 1
         return n
 
     def sort_loaded(self) -> None:
