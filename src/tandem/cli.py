@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from . import __version__
 from .config import BrokerConfig, load_config
@@ -55,17 +55,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.log_level:
         overrides["log_level"] = args.log_level
     cfg = load_config(args.config, **overrides)
-    if args.bind:
+    protocols: tuple[tuple[str, Literal["native", "stomp"]], ...] = (("bind", "native"), ("stomp_bind", "stomp"))
+    for option, protocol in protocols:
+        value = getattr(args, option)
+        if not value:
+            continue
         import msgspec
 
         from .config import AcceptorConfig, parse_host_port
 
         try:
-            parse_host_port(args.bind)
+            parse_host_port(value)
         except ValueError as exc:
-            raise ConfigError(f"--bind {exc}") from None
-        others = [a for a in cfg.acceptors if a.protocol != "native"]
-        cfg = msgspec.structs.replace(cfg, acceptors=[AcceptorConfig("native", "native", args.bind), *others])
+            raise ConfigError(f"--{option.replace('_', '-')} {exc}") from None
+        others = [a for a in cfg.acceptors if a.protocol != protocol]
+        cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
     logs.setup(cfg.log_level)
     _install_loop_policy()
     return asyncio.run(_run_broker(cfg, Broker, quiet=args.quiet))
@@ -300,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="broker TOML file (default: built-in defaults)")
     r.add_argument("--data", help="data directory (overrides data-directory)")
     r.add_argument("--bind", help="native acceptor host:port (default 127.0.0.1:61616)")
+    r.add_argument("--stomp-bind", help="also accept STOMP 1.0-1.2 on host:port (e.g. 127.0.0.1:61613)")
     r.add_argument("--name", help="broker name")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     r.add_argument("--quiet", action="store_true", help="do not print the start-up banner")

@@ -31,11 +31,18 @@ class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="keb
 
 
 class AcceptorConfig(_Conf, frozen=True):
-    """A listening socket: `bind` is host:port; `protocol` is the native protocol (STOMP comes later)."""
+    """A listening socket: `bind` is host:port; `protocol` native or stomp (1.0/1.1/1.2)."""
 
     name: str = "native"
-    protocol: Literal["native"] = "native"
+    protocol: Literal["native", "stomp"] = "native"
     bind: str = f"127.0.0.1:{DEFAULT_NATIVE_PORT}"
+
+
+class UserConfig(_Conf, frozen=True):
+    """A user allowed to connect when `security-enabled` (native HELLO, STOMP login/passcode)."""
+
+    name: str
+    password: str
 
 
 class QueueConfig(_Conf, frozen=True):
@@ -119,6 +126,13 @@ class BrokerConfig(_Conf, frozen=True):
     persistence_enabled: bool = True
     acceptors: list[AcceptorConfig] = msgspec.field(default_factory=lambda: [AcceptorConfig()])
     addresses: list[AddressConfig] = []
+
+    # Who may connect.
+    security_enabled: bool = False
+    users: list[UserConfig] = []
+
+    # STOMP: credit per subscription (messages) when SUBSCRIBE has no prefetch-count header.
+    stomp_prefetch_count: int = 256
 
     # Wire limits and liveness.
     max_frame_size: int = 100 * MiB

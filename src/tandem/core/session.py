@@ -68,8 +68,9 @@ class ServerSession:
             raise InvalidArgument(f"malformed message: {exc}") from None
         return self.send_message(message)
 
-    def send_message(self, message: Message) -> bool:
-        tx = self.tx
+    def send_message(self, message: Message, tx: Transaction | None = None) -> bool:
+        """Route now, or (in a transaction: `tx`, else the session's own) at commit."""
+        tx = tx or self.tx
         if tx is None:
             return self.postoffice.send(message)[1]
         try:
@@ -128,13 +129,14 @@ class ServerSession:
         if c is not None:  # a FLOW may cross a close on the wire
             c.add_credits(credits)
 
-    def ack(self, cid: int, message_id: int, cumulative: bool) -> bool:
-        """Acknowledge; True if a journal record was written (confirm after sync)."""
+    def ack(self, cid: int, message_id: int, cumulative: bool, tx: Transaction | None = None) -> bool:
+        """Acknowledge (in `tx`, else the session's own transaction, if any); True if journaled now."""
         c = self.consumer(cid)
         refs = c.take_acked(message_id, cumulative)
         q = c.queue
-        if self.tx is not None:
-            self.tx.acks.append((q, refs))
+        tx = tx or self.tx
+        if tx is not None:
+            tx.acks.append((q, refs))
             return False
         q.acknowledge(refs)
         return q.durable and q.storage.persistent and any(r.message.durable for r in refs)
@@ -150,13 +152,15 @@ class ServerSession:
             raise IllegalState("this session is not transacted")
         return self.tx
 
-    def commit(self, dedup_id: str | None = None) -> bool:
+    def commit(self, dedup_id: str | None = None, tx: Transaction | None = None) -> bool:
         """Commit atomically; True if a journal record was written (reply after sync).
 
-        A `dedup_id` already committed makes this a no-op that succeeds.
+        A `dedup_id` already committed makes this a no-op that succeeds. Without `tx`, the
+        session's own transaction is committed and a new one begins.
         """
-        tx = self._require_tx()
-        self.tx = Transaction()
+        if tx is None:
+            tx = self._require_tx()
+            self.tx = Transaction()
         if tx.failure is not None:
             self._undo(tx)
             raise TransactionRolledBack(f"transaction rolled back: {tx.failure.message}")
@@ -173,9 +177,10 @@ class ServerSession:
             self._undo(tx)
             raise TransactionRolledBack(f"transaction rolled back: {exc.message}") from None
 
-    def rollback(self) -> None:
-        tx = self._require_tx()
-        self.tx = Transaction()
+    def rollback(self, tx: Transaction | None = None) -> None:
+        if tx is None:
+            tx = self._require_tx()
+            self.tx = Transaction()
         self._undo(tx)
 
     def _undo(self, tx: Transaction) -> None:

@@ -32,7 +32,9 @@ async def announce(broker: Broker) -> None:
             if url == me:
                 continue
             try:
-                conn = await AsyncConnection.connect(f"tcp://{url}", connect_timeout=1000)
+                conn = await AsyncConnection.connect(
+                    f"tcp://{url}", connect_timeout=1000, username=cfg.cluster_user, password=cfg.cluster_password
+                )
             except (TandemError, OSError):
                 continue
             try:

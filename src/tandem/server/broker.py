@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -59,7 +60,7 @@ class Broker:
         self.storage: JournalStorage | NullStorage = NullStorage()
         self.postoffice: PostOffice
         self.admin = Admin(self)
-        self.connections: set[NativeConnection] = set()
+        self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.node_id = ""
@@ -152,7 +153,8 @@ class Broker:
             extra={"broker": cfg.name, "node_id": self.node_id, "messages": self.loaded_messages},
         )
         for conn in list(self.connections):
-            conn.send(p.Activated(self.topology()))
+            if isinstance(conn, NativeConnection):
+                conn.send(p.Activated(self.topology()))
 
     async def deactivate(self, state: bytes | None) -> None:
         """Stop serving: clients are disconnected (they fail over), the journal is closed, the lock released."""
@@ -290,7 +292,7 @@ class Broker:
     def _topology_changed(self) -> None:
         nodes = self.topology()
         for conn in list(self.connections):
-            if conn.handshaken and conn not in self.backups:
+            if isinstance(conn, NativeConnection) and conn.handshaken and conn not in self.backups:
                 conn.send(p.Topology(nodes))
 
     # ---------------------------------------------------------------- reload
@@ -324,7 +326,12 @@ class Broker:
         loop = asyncio.get_running_loop()
         for acc in self.config.acceptors:
             host, port = parse_host_port(acc.bind)
-            factory = partial(NativeConnection, self, acc.name)
+            if acc.protocol == "stomp":
+                from .stomp import StompConnection
+
+                factory: Callable[[], asyncio.Protocol] = partial(StompConnection, self, acc.name)
+            else:
+                factory = partial(NativeConnection, self, acc.name)
             try:
                 server = await loop.create_server(factory, host, port, reuse_address=True)
             except OSError as exc:
@@ -403,7 +410,13 @@ class Broker:
         return self.postoffice
 
     def authenticate(self, username: str | None, password: str | None) -> bool:
-        return True
+        """With `security-enabled`, only configured users (the cluster user too, for announcements)."""
+        cfg = self.config
+        if not cfg.security_enabled:
+            return True
+        if username == cfg.cluster_user and password == cfg.cluster_password:
+            return True
+        return any(u.name == username and hmac.compare_digest(u.password, password or "") for u in cfg.users)
 
     def own_connector(self) -> str:
         cfg = self.config

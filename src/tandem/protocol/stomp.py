@@ -1,0 +1,171 @@
+"""STOMP 1.0, 1.1 and 1.2 frames (sans-IO): bytes in → frames out, frames → bytes.
+
+    COMMAND EOL (name:value EOL)* EOL body NUL (EOL)*
+
+Header values are escaped in 1.1 (\\\\ \\n \\c) and 1.2 (also \\r), never in CONNECT and
+CONNECTED frames, never in 1.0. A body ends at the NUL, or after `content-length` bytes (which
+may contain NULs) followed by a NUL. Lines may end in CRLF. A repeated header keeps its first
+value. Bare EOLs between frames are heart-beats.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import FrameTooLarge, ProtocolError
+
+CLIENT_COMMANDS = frozenset(
+    {"CONNECT", "STOMP", "SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "COMMIT", "ABORT", "DISCONNECT"}
+)
+SERVER_COMMANDS = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
+VERSIONS = ("1.0", "1.1", "1.2")
+_HEADER_END = re.compile(rb"\r?\n\r?\n")
+_UNESCAPE_12 = {"\\\\": "\\", "\\n": "\n", "\\c": ":", "\\r": "\r"}
+_UNESCAPE_11 = {"\\\\": "\\", "\\n": "\n", "\\c": ":"}
+_ESCAPE_RE = re.compile(r"\\.?")
+
+
+class StompError(ProtocolError):
+    """Bad STOMP input: the connection gets an ERROR frame with this message, then closes."""
+
+
+@dataclass
+class Frame:
+    command: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name, default)
+
+
+def _unescape(text: str, version: str) -> str:
+    if "\\" not in text:
+        return text
+    table = _UNESCAPE_12 if version == "1.2" else _UNESCAPE_11
+
+    def sub(m: re.Match[str]) -> str:
+        seq = m.group(0)
+        if seq not in table:
+            raise StompError(f"undefined escape sequence {seq!r} in a header")
+        return table[seq]
+
+    return _ESCAPE_RE.sub(sub, text)
+
+
+def escape(text: str, version: str) -> str:
+    if version == "1.0":
+        return text
+    text = text.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
+    if version == "1.2":
+        text = text.replace("\r", "\\r")
+    return text
+
+
+class StompParser:
+    """Feed bytes, get frames. `version` (set once CONNECT is negotiated) decides header escaping."""
+
+    def __init__(self, max_frame_size: int, version: str = "1.0", commands: frozenset[str] = CLIENT_COMMANDS):
+        self.max_frame_size = max_frame_size
+        self.version = version
+        self.commands = commands
+        self._buf = bytearray()
+        self.heartbeats = 0
+
+    def feed(self, data: bytes) -> list[Frame]:
+        buf = self._buf
+        buf += data
+        out: list[Frame] = []
+        while True:
+            # heart-beats (and the EOLs that may follow a frame's NUL)
+            i = 0
+            n = len(buf)
+            while i < n and buf[i] in (10, 13):
+                if buf[i] == 10:
+                    self.heartbeats += 1
+                i += 1
+            if i:
+                del buf[:i]
+            if not buf:
+                return out
+            m = _HEADER_END.search(buf)
+            if m is None:
+                if len(buf) > self.max_frame_size:
+                    raise FrameTooLarge(f"frame headers exceed max-frame-size {self.max_frame_size}")
+                return out
+            head_end, body_start = m.start(), m.end()
+            try:
+                head = bytes(buf[:head_end]).decode("utf-8")
+            except UnicodeDecodeError:
+                raise StompError("frame headers are not UTF-8") from None
+            lines = head.split("\n")
+            command = lines[0].rstrip("\r")
+            if command not in self.commands:
+                raise StompError(f"unknown command {command[:40]!r}")
+            raw = command not in ("CONNECT", "STOMP", "CONNECTED") and self.version != "1.0"
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                if line.endswith("\r"):  # CRLF line endings
+                    line = line[:-1]
+                if not line:
+                    continue
+                name, sep, value = line.partition(":")
+                if not sep:
+                    raise StompError(f"header line without ':' in {command} frame: {line[:60]!r}")
+                if raw:
+                    name, value = _unescape(name, self.version), _unescape(value, self.version)
+                if name not in headers:  # the first of repeated headers wins
+                    headers[name] = value
+            length_text = headers.get("content-length")
+            if length_text is not None:
+                try:
+                    length = int(length_text)
+                except ValueError:
+                    raise StompError(f"content-length is not a number: {length_text[:20]!r}") from None
+                if length < 0:
+                    raise StompError("content-length is negative")
+                if body_start + length > self.max_frame_size:
+                    raise FrameTooLarge(f"frame of {body_start + length} bytes exceeds max-frame-size")
+                if len(buf) < body_start + length + 1:
+                    return out
+                if buf[body_start + length] != 0:
+                    raise StompError("frame body is not followed by NUL (content-length too short?)")
+                body = bytes(buf[body_start : body_start + length])
+                end = body_start + length + 1
+            else:
+                nul = buf.find(b"\0", body_start)
+                if nul < 0:
+                    if len(buf) > self.max_frame_size:
+                        raise FrameTooLarge(f"frame exceeds max-frame-size {self.max_frame_size} (no NUL)")
+                    return out
+                body = bytes(buf[body_start:nul])
+                end = nul + 1
+            if end > self.max_frame_size:
+                raise FrameTooLarge(f"frame of {end} bytes exceeds max-frame-size {self.max_frame_size}")
+            del buf[:end]
+            out.append(Frame(command, headers, body))
+
+
+def encode(command: str, headers: list[tuple[str, str]], body: bytes = b"", version: str = "1.2") -> bytes:
+    """A frame; `content-length` is added when there is a body (so it may contain NULs)."""
+    raw = command in ("CONNECT", "STOMP", "CONNECTED")
+    parts = [command]
+    for name, value in headers:
+        if not raw:
+            name, value = escape(name, version), escape(value, version)
+        parts.append(f"{name}:{value}")
+    if body:
+        parts.append(f"content-length:{len(body)}")
+    return ("\n".join(parts) + "\n\n").encode() + body + b"\0"
+
+
+def negotiate(accept_version: str | None) -> str | None:
+    """The highest version both speak; `accept-version` absent means 1.0."""
+    if accept_version is None:
+        return "1.0"
+    offered = {v.strip() for v in accept_version.split(",")}
+    for v in reversed(VERSIONS):
+        if v in offered:
+            return v
+    return None

@@ -1,0 +1,542 @@
+"""STOMP connections: frames → the same core as the native protocol.
+
+Destinations: `/queue/NAME` is anycast to NAME, `/topic/NAME` multicast; a plain name
+follows the address settings. Message properties and STOMP headers map both ways;
+bodies are untouched. A durable SEND's RECEIPT goes out only after the message is on
+disk (group commit). Any bad input gets an ERROR frame and only this connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+import msgspec
+
+from ..core.consumer import Consumer
+from ..core.message import Message, MessageData, MessageRef, RoutingType
+from ..core.session import ServerSession, Transaction
+from ..errors import TandemError
+from ..protocol import stomp as st
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("tandem.stomp")
+
+HIGH_WATER = 1 << 22
+LOW_WATER = 1 << 20
+ACK_MODES = ("auto", "client", "client-individual")
+# headers that are part of the frame, not of the message
+_FRAME_HEADERS = frozenset(
+    {"destination", "content-length", "receipt", "transaction", "persistent", "priority", "expires", "dedup-id",
+     "_AMQ_DUPL_ID", "message-id", "subscription", "ack", "redelivered", "timestamp"}
+)  # fmt: skip
+_decode_data = msgspec.msgpack.Decoder(MessageData).decode
+
+
+class Subscription:
+    """One SUBSCRIBE: a core consumer plus how its deliveries look as MESSAGE frames."""
+
+    __slots__ = ("ack_mode", "conn", "consumer", "destination", "durable_queue", "id", "prefetch", "temporary")
+
+    def __init__(self, conn: StompConnection, sid: str, destination: str, ack_mode: str, prefetch: int) -> None:
+        self.conn = conn
+        self.id = sid
+        self.destination = destination
+        self.ack_mode = ack_mode
+        self.prefetch = prefetch
+        self.consumer: Consumer | None = None
+        self.temporary: str | None = None  # a non-durable topic subscription's own queue
+        self.durable_queue: str | None = None
+
+    # DeliverySink
+    @property
+    def writable(self) -> bool:
+        return self.conn.writable
+
+    def deliver(self, consumer: Consumer, ref: MessageRef) -> None:
+        conn = self.conn
+        m = ref.message
+        data = _decode_data(m.raw)
+        headers = [
+            ("subscription", self.id),
+            ("message-id", str(m.id)),
+            ("destination", self.destination),
+            ("persistent", "true" if data.durable else "false"),
+            ("priority", str(data.priority)),
+            ("expires", str(data.expiration)),
+            ("timestamp", str(data.timestamp)),
+        ]
+        if ref.delivery_count:
+            headers.append(("redelivered", "true"))
+        if conn.version == "1.2" and self.ack_mode != "auto":
+            headers.append(("ack", f"{consumer.id}:{m.id}"))
+        for k, v in (data.properties or {}).items():
+            headers.append((k, _text(v)))
+        conn.write(st.encode("MESSAGE", headers, data.body, conn.version))
+        if self.ack_mode == "auto":  # acknowledged as it leaves (STOMP's auto mode)
+            refs = consumer.take_acked(m.id, cumulative=False)
+            consumer.queue.acknowledge(refs)
+            if consumer.message_mode:
+                consumer.credits += 1
+
+    def consumer_closed(self, consumer: Consumer, error: TandemError) -> None:
+        conn = self.conn
+        conn.subscriptions.pop(self.id, None)
+        if not conn.closed:
+            conn.error(f"subscription {self.id} ended: {error.message}")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class StompConnection(asyncio.Protocol):
+    def __init__(self, broker: Broker, acceptor: str) -> None:
+        self.broker = broker
+        self.acceptor = acceptor
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = st.StompParser(broker.config.max_frame_size)
+        self.version = "1.0"
+        self.connected = False
+        self.closed = False
+        self.writable = True
+        self.handshaken = False  # for the broker's bookkeeping (native connections use it too)
+        self.peer = "?"
+        self.client_id: str | None = None
+        self.session: ServerSession | None = None
+        self.subscriptions: dict[str, Subscription] = {}
+        self.transactions: dict[str, Transaction] = {}
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._pending_durable = 0
+        self.last_received = self.loop.time()
+        self.last_sent = self.last_received
+        self.ttl_ms = broker.config.effective_ttl_ms
+        self.send_beat_ms = 0  # how often we must send something (the client asked)
+        self.temp_queues: set[str] = set()
+
+    # ----------------------------------------------------------- transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        self.broker.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        for sub in self.subscriptions.values():
+            if sub.consumer is not None:
+                sub.consumer.queue.deliver_soon()
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+            self.last_sent = self.loop.time()
+        out.clear()
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    # --------------------------------------------------------------- input
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.last_received = self.loop.time()
+        try:
+            frames = self.parser.feed(data)
+        except TandemError as exc:
+            self.error(exc.message)
+            return
+        for frame in frames:
+            if self.is_closed():
+                break
+            try:
+                self._handle(frame)
+            except TandemError as exc:
+                self.error(exc.message, frame.get("receipt"))
+            except Exception as exc:
+                log.exception("error handling STOMP %s from %s", frame.command, self.peer)
+                self.error(f"internal error: {exc!r}", frame.get("receipt"))
+
+    def error(self, message: str, receipt: str | None = None) -> None:
+        """Send ERROR and close this connection only."""
+        if self.closed:
+            return
+        log.info("STOMP error for %s: %s", self.peer, message)
+        headers = [("message", message.replace("\n", " ")[:500]), ("content-type", "text/plain")]
+        if receipt is not None:
+            headers.append(("receipt-id", receipt))
+        self.write(st.encode("ERROR", headers, message.encode(), self.version))
+        self._flush()
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.broker.connections.discard(self)
+        for tx in self.transactions.values():
+            if self.session is not None:
+                self.session.rollback(tx)
+        self.transactions.clear()
+        if self.session is not None:
+            self.session.close()
+        if self.broker.active:
+            for name in list(self.temp_queues):
+                try:
+                    self.broker.postoffice.delete_queue(name, force=True)
+                except TandemError:
+                    pass
+        self.temp_queues.clear()
+
+    def check_alive(self, now: float) -> None:
+        """Close a client silent past its heart-beat (or TTL); beat if we owe one."""
+        if self.closed:
+            return
+        if now - self.last_received > self.ttl_ms / 1000:
+            self.error(f"no frame or heart-beat for {self.ttl_ms / 1000:.1f}s")
+        elif self.send_beat_ms and (now - self.last_sent) * 1000 >= self.send_beat_ms:
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(b"\n")
+                self.last_sent = now
+
+    # ------------------------------------------------------------ handlers
+    def _handle(self, frame: st.Frame) -> None:
+        command = frame.command
+        if not self.connected and command not in ("CONNECT", "STOMP"):
+            raise st.StompError(f"{command} before CONNECT")
+        handler: Callable[[st.Frame], None] = getattr(self, f"on_{command.lower()}")
+        handler(frame)
+
+    def _receipt(self, frame: st.Frame, durable: bool = False) -> None:
+        """RECEIPT after the frame's effects (after the fsync of anything journaled, in order)."""
+        rid = frame.get("receipt")
+        if rid is None:
+            return
+        data = st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version)
+        if durable or self._pending_durable:
+            self._pending_durable += 1
+
+            def done() -> None:
+                self._pending_durable -= 1
+                if not self.closed:
+                    self.write(data)
+
+            self.broker.storage.after_durable(done)
+        else:
+            self.write(data)
+
+    def on_connect(self, frame: st.Frame) -> None:
+        if self.connected:
+            raise st.StompError("already connected")
+        version = st.negotiate(frame.get("accept-version"))
+        if version is None:
+            raise st.StompError(f"no common STOMP version in accept-version {frame.get('accept-version')!r}")
+        self.version = version
+        self.parser.version = version
+        b = self.broker
+        if not b.authenticate(frame.get("login"), frame.get("passcode")):
+            raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+        po = b.require_active()
+        self.client_id = frame.get("client-id")
+        cx, cy = 0, 0
+        beat = frame.get("heart-beat")
+        if beat and version != "1.0":
+            try:
+                cx, cy = (int(x) for x in beat.split(","))
+            except ValueError:
+                raise st.StompError(f"bad heart-beat header {beat!r}") from None
+            if cx < 0 or cy < 0:
+                raise st.StompError(f"bad heart-beat header {beat!r}")
+        if cx > 0:
+            self.ttl_ms = max(cx * 2, 500)  # tolerate one late beat
+        self.send_beat_ms = max(cy, 100) if cy > 0 else 0
+        self.session = ServerSession(po, self, "stomp")
+        self.connected = True
+        self.handshaken = True
+        headers = [
+            ("version", version),
+            ("server", f"tandem/{_version()}"),
+            ("session", f"{b.node_id}:{id(self):x}"),
+        ]
+        if version != "1.0":
+            headers.append(("heart-beat", f"{self.send_beat_ms},{cx}"))
+        self.write(st.encode("CONNECTED", headers, b"", version))
+
+    on_stomp = on_connect
+
+    def on_disconnect(self, frame: st.Frame) -> None:
+        rid = frame.get("receipt")
+        if rid is None:
+            self._flush()
+            self.close()
+            return
+
+        def bye() -> None:
+            if not self.closed:
+                self.write(st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version))
+                self._flush()
+                self.close()
+
+        self.broker.storage.after_durable(bye)
+
+    # ---------------------------------------------------------------- send
+    def _address(self, destination: str | None) -> tuple[str, RoutingType]:
+        if not destination:
+            raise st.StompError("SEND needs a destination header")
+        if destination.startswith("/queue/"):
+            name, rt = destination[7:], RoutingType.ANYCAST
+        elif destination.startswith("/topic/"):
+            name, rt = destination[7:], RoutingType.MULTICAST
+        else:
+            name, rt = destination, RoutingType.ANY
+        if not name:
+            raise st.StompError(f"empty destination name in {destination!r}")
+        return name, rt
+
+    def _tx(self, frame: st.Frame) -> Transaction | None:
+        name = frame.get("transaction")
+        if name is None:
+            return None
+        tx = self.transactions.get(name)
+        if tx is None:
+            raise st.StompError(f"unknown transaction {name!r}")
+        return tx
+
+    def on_send(self, frame: st.Frame) -> None:
+        address, rt = self._address(frame.get("destination"))
+        h = frame.headers
+        try:
+            priority = int(h.get("priority", 4))
+            expires = int(h.get("expires", 0))
+        except ValueError:
+            raise st.StompError("priority and expires must be integers") from None
+        if not 0 <= priority <= 9:
+            raise st.StompError(f"priority must be 0-9, got {priority}")
+        props: dict[str, Any] = {k: v for k, v in h.items() if k not in _FRAME_HEADERS}
+        durable = h.get("persistent", "false").lower() == "true"
+        data = MessageData(
+            address,
+            durable,
+            priority,
+            expires,
+            time.time_ns() // 1_000_000,
+            h.get("dedup-id") or h.get("_AMQ_DUPL_ID"),
+            int(rt),
+            props or None,
+            frame.body,
+        )
+        tx = self._tx(frame)
+        assert self.session is not None
+        po = self.session.postoffice
+        wrote = self.session.send_message(Message.create(po.ids.next(), data), tx)
+        self._receipt(frame, durable=wrote)
+
+    # ----------------------------------------------------------- subscribe
+    def on_subscribe(self, frame: st.Frame) -> None:
+        assert self.session is not None
+        destination = frame.get("destination")
+        address, rt = self._address(destination)
+        sid = frame.get("id") or (destination if self.version == "1.0" else None)
+        if sid is None:
+            raise st.StompError("SUBSCRIBE needs an id header")
+        if sid in self.subscriptions:
+            raise st.StompError(f"subscription id {sid!r} is already in use")
+        ack = frame.get("ack", "auto")
+        if ack not in ACK_MODES:
+            raise st.StompError(f"ack must be one of {', '.join(ACK_MODES)}, got {ack!r}")
+        prefetch_text = frame.get("prefetch-count") or frame.get("activemq.prefetchSize")
+        try:
+            prefetch = int(prefetch_text) if prefetch_text else self.broker.config.stomp_prefetch_count
+        except ValueError:
+            raise st.StompError(f"prefetch-count must be a number, got {prefetch_text!r}") from None
+        po = self.session.postoffice
+        sub = Subscription(self, sid, destination or address, ack, prefetch)
+        durable_name = frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
+        selector = frame.get("selector")
+        if rt == RoutingType.MULTICAST or (rt == RoutingType.ANY and _is_multicast(po, address)):
+            if durable_name:
+                if not self.client_id:
+                    raise st.StompError("a durable subscription needs a client-id on CONNECT")
+                qname = f"{self.client_id}.{durable_name}"
+                po.create_queue(qname, address, RoutingType.MULTICAST, durable=True, exists_ok=True)
+                sub.durable_queue = qname
+            else:
+                qname = f"{address}.stomp.{id(self):x}.{sid}"
+                po.create_queue(qname, address, RoutingType.MULTICAST, durable=False, temporary=True)
+                self.temp_queues.add(qname)
+                sub.temporary = qname
+        else:
+            qname = address
+        window = 0 if prefetch > 0 else -1
+        cid = len(self.subscriptions) + 1
+        while cid in self.session.consumers:
+            cid += 1
+        consumer = self.session.create_consumer(cid, qname, sub, window, selector)
+        if prefetch > 0:
+            consumer.add_credits(prefetch)
+        sub.consumer = consumer
+        self.subscriptions[sid] = sub
+        self._receipt(frame)
+
+    def on_unsubscribe(self, frame: st.Frame) -> None:
+        assert self.session is not None
+        sid = frame.get("id") or (frame.get("destination") if self.version == "1.0" else None)
+        sub = self.subscriptions.pop(sid or "", None)
+        if sub is None:
+            raise st.StompError(f"no subscription with id {sid!r}")
+        if sub.consumer is not None:
+            self.session.close_consumer(sub.consumer.id)
+        po = self.session.postoffice
+        if sub.temporary is not None:
+            self.temp_queues.discard(sub.temporary)
+            po.delete_queue(sub.temporary, force=True)
+        elif sub.durable_queue is not None and (
+            frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
+        ):
+            po.delete_queue(sub.durable_queue, force=True)  # unsubscribing by name ends the durable subscription
+        self._receipt(frame)
+
+    # --------------------------------------------------------------- acks
+    def _ack_target(self, frame: st.Frame) -> tuple[Subscription, int]:
+        if self.version == "1.2":
+            ack_id = frame.get("id")
+            if not ack_id or ":" not in ack_id:
+                raise st.StompError(f"ACK/NACK needs the id of a MESSAGE's ack header, got {ack_id!r}")
+            cid_text, _, mid12 = ack_id.partition(":")
+            try:
+                cid, mid = int(cid_text), int(mid12)
+            except ValueError:
+                raise st.StompError(f"unknown ack id {ack_id!r}") from None
+            for sub in self.subscriptions.values():
+                if sub.consumer is not None and sub.consumer.id == cid:
+                    return sub, mid
+            raise st.StompError(f"unknown ack id {ack_id!r}")
+        mid_text = frame.get("message-id")
+        sid = frame.get("subscription")
+        try:
+            mid = int(mid_text or "")
+        except ValueError:
+            raise st.StompError(f"ACK/NACK needs a message-id, got {mid_text!r}") from None
+        if sid is not None:
+            named = self.subscriptions.get(sid)
+            if named is None:
+                raise st.StompError(f"no subscription with id {sid!r}")
+            return named, mid
+        for sub in self.subscriptions.values():  # 1.0: find it
+            if sub.consumer is not None and mid in sub.consumer.delivering:
+                return sub, mid
+        raise st.StompError(f"message {mid} is not awaiting an ack")
+
+    def on_ack(self, frame: st.Frame) -> None:
+        assert self.session is not None
+        sub, mid = self._ack_target(frame)
+        consumer = sub.consumer
+        if consumer is None or sub.ack_mode == "auto":
+            raise st.StompError(f"subscription {sub.id} does not take acks (ack:auto)")
+        if mid not in consumer.delivering:
+            raise st.StompError(f"message {mid} is not awaiting an ack on subscription {sub.id}")
+        cumulative = sub.ack_mode == "client"
+        before = len(consumer.delivering)
+        wrote = self.session.ack(consumer.id, mid, cumulative, self._tx(frame))
+        if consumer.message_mode:
+            consumer.add_credits(before - len(consumer.delivering))
+        self._receipt(frame, durable=wrote)
+
+    def on_nack(self, frame: st.Frame) -> None:
+        assert self.session is not None
+        if self.version == "1.0":
+            raise st.StompError("NACK is STOMP 1.1 and later")
+        sub, mid = self._ack_target(frame)
+        consumer = sub.consumer
+        if consumer is None or mid not in consumer.delivering:
+            raise st.StompError(f"message {mid} is not awaiting an ack on subscription {sub.id}")
+        self.session.nack(consumer.id, mid)
+        if consumer.message_mode:
+            consumer.add_credits(1)
+        self._receipt(frame)
+
+    # -------------------------------------------------------- transactions
+    def on_begin(self, frame: st.Frame) -> None:
+        name = frame.get("transaction")
+        if not name:
+            raise st.StompError("BEGIN needs a transaction header")
+        if name in self.transactions:
+            raise st.StompError(f"transaction {name!r} is already open")
+        self.transactions[name] = Transaction()
+        self._receipt(frame)
+
+    def on_commit(self, frame: st.Frame) -> None:
+        assert self.session is not None
+        tx = self._tx(frame)
+        if tx is None:
+            raise st.StompError("COMMIT needs a transaction header")
+        del self.transactions[frame.headers["transaction"]]
+        wrote = self.session.commit(tx=tx)
+        self._receipt(frame, durable=wrote)
+
+    def on_abort(self, frame: st.Frame) -> None:
+        assert self.session is not None
+        tx = self._tx(frame)
+        if tx is None:
+            raise st.StompError("ABORT needs a transaction header")
+        del self.transactions[frame.headers["transaction"]]
+        self.session.rollback(tx)
+        for sub in self.subscriptions.values():  # the aborted acks' messages come back: so does credit
+            c = sub.consumer
+            if c is not None and c.message_mode and c.credits <= 0:
+                c.add_credits(max(1, sub.prefetch - len(c.delivering)))
+        self._receipt(frame)
+
+
+def _is_multicast(po: Any, address: str) -> bool:
+    addr = po.addresses.get(address)
+    return (
+        addr is not None
+        and RoutingType.MULTICAST in addr.routing_types
+        and RoutingType.ANYCAST not in (addr.routing_types)
+    )
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
