@@ -109,7 +109,19 @@ class Message(msgspec.Struct, gc=False, eq=False):
     def create(cls, mid: int, data: MessageData) -> Message:
         """Build from a MessageData made on the server (other protocols, dead letters)."""
         raw = msgspec.Raw(_data_encoder.encode(data))
-        return cls.from_header(mid, _header_decoder.decode(raw), raw)
+        p = data.priority
+        prio = 0 if p < 0 else (9 if p > 9 else p)
+        return cls(
+            mid,
+            data.address,
+            data.durable,
+            prio,
+            data.expiration,
+            data.routing_type,
+            data.dedup_id,
+            data.properties,
+            raw,
+        )
 
     @property
     def size(self) -> int:

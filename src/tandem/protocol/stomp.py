@@ -54,8 +54,11 @@ def _unescape(text: str, version: str) -> str:
     return _ESCAPE_RE.sub(sub, text)
 
 
+_SPECIAL = re.compile(r"[\\\n:\r]")
+
+
 def escape(text: str, version: str) -> str:
-    if version == "1.0":
+    if version == "1.0" or not _SPECIAL.search(text):
         return text
     text = text.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
     if version == "1.2":
@@ -74,77 +77,85 @@ class StompParser:
         self.heartbeats = 0
 
     def feed(self, data: bytes) -> list[Frame]:
-        buf = self._buf
-        buf += data
+        if self._buf:
+            self._buf += data
+            data = bytes(self._buf)  # frames are sliced out of immutable bytes, consumed once
+            self._buf.clear()
         out: list[Frame] = []
+        pos = 0
+        n = len(data)
+        limit = self.max_frame_size
         while True:
-            # heart-beats (and the EOLs that may follow a frame's NUL)
-            i = 0
-            n = len(buf)
-            while i < n and buf[i] in (10, 13):
-                if buf[i] == 10:
-                    self.heartbeats += 1
-                i += 1
-            if i:
-                del buf[:i]
-            if not buf:
+            start = pos
+            while pos < n and data[pos] in (10, 13):  # heart-beats (and EOLs after a frame's NUL)
+                pos += 1
+            if pos > start:
+                self.heartbeats += data.count(b"\n", start, pos)
+            if pos >= n:
                 return out
-            m = _HEADER_END.search(buf)
+            m = _HEADER_END.search(data, pos)
             if m is None:
-                if len(buf) > self.max_frame_size:
-                    raise FrameTooLarge(f"frame headers exceed max-frame-size {self.max_frame_size}")
+                if n - pos > limit:
+                    raise FrameTooLarge(f"frame headers exceed max-frame-size {limit}")
+                self._buf += data[pos:]
                 return out
-            head_end, body_start = m.start(), m.end()
+            frame, end = self._frame(data, pos, m.start(), m.end())
+            if frame is None:  # the body is not all here yet
+                self._buf += data[pos:]
+                return out
+            out.append(frame)
+            pos = end
+
+    def _frame(self, data: bytes, pos: int, head_end: int, body_start: int) -> tuple[Frame | None, int]:
+        try:
+            head = data[pos:head_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise StompError("frame headers are not UTF-8") from None
+        lines = head.split("\n")
+        command = lines[0]
+        if command.endswith("\r"):
+            command = command[:-1]
+        if command not in self.commands:
+            raise StompError(f"unknown command {command[:40]!r}")
+        escaped = self.version != "1.0" and command not in ("CONNECT", "STOMP", "CONNECTED")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if line.endswith("\r"):  # CRLF line endings
+                line = line[:-1]
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise StompError(f"header line without ':' in {command} frame: {line[:60]!r}")
+            if escaped and ("\\" in line):
+                name, value = _unescape(name, self.version), _unescape(value, self.version)
+            if name not in headers:  # the first of repeated headers wins
+                headers[name] = value
+        limit = self.max_frame_size
+        length_text = headers.get("content-length")
+        if length_text is not None:
             try:
-                head = bytes(buf[:head_end]).decode("utf-8")
-            except UnicodeDecodeError:
-                raise StompError("frame headers are not UTF-8") from None
-            lines = head.split("\n")
-            command = lines[0].rstrip("\r")
-            if command not in self.commands:
-                raise StompError(f"unknown command {command[:40]!r}")
-            raw = command not in ("CONNECT", "STOMP", "CONNECTED") and self.version != "1.0"
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                if line.endswith("\r"):  # CRLF line endings
-                    line = line[:-1]
-                if not line:
-                    continue
-                name, sep, value = line.partition(":")
-                if not sep:
-                    raise StompError(f"header line without ':' in {command} frame: {line[:60]!r}")
-                if raw:
-                    name, value = _unescape(name, self.version), _unescape(value, self.version)
-                if name not in headers:  # the first of repeated headers wins
-                    headers[name] = value
-            length_text = headers.get("content-length")
-            if length_text is not None:
-                try:
-                    length = int(length_text)
-                except ValueError:
-                    raise StompError(f"content-length is not a number: {length_text[:20]!r}") from None
-                if length < 0:
-                    raise StompError("content-length is negative")
-                if body_start + length > self.max_frame_size:
-                    raise FrameTooLarge(f"frame of {body_start + length} bytes exceeds max-frame-size")
-                if len(buf) < body_start + length + 1:
-                    return out
-                if buf[body_start + length] != 0:
-                    raise StompError("frame body is not followed by NUL (content-length too short?)")
-                body = bytes(buf[body_start : body_start + length])
-                end = body_start + length + 1
-            else:
-                nul = buf.find(b"\0", body_start)
-                if nul < 0:
-                    if len(buf) > self.max_frame_size:
-                        raise FrameTooLarge(f"frame exceeds max-frame-size {self.max_frame_size} (no NUL)")
-                    return out
-                body = bytes(buf[body_start:nul])
-                end = nul + 1
-            if end > self.max_frame_size:
-                raise FrameTooLarge(f"frame of {end} bytes exceeds max-frame-size {self.max_frame_size}")
-            del buf[:end]
-            out.append(Frame(command, headers, body))
+                length = int(length_text)
+            except ValueError:
+                raise StompError(f"content-length is not a number: {length_text[:20]!r}") from None
+            if length < 0:
+                raise StompError("content-length is negative")
+            end = body_start + length
+            if end - pos >= limit:
+                raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
+            if len(data) <= end:
+                return None, pos
+            if data[end] != 0:
+                raise StompError("frame body is not followed by NUL (content-length too short?)")
+        else:
+            end = data.find(b"\0", body_start)
+            if end < 0:
+                if len(data) - pos > limit:
+                    raise FrameTooLarge(f"frame exceeds max-frame-size {limit} (no NUL)")
+                return None, pos
+            if end - pos >= limit:
+                raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
+        return Frame(command, headers, data[body_start:end]), end + 1
 
 
 def encode(command: str, headers: list[tuple[str, str]], body: bytes = b"", version: str = "1.2") -> bytes:

@@ -42,7 +42,17 @@ _decode_data = msgspec.msgpack.Decoder(MessageData).decode
 class Subscription:
     """One SUBSCRIBE: a core consumer plus how its deliveries look as MESSAGE frames."""
 
-    __slots__ = ("ack_mode", "conn", "consumer", "destination", "durable_queue", "id", "prefetch", "temporary")
+    __slots__ = (
+        "ack_mode",
+        "conn",
+        "consumer",
+        "destination",
+        "durable_queue",
+        "head",
+        "id",
+        "prefetch",
+        "temporary",
+    )
 
     def __init__(self, conn: StompConnection, sid: str, destination: str, ack_mode: str, prefetch: int) -> None:
         self.conn = conn
@@ -53,6 +63,8 @@ class Subscription:
         self.consumer: Consumer | None = None
         self.temporary: str | None = None  # a non-durable topic subscription's own queue
         self.durable_queue: str | None = None
+        v = conn.version
+        self.head = f"MESSAGE\nsubscription:{st.escape(sid, v)}\ndestination:{st.escape(destination, v)}\n"
 
     # DeliverySink
     @property
@@ -63,22 +75,23 @@ class Subscription:
         conn = self.conn
         m = ref.message
         data = _decode_data(m.raw)
-        headers = [
-            ("subscription", self.id),
-            ("message-id", str(m.id)),
-            ("destination", self.destination),
-            ("persistent", "true" if data.durable else "false"),
-            ("priority", str(data.priority)),
-            ("expires", str(data.expiration)),
-            ("timestamp", str(data.timestamp)),
+        body = data.body
+        # Built by hand (the hot path): only the subscription, destination and properties can need escaping.
+        parts = [
+            self.head,
+            f"message-id:{m.id}\npersistent:{'true' if data.durable else 'false'}\npriority:{data.priority}\n"
+            f"expires:{data.expiration}\ntimestamp:{data.timestamp}\n",
         ]
         if ref.delivery_count:
-            headers.append(("redelivered", "true"))
-        if conn.version == "1.2" and self.ack_mode != "auto":
-            headers.append(("ack", f"{consumer.id}:{m.id}"))
-        for k, v in (data.properties or {}).items():
-            headers.append((k, _text(v)))
-        conn.write(st.encode("MESSAGE", headers, data.body, conn.version))
+            parts.append("redelivered:true\n")
+        version = conn.version
+        if version == "1.2" and self.ack_mode != "auto":
+            parts.append(f"ack:{consumer.id}.{m.id}\n")
+        if data.properties:
+            for k, v in data.properties.items():
+                parts.append(f"{st.escape(k, version)}:{st.escape(_text(v), version)}\n")
+        parts.append(f"content-length:{len(body)}\n\n")
+        conn.write("".join(parts).encode() + body + b"\0")
         if self.ack_mode == "auto":  # acknowledged as it leaves (STOMP's auto mode)
             refs = consumer.take_acked(m.id, cumulative=False)
             consumer.queue.acknowledge(refs)
@@ -120,6 +133,8 @@ class StompConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._pending_durable = 0
+        self._receipts: list[bytes] = []
+        self._receipts_durable = False
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
         self.ttl_ms = broker.config.effective_ttl_ms
@@ -190,6 +205,8 @@ class StompConnection(asyncio.Protocol):
             except Exception as exc:
                 log.exception("error handling STOMP %s from %s", frame.command, self.peer)
                 self.error(f"internal error: {exc!r}", frame.get("receipt"))
+        if self._receipts:
+            self._flush_receipts()
 
     def error(self, message: str, receipt: str | None = None) -> None:
         """Send ERROR and close this connection only."""
@@ -247,22 +264,32 @@ class StompConnection(asyncio.Protocol):
         handler(frame)
 
     def _receipt(self, frame: st.Frame, durable: bool = False) -> None:
-        """RECEIPT after the frame's effects (after the fsync of anything journaled, in order)."""
+        """RECEIPT after the frame's effects (after the fsync of anything journaled, in order).
+
+        Receipts of one read are sent together: one fsync callback covers them all.
+        """
         rid = frame.get("receipt")
         if rid is None:
             return
-        data = st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version)
-        if durable or self._pending_durable:
+        self._receipts.append(st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version))
+        self._receipts_durable = self._receipts_durable or durable
+
+    def _flush_receipts(self) -> None:
+        receipts, self._receipts = self._receipts, []
+        if self._receipts_durable or self._pending_durable:
+            self._receipts_durable = False
             self._pending_durable += 1
 
             def done() -> None:
                 self._pending_durable -= 1
                 if not self.closed:
-                    self.write(data)
+                    for r in receipts:
+                        self.write(r)
 
             self.broker.storage.after_durable(done)
         else:
-            self.write(data)
+            for r in receipts:
+                self.write(r)
 
     def on_connect(self, frame: st.Frame) -> None:
         if self.connected:
@@ -439,9 +466,9 @@ class StompConnection(asyncio.Protocol):
     def _ack_target(self, frame: st.Frame) -> tuple[Subscription, int]:
         if self.version == "1.2":
             ack_id = frame.get("id")
-            if not ack_id or ":" not in ack_id:
+            if not ack_id or "." not in ack_id:
                 raise st.StompError(f"ACK/NACK needs the id of a MESSAGE's ack header, got {ack_id!r}")
-            cid_text, _, mid12 = ack_id.partition(":")
+            cid_text, _, mid12 = ack_id.partition(".")
             try:
                 cid, mid = int(cid_text), int(mid12)
             except ValueError:
