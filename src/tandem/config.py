@@ -191,6 +191,7 @@ class BrokerConfig(_Conf, frozen=True):
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
         _check_positive(self, "lock_check_period", minimum=1)
+        _check_positive(self, "stomp_prefetch_count", minimum=0)
         known = {c.name for c in self.connectors}
         for c in self.connectors:
             try:

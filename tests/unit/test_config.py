@@ -15,6 +15,7 @@ from tandem.config import (
     BrokerConfig,
     ConnectorConfig,
     QueueConfig,
+    UserConfig,
     load_config,
     parse_host_port,
 )
@@ -49,6 +50,12 @@ connector-ref = "me"
 static-connectors = ["peer"]
 cluster-user = "u"
 cluster-password = "pw"
+security-enabled = true
+stomp-prefetch-count = 10
+
+[[users]]
+name = "app"
+password = "secret"
 
 [[connectors]]
 name = "me"
@@ -140,7 +147,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
     """A file using every key of every config struct loads, and each value lands in its field."""
     cfg = load_config(write(tmp_path, FULL))
     top = {line.split("=")[0].strip() for line in FULL.splitlines() if "=" in line and not line.startswith(" ")}
-    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses", "address-settings", "connectors"}
+    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses", "address-settings", "connectors", "users"}
     assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind"}
     assert kebab_names(AddressConfig) == {"name", "routing-type", "queues"}
     assert kebab_names(QueueConfig) == {"name", "durable", "filter", "max-consumers"}
@@ -196,6 +203,9 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         static_connectors=["peer"],
         cluster_user="u",
         cluster_password="pw",
+        security_enabled=True,
+        users=[UserConfig("app", "secret")],
+        stomp_prefetch_count=10,
     )
     # Every field differs from its default, so none of them was silently ignored.
     default = BrokerConfig()
