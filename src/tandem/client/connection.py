@@ -469,6 +469,11 @@ class AsyncConnection:
             fut = ch.calls.pop(pkt.cmd, None) if ch is not None else None
             if fut is not None and not fut.done():
                 fut.set_result(pkt.result)
+        elif t is p.RangeResult:
+            ch = self.channels.get(pkt.channel)
+            fut = ch.calls.pop(pkt.cmd, None) if ch is not None else None
+            if fut is not None and not fut.done():
+                fut.set_result(pkt)
         elif t is p.Exception_:
             ch = self.channels.get(pkt.channel) if pkt.channel else self.control
             if ch is not None:

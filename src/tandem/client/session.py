@@ -18,7 +18,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -60,6 +60,12 @@ def as_message(body: Message | bytes | str, **fields: Any) -> Message:
     if not isinstance(body, (bytes, bytearray, memoryview, str)):
         raise InvalidArgument(f"message body must be bytes or str, got {type(body).__name__}")
     return Message(body if isinstance(body, str) else bytes(body), **fields)
+
+
+class RangeRead(NamedTuple):
+    first_seq: int  # lowest sequence still in the queue (last_seq + 1 when empty)
+    last_seq: int  # highest sequence given out so far
+    messages: list[ReceivedMessage]
 
 
 class AsyncSession:
@@ -121,6 +127,7 @@ class AsyncSession:
         max_consumers: int = -1,
         exclusive: bool | None = None,
         last_value_key: str | None = None,
+        reader_only: bool = False,
     ) -> dict[str, Any]:
         args: dict[str, Any] = {
             "name": name,
@@ -133,6 +140,7 @@ class AsyncSession:
             "max_consumers": max_consumers,
             "exclusive": exclusive,
             "last_value_key": last_value_key,
+            "reader_only": reader_only,
         }
         result = await self.conn.manage("queue.create", **args)
         if temporary:  # it dies with the connection: a failover must make it again
@@ -162,6 +170,30 @@ class AsyncSession:
             exists_ok=durable,
         )
         return await self.create_consumer(subscription)
+
+    # ------------------------------------------------------------ range reads
+    async def read_range(self, queue: str, start: int, end: int, limit: int = -1) -> RangeRead:
+        """Messages of `queue` with start < seq <= end, in order, without consuming them.
+
+        For a reader that keeps its own offsets (the Spark source); pair it with `ack_upto`.
+        """
+        ch = self.channel
+        res: p.RangeResult = await self.conn.call(ch, lambda cmd: p.ReadRange(ch.id, cmd, queue, start, end, limit))
+        msgs = [
+            ReceivedMessage.from_data(_decode_data(raw), mid, dc, seq, len(raw)) for seq, mid, dc, raw in res.messages
+        ]
+        return RangeRead(res.first_seq, res.last_seq, msgs)
+
+    async def queue_offsets(self, queue: str) -> tuple[int, int]:
+        """(first sequence still in the queue, last sequence given out): cheap, for polling."""
+        r = await self.read_range(queue, 0, 0, 0)
+        return r.first_seq, r.last_seq
+
+    async def ack_upto(self, queue: str, seq: int) -> int:
+        """Acknowledge every message of `queue` up to sequence `seq`; returns how many (durable once returned)."""
+        ch = self.channel
+        res = await self.conn.call(ch, lambda cmd: p.AckUpTo(ch.id, cmd, queue, seq))
+        return int(res["acked"])
 
     # ------------------------------------------------------------ transactions
     async def commit(self, dedup_id: str | None = None) -> None:

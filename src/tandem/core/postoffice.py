@@ -118,6 +118,7 @@ class PostOffice:
         max_consumers: int = -1,
         exclusive: bool | None = None,
         last_value_key: str | None = None,
+        reader_only: bool = False,
         next_seq: int = 1,
         seq_reserved: int = 0,
     ) -> Queue:
@@ -140,6 +141,7 @@ class PostOffice:
             max_consumers=max_consumers,
             exclusive=s.default_exclusive_queue if exclusive is None else exclusive,
             last_value_key=last_value_key if last_value_key is not None else s.default_last_value_key,
+            reader_only=reader_only,
             next_seq=next_seq,
             seq_reserved=seq_reserved,
         )
@@ -158,6 +160,7 @@ class PostOffice:
         auto_create_address: bool = True,
         exclusive: bool | None = None,
         last_value_key: str | None = None,
+        reader_only: bool = False,
     ) -> Queue:
         check_name("queue", name)
         if routing_type == RoutingType.ANY:
@@ -182,6 +185,7 @@ class PostOffice:
             max_consumers=max_consumers,
             exclusive=exclusive,
             last_value_key=last_value_key,
+            reader_only=reader_only,
         )
         addr = self.addresses.get(address)
         if addr is None:

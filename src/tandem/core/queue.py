@@ -71,6 +71,7 @@ class Queue:
         max_consumers: int = -1,
         exclusive: bool = False,
         last_value_key: str | None = None,
+        reader_only: bool = False,
         next_seq: int = 1,
         seq_reserved: int = 0,
     ) -> None:
@@ -89,6 +90,7 @@ class Queue:
         self.max_consumers = max_consumers
         self.exclusive = exclusive
         self.last_value_key = last_value_key
+        self.reader_only = reader_only  # dedicated to range readers: ordinary consumers are refused
         self.owner: object = None
         self.addr: Address | None = None
         self._schedule = schedule
@@ -428,6 +430,48 @@ class Queue:
             self._push_front(refs)
             self.deliver_soon()
 
+    # ------------------------------------------------------ range readers
+    def first_seq(self) -> int:
+        """The lowest sequence still in the queue (last_seq + 1 when empty)."""
+        heads = [level[0].seq for level in self._levels if level]
+        return min(heads) if heads else self._next_seq
+
+    def read_range(self, start: int, end: int, limit: int) -> list[MessageRef]:
+        """Messages with start < seq <= end in sequence order, without consuming them (at most `limit`).
+
+        Made for a reader that keeps its own offsets (the Spark source): it scans from the head of
+        each priority level, so it is cheap when the reader acknowledges what it has read.
+        """
+        out: list[MessageRef] = []
+        now = now_ms()
+        for level in self._levels:
+            for ref in level:
+                seq = ref.seq
+                if seq > end:
+                    break
+                if seq > start and not ref.removed:
+                    exp = ref.message.expiration
+                    if not exp or exp > now:
+                        out.append(ref)
+        out.sort(key=_seq_of)
+        return out[:limit] if limit >= 0 else out
+
+    def ack_upto(self, seq: int, tx: list[object] | None = None) -> int:
+        """Acknowledge every queued message with a sequence up to `seq` (a range reader's commit)."""
+        dropped: list[MessageRef] = []
+        for level in self._levels:
+            while level and level[0].seq <= seq:
+                ref = level.popleft()
+                self._count -= 1
+                self._bytes -= ref.message.size
+                if self.last_value_key is not None:
+                    self._forget_last_value(ref)
+                dropped.append(ref)
+        if dropped:
+            self.messages_acked += len(dropped)
+            self._drop(dropped, tx)
+        return len(dropped)
+
     # ----------------------------------------------------- expiry and DLQ
     def _expire(self, ref: MessageRef) -> None:
         self.messages_expired += 1
@@ -492,6 +536,8 @@ class Queue:
             "temporary": self.temporary,
             "exclusive": self.exclusive,
             "last_value_key": self.last_value_key,
+            "reader_only": self.reader_only,
+            "first_seq": self.first_seq(),
             "filter": self.filter_text,
             "message_count": self.message_count,
             "delivering_count": self.delivering_count,

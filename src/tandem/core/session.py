@@ -99,6 +99,8 @@ class ServerSession:
         q = self.postoffice.queue_for_consumer(queue_name)
         if window == -2:
             window = q.settings.default_consumer_window_size
+        if q.reader_only and not browse_only:
+            raise IllegalState(f"queue {queue_name!r} is reserved for range readers (reader-only): no consumers")
         if not browse_only and q.max_consumers >= 0 and len(q.consumers) >= q.max_consumers:
             raise IllegalState(f"queue {queue_name!r} already has its maximum of {q.max_consumers} consumer(s)")
         c = Consumer(cid, q, sink, window, filt, browse_only, owner=self)

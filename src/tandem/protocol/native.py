@@ -157,6 +157,26 @@ class RequestCredits(Packet, tag=21):
     amount: int
 
 
+class ReadRange(Packet, tag=22):
+    """Messages of `queue` with start < seq <= end, in order, not consumed (at most `limit`; -1: all)."""
+
+    channel: int
+    cmd: int
+    queue: str
+    start: int
+    end: int
+    limit: int = -1
+
+
+class AckUpTo(Packet, tag=23):
+    """Acknowledge every message of `queue` with a sequence up to `seq` (answered after fsync)."""
+
+    channel: int
+    cmd: int
+    queue: str
+    seq: int
+
+
 class Manage(Packet, tag=20):
     """An administrative call: `op` names it, `args` are its keyword arguments."""
 
@@ -194,6 +214,16 @@ class Deliver(Packet, tag=33):
     message: msgspec.Raw
 
 
+class RangeResult(Packet, tag=35):
+    """The answer to READ_RANGE: the queue's first and last sequence now, and [seq, id, delivery count, message]."""
+
+    channel: int
+    cmd: int
+    first_seq: int
+    last_seq: int
+    messages: list[tuple[int, int, int, msgspec.Raw]]
+
+
 class ConsumerClosed(Packet, tag=34):
     channel: int
     consumer_id: int
@@ -219,9 +249,22 @@ ClientPacket = (
     | Rollback
     | Nack
     | RequestCredits
+    | ReadRange
+    | AckUpTo
 )
 ServerPacket = (
-    HelloOk | Ping | Pong | Error | Topology | Activated | Confirm | Response | Exception_ | Deliver | ConsumerClosed
+    HelloOk
+    | Ping
+    | Pong
+    | Error
+    | Topology
+    | Activated
+    | Confirm
+    | Response
+    | Exception_
+    | Deliver
+    | ConsumerClosed
+    | RangeResult
 )
 
 CLIENT_TAGS = {c.__struct_config__.tag for c in ClientPacket.__args__}

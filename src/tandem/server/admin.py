@@ -95,6 +95,7 @@ class Admin:
         exists_ok: bool = False,
         exclusive: bool | None = None,
         last_value_key: str | None = None,
+        reader_only: bool = False,
     ) -> None:
         q = self.broker.require_active().create_queue(
             name,
@@ -107,6 +108,7 @@ class Admin:
             exists_ok=exists_ok,
             exclusive=exclusive,
             last_value_key=last_value_key,
+            reader_only=reader_only,
         )
         if temporary and conn is not None:
             conn.temp_queues.add(q.name)

@@ -359,6 +359,7 @@ class Broker:
                 max_consumers=r.max_consumers,
                 exclusive=r.exclusive,
                 last_value_key=r.last_value_key,
+                reader_only=r.reader_only,
                 next_seq=max(lq.seq_reserved, 1),
                 seq_reserved=lq.seq_reserved,
             )

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
+import msgspec
+
 from ..core.consumer import Consumer
 from ..core.message import MessageRef
 from ..core.session import ServerSession
@@ -353,6 +355,19 @@ class NativeConnection(asyncio.Protocol):
         else:
             addr.request_credit(max(pkt.amount, 1), grant)
 
+    def on_read_range(self, pkt: p.ReadRange) -> None:
+        self._session(pkt.channel)
+        q = self.broker.require_active().queue(pkt.queue)
+        refs = q.read_range(pkt.start, pkt.end, pkt.limit)
+        items = [(r.seq, r.message.id, r.delivery_count, _raw(r.message.raw)) for r in refs]
+        self.send(p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items))
+
+    def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
+        self._session(pkt.channel)
+        q = self.broker.require_active().queue(pkt.queue)
+        n = q.ack_upto(pkt.seq)
+        self._reply(pkt.channel, pkt.cmd, {"acked": n}, after_journal=n > 0)
+
     def _reply(self, channel: int, cmd: int, result: Any, after_journal: bool) -> None:
         def reply() -> None:
             if not self.closed:
@@ -410,4 +425,10 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.Rollback: NativeConnection.on_rollback,
     p.Nack: NativeConnection.on_nack,
     p.RequestCredits: NativeConnection.on_request_credits,
+    p.ReadRange: NativeConnection.on_read_range,
+    p.AckUpTo: NativeConnection.on_ack_up_to,
 }
+
+
+def _raw(raw: msgspec.Raw | bytes) -> msgspec.Raw:
+    return raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)

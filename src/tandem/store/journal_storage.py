@@ -212,6 +212,7 @@ class JournalStorage:
             queue.auto_created,
             queue.exclusive,
             queue.last_value_key,
+            queue.reader_only,
         )
         self.bindings.add(queue.id, RecordType.QUEUE, _encode(rec))
 

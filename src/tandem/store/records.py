@@ -41,6 +41,7 @@ class QueueRecord(msgspec.Struct, array_like=True, gc=False):
     auto_created: bool = False
     exclusive: bool = False
     last_value_key: str | None = None
+    reader_only: bool = False
 
 
 class MessageRecord(msgspec.Struct, array_like=True, gc=False):
