@@ -97,6 +97,7 @@ class StompParser:
             if m is None:
                 if n - pos > limit:
                     raise FrameTooLarge(f"frame headers exceed max-frame-size {limit}")
+                self._check_command_prefix(data, pos)
                 self._buf += data[pos:]
                 return out
             frame, end = self._frame(data, pos, m.start(), m.end())
@@ -105,6 +106,31 @@ class StompParser:
                 return out
             out.append(frame)
             pos = end
+            if frame.command in ("CONNECT", "STOMP") and pos < n:
+                # What follows is parsed with the negotiated version: the caller
+                # sets `version` and feeds b"" to get the rest.
+                self._buf += data[pos:]
+                return out
+
+    def _check_command_prefix(self, data: bytes, pos: int) -> None:
+        """Reject at once input whose first line can never become a known command.
+
+        Without this, a TLS hello or a stray text line would wait for a header end
+        that never comes, until the connection's TTL.
+        """
+        eol = data.find(b"\n", pos)
+        first = data[pos : eol if eol >= 0 else len(data)]
+        if first.endswith(b"\r"):
+            first = first[:-1]
+        try:
+            text = first.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "\ufffd"
+        if eol >= 0:
+            if text not in self.commands:
+                raise StompError(f"unknown command {text[:40]!r}")
+        elif not any(c.startswith(text) for c in self.commands):
+            raise StompError(f"unknown command {text[:40]!r}")
 
     def _frame(self, data: bytes, pos: int, head_end: int, body_start: int) -> tuple[Frame | None, int]:
         try:

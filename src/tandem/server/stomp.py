@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ _FRAME_HEADERS = frozenset(
      "_AMQ_DUPL_ID", "message-id", "subscription", "ack", "redelivered", "timestamp"}
 )  # fmt: skip
 _decode_data = msgspec.msgpack.Decoder(MessageData).decode
+_UNSAFE_1_0 = re.compile(r"[:\r\n]")
 
 
 class Subscription:
@@ -89,7 +91,10 @@ class Subscription:
             parts.append(f"ack:{consumer.id}.{m.id}\n")
         if data.properties:
             for k, v in data.properties.items():
-                parts.append(f"{st.escape(k, version)}:{st.escape(_text(v), version)}\n")
+                text = _text(v)
+                if version == "1.0" and (_UNSAFE_1_0.search(k) or "\n" in text or "\r" in text):
+                    continue  # 1.0 has no escaping: such a header would break the frame
+                parts.append(f"{st.escape(k, version)}:{st.escape(text, version)}\n")
         parts.append(f"content-length:{len(body)}\n\n")
         conn.write("".join(parts).encode() + body + b"\0")
         if self.ack_mode == "auto":  # acknowledged as it leaves (STOMP's auto mode)
@@ -139,6 +144,8 @@ class StompConnection(asyncio.Protocol):
         self.last_sent = self.last_received
         self.ttl_ms = broker.config.effective_ttl_ms
         self.send_beat_ms = 0  # how often we must send something (the client asked)
+        self._beat_timer: asyncio.TimerHandle | None = None
+        self._beat_period = 0.0
         self.temp_queues: set[str] = set()
 
     # ----------------------------------------------------------- transport
@@ -190,22 +197,27 @@ class StompConnection(asyncio.Protocol):
         if self.closed:
             return
         self.last_received = self.loop.time()
-        try:
-            frames = self.parser.feed(data)
-        except TandemError as exc:
-            self.error(exc.message)
-            return
-        for frame in frames:
-            if self.is_closed():
-                break
+        while True:
             try:
-                self._handle(frame)
+                frames = self.parser.feed(data)
             except TandemError as exc:
-                self.error(exc.message, frame.get("receipt"))
-            except Exception as exc:
-                log.exception("error handling STOMP %s from %s", frame.command, self.peer)
-                self.error(f"internal error: {exc!r}", frame.get("receipt"))
-        if self._receipts:
+                self.error(exc.message)
+                return
+            for frame in frames:
+                if self.is_closed():
+                    return
+                try:
+                    self._handle(frame)
+                except TandemError as exc:
+                    self.error(exc.message, frame.get("receipt"))
+                except Exception as exc:
+                    log.exception("error handling STOMP %s from %s", frame.command, self.peer)
+                    self.error(f"internal error: {exc!r}", frame.get("receipt"))
+            # The parser stops after CONNECT so the rest is read with the negotiated version.
+            if self.is_closed() or not frames or frames[-1].command not in ("CONNECT", "STOMP"):
+                break
+            data = b""
+        if self._receipts and not self.closed:
             self._flush_receipts()
 
     def error(self, message: str, receipt: str | None = None) -> None:
@@ -229,6 +241,9 @@ class StompConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+            self._beat_timer = None
         self.broker.connections.discard(self)
         for tx in self.transactions.values():
             if self.session is not None:
@@ -250,10 +265,17 @@ class StompConnection(asyncio.Protocol):
             return
         if now - self.last_received > self.ttl_ms / 1000:
             self.error(f"no frame or heart-beat for {self.ttl_ms / 1000:.1f}s")
-        elif self.send_beat_ms and (now - self.last_sent) * 1000 >= self.send_beat_ms:
+        elif self.send_beat_ms and (now - self.last_sent) * 1000 >= self.send_beat_ms / 2:
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.write(b"\n")
                 self.last_sent = now
+
+    def _beat(self) -> None:
+        if self.closed:
+            return
+        self.check_alive(self.loop.time())
+        if not self.closed:
+            self._beat_timer = self.loop.call_later(self._beat_period, self._beat)
 
     # ------------------------------------------------------------ handlers
     def _handle(self, frame: st.Frame) -> None:
@@ -327,23 +349,32 @@ class StompConnection(asyncio.Protocol):
         if version != "1.0":
             headers.append(("heart-beat", f"{self.send_beat_ms},{cx}"))
         self.write(st.encode("CONNECTED", headers, b"", version))
+        if cx > 0 or self.send_beat_ms:
+            # Negotiated beats need their own clock: the broker's housekeeping tick
+            # (connection-check-period) is far coarser than a 100 ms heart-beat.
+            periods = [p for p in (self.send_beat_ms / 2, self.ttl_ms / 4) if p > 0]
+            self._beat_period = min(periods) / 1000
+            self._beat_timer = self.loop.call_later(self._beat_period, self._beat)
 
     on_stomp = on_connect
 
     def on_disconnect(self, frame: st.Frame) -> None:
+        # Receipts of earlier frames in this read go first, then this one, then the close.
+        if self._receipts:
+            self._flush_receipts()
         rid = frame.get("receipt")
-        if rid is None:
-            self._flush()
-            self.close()
-            return
 
         def bye() -> None:
             if not self.closed:
-                self.write(st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version))
+                if rid is not None:
+                    self.write(st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version))
                 self._flush()
                 self.close()
 
-        self.broker.storage.after_durable(bye)
+        if self._pending_durable or rid is not None:
+            self.broker.storage.after_durable(bye)
+        else:
+            bye()
 
     # ---------------------------------------------------------------- send
     def _address(self, destination: str | None) -> tuple[str, RoutingType]:
@@ -424,11 +455,15 @@ class StompConnection(asyncio.Protocol):
                 if not self.client_id:
                     raise st.StompError("a durable subscription needs a client-id on CONNECT")
                 qname = f"{self.client_id}.{durable_name}"
-                po.create_queue(qname, address, RoutingType.MULTICAST, durable=True, exists_ok=True)
+                po.create_queue(
+                    qname, address, RoutingType.MULTICAST, durable=True, filter_text=selector, exists_ok=True
+                )
                 sub.durable_queue = qname
             else:
                 qname = f"{address}.stomp.{id(self):x}.{sid}"
-                po.create_queue(qname, address, RoutingType.MULTICAST, durable=False, temporary=True)
+                po.create_queue(
+                    qname, address, RoutingType.MULTICAST, durable=False, filter_text=selector, temporary=True
+                )
                 self.temp_queues.add(qname)
                 sub.temporary = qname
         else:
@@ -516,6 +551,9 @@ class StompConnection(asyncio.Protocol):
         consumer = sub.consumer
         if consumer is None or mid not in consumer.delivering:
             raise st.StompError(f"message {mid} is not awaiting an ack on subscription {sub.id}")
+        # A transactional NACK is checked and applied at once: on COMMIT or ABORT
+        # the message would go back to its queue all the same.
+        self._tx(frame)
         self.session.nack(consumer.id, mid)
         if consumer.message_mode:
             consumer.add_credits(1)
@@ -546,11 +584,8 @@ class StompConnection(asyncio.Protocol):
         if tx is None:
             raise st.StompError("ABORT needs a transaction header")
         del self.transactions[frame.headers["transaction"]]
+        # Credit came back when the ACKs were made; the messages now return to their queues.
         self.session.rollback(tx)
-        for sub in self.subscriptions.values():  # the aborted acks' messages come back: so does credit
-            c = sub.consumer
-            if c is not None and c.message_mode and c.credits <= 0:
-                c.add_credits(max(1, sub.prefetch - len(c.delivering)))
         self._receipt(frame)
 
 
