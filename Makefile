@@ -3,35 +3,45 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test lint typecheck unit integration clean bench
+.PHONY: run test lint typecheck unit integration spark pipeline clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e .
 	touch $(STAMP)
+
+# Tests also cover the Spark connector: pyspark (the `spark` extra) and Java 17.
+$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh
+	scripts/ensure-java.sh
+	$(BIN)/pip install -q -e '.[test,spark]'
+	touch $(STAMP) $(TSTAMP)
 
 run: $(STAMP)
 	$(BIN)/tandem run --data ./data --bind 127.0.0.1:61616
 
-lint: $(STAMP)
+lint: $(TSTAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 
-typecheck: $(STAMP)
+typecheck: $(TSTAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider
 
-unit: $(STAMP)
+unit: $(TSTAMP)
 	$(BIN)/pytest -q tests/unit
 
-integration: $(STAMP)
+integration: $(TSTAMP)
 	$(BIN)/pytest -q tests/integration
+
+spark: $(TSTAMP)
+	$(BIN)/pytest -q tests/spark
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -32,7 +32,8 @@ class TandemBroker:
             f'data-directory = "{self.data_dir}"\n{extra_toml}\n[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\n'
         )
         self.proc: subprocess.Popen[str] | None = None
-        self.port = 0
+        self.port = 0  # the "native" acceptor's port
+        self.ports: dict[str, int] = {}  # every acceptor's port, by acceptor name
         self.start_seconds = 0.0
 
     @property
@@ -59,6 +60,8 @@ class TandemBroker:
             if not line and self.proc.poll() is not None:
                 raise RuntimeError(f"tandem exited: {(self._tmp / 'broker.log').read_text()[-2000:]}")
             m = _LISTEN.search(line)
+            if m:
+                self.ports[m.group(1)] = int(m.group(3))
             if m and m.group(1) == "native":
                 self.port = int(m.group(3))
             if line.startswith("Stop with Ctrl-C"):

@@ -6,7 +6,9 @@ Hand-written minimal framing, no task or future per message:
   at most ``--window`` receipts outstanding; every ``data_received`` call
   handles all RECEIPT frames it holds and tops the window up with one write;
 * consumer: SUBSCRIBE with ``ack:client-individual`` and
-  ``prefetch-count:--prefetch``; one ACK per MESSAGE, all ACKs of one
+  ``prefetch-count:--prefetch`` (plus any ``--subscribe-header``, e.g.
+  ``activemq.prefetchSize:{prefetch}`` for ActiveMQ Classic, which ignores
+  ``prefetch-count``); one ACK per MESSAGE, all ACKs of one
   ``data_received`` call in one write.
 
 Works against RabbitMQ's STOMP plugin and Tandem's STOMP acceptor; the
@@ -353,7 +355,8 @@ class Consumer(StompClient):
             (
                 f"SUBSCRIBE\nid:{self.worker.index}\ndestination:{args.destination}\n"
                 f"ack:client-individual\nprefetch-count:{args.prefetch}\n"
-                "receipt:sub\n\n\0"
+                + "".join(f"{h}\n" for h in args.subscribe_header)
+                + "receipt:sub\n\n\0"
             ).encode(),
             b"sub",
         )
@@ -457,9 +460,23 @@ def main() -> None:
         help="RabbitMQ only: delete and re-declare the durable queue over AMQP first",
     )
     parser.add_argument("--no-prepare", action="store_true", help="use --queue as it is")
+    parser.add_argument(
+        "--subscribe-header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="extra SUBSCRIBE header, repeatable; {prefetch} is replaced by --prefetch "
+        "(e.g. ActiveMQ Classic: activemq.prefetchSize:{prefetch})",
+    )
     args = parser.parse_args()
+    for header in args.subscribe_header:
+        if ":" not in header or "\n" in header or header.startswith(":"):
+            parser.error(f"--subscribe-header {header!r}: expected NAME:VALUE")
+    args.subscribe_header = [h.replace("{prefetch}", str(args.prefetch)) for h in args.subscribe_header]
     report = run_benchmark(args, CLIENT, producer, consumer, prepare)
     report["queue"] = args.queue
+    if args.subscribe_header:
+        report["subscribe_headers"] = args.subscribe_header
     print_report(args, report)
 
 
