@@ -126,6 +126,27 @@ class MessageDoesNotExist(TandemError):
 
 class DuplicateId(TandemError):
     code = ErrorCode.DUPLICATE_ID
+    _PREFIX = "duplicate message (dedup id already seen), [address, dedup id]: "
+
+    @classmethod
+    def of(cls, duplicates: list[tuple[str, str]]) -> DuplicateId:
+        """The error for these (address, dedup id) pairs; `duplicates` reads them back on the client."""
+        import json
+
+        return cls(cls._PREFIX + json.dumps([list(d) for d in duplicates]))
+
+    @property
+    def duplicates(self) -> list[tuple[str, str]]:
+        """Every (address, dedup id) of the refused send or transaction (so a caller can drop them and retry)."""
+        import json
+
+        _, sep, tail = self.message.partition(self._PREFIX)
+        if not sep:
+            return []
+        try:
+            return [(str(a), str(d)) for a, d in json.loads(tail)]
+        except (ValueError, TypeError):
+            return []
 
 
 class TransactionRolledBack(TandemError):

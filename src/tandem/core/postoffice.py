@@ -413,12 +413,15 @@ class PostOffice:
         from ..errors import DuplicateId
 
         seen: set[tuple[str, str]] = set()
+        duplicates: list[tuple[str, str]] = []
         for m in messages:
             if m.dedup_id is not None:
                 key = (m.address, m.dedup_id)
                 if key in seen or m.dedup_id in self.dedup_cache(m.address):
-                    raise DuplicateId(f"duplicate message: dedup id {m.dedup_id!r} on address {m.address!r}")
+                    duplicates.append(key)
                 seen.add(key)
+        if duplicates:
+            raise DuplicateId.of(duplicates)
         routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
         ops: list[object] = []
         added: list[MessageRef] = []

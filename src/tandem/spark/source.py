@@ -58,7 +58,9 @@ class TandemDataSource(DataSource):
         keys = {k.lower() for k in self.options}
         if "address" in keys and "queue" not in keys:
             return schema_ddl()  # writing: the rows' own schema is used
-        return schema_ddl(ReadOptions.parse(self.options).body_ddl())
+        opts = ReadOptions.parse(self.options)
+        opts.check_reachable()  # at load(), in the caller's thread: not later inside the query
+        return schema_ddl(opts.body_ddl())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return TandemStreamReader(ReadOptions.parse(self.options), schema)
@@ -369,29 +371,40 @@ class Written(WriterCommitMessage):
 
 
 def write_partition(opts: WriteOptions, fields: list[str], rows: Iterator[Any], tx_id: str, partition: int) -> Written:
-    """One broker transaction for the partition, with `tx_id` as its dedup id: at most once per id."""
+    """One broker transaction for the partition, with `tx_id` as its dedup id: at most once per id.
+
+    Rows whose dedup_id the address has already seen are dropped, as a plain send would drop
+    them: the broker refuses the whole transaction naming them, and it is sent again without.
+    """
     from ..client.connection import AsyncConnection
     from ..client.message import Message
-    from ..errors import TransactionRolledBack
+    from ..errors import DuplicateId, TransactionRolledBack
 
-    messages = [to_message(opts, fields, row) for row in rows]
-
+    messages = _first_of_each_dedup_id([to_message(opts, fields, row) for row in rows])
     extra = client_options(opts.client, connect_retries=True)
     extra.setdefault("auto_dedup", False)  # the transaction's dedup id already makes a resend safe
 
     async def go() -> None:
+        nonlocal messages
         conn = await AsyncConnection.connect(opts.url, **extra)
         try:
             session = await conn.create_session(transacted=True)
             producer = session.create_producer(opts.address)
-            for attempt in range(5):
+            rolled_back = 0
+            while True:
                 try:
                     for m in messages:
                         await producer.send_async(Message(**m))
                     await session.commit(dedup_id=tx_id)
                     return
+                except DuplicateId as exc:
+                    seen = {d for a, d in exc.duplicates if a == opts.address}
+                    if not seen:
+                        raise
+                    messages = [m for m in messages if m.get("dedup_id") not in seen]
                 except TransactionRolledBack:
-                    if attempt == 4:
+                    rolled_back += 1
+                    if rolled_back == 5:
                         raise
                     await asyncio.sleep(0.2)  # failed over mid-transaction: the same id makes a retry safe
         finally:
@@ -400,6 +413,19 @@ def write_partition(opts: WriteOptions, fields: list[str], rows: Iterator[Any], 
     asyncio.run(go())
     _injected_fault("after-commit", opts.address)
     return Written(partition, len(messages), tx_id)
+
+
+def _first_of_each_dedup_id(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    out = []
+    for m in messages:
+        d = m.get("dedup_id")
+        if d is not None:
+            if d in seen:
+                continue
+            seen.add(d)
+        out.append(m)
+    return out
 
 
 FAULT_DIR_ENV = "TANDEM_SPARK_FAULT_DIR"
