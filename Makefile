@@ -25,8 +25,8 @@ run: $(STAMP)
 	$(BIN)/tandem run --data ./data --bind 127.0.0.1:61616
 
 lint: $(TSTAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check --no-cache src tests bench
+	$(BIN)/ruff format --no-cache --check src tests bench
 
 typecheck: $(TSTAMP)
 	$(BIN)/mypy

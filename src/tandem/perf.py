@@ -181,6 +181,7 @@ def _consumer_proc(args: dict[str, Any], recv: Any, out: Any, ready: Any) -> Non
         tx = args["tx_batch"]
         opened = [await _open_consumer(args["url"], args["queue"], args["consumer_window"], tx > 0) for _ in counts]
         ready.set()
+        started = time.monotonic_ns()
         got = await asyncio.gather(
             *(
                 _consume(c, k, n, recv, lats[i], deadline, tx)
@@ -190,7 +191,12 @@ def _consumer_proc(args: dict[str, Any], recv: Any, out: Any, ready: Any) -> Non
         merged = array("q")
         for a in lats:
             merged.extend(a)
-        return {"received": sum(got), "last_receive_ns": time.monotonic_ns(), "lat": merged.tobytes()}
+        return {
+            "received": sum(got),
+            "started_ns": started,
+            "last_receive_ns": time.monotonic_ns(),
+            "lat": merged.tobytes(),
+        }
 
     try:
         out.send(asyncio.run(run()))
@@ -300,11 +306,11 @@ def main(a: argparse.Namespace) -> int:
     elif cons:
         lat = array("q")
         lat.frombytes(cons["lat"])
-        first = prod["first_send_ns"] if prod else min(lat) if lat else 0
-        dur = (cons["last_receive_ns"] - first) / 1e9 if prod else 0.0
+        # Pair: from the first send; consumer alone (draining a filled queue): from its start.
+        first = prod["first_send_ns"] if prod else cons["started_ns"]
+        dur = (cons["last_receive_ns"] - first) / 1e9
         result.update(received=cons["received"], latency_ms=percentiles(lat))
-        if prod:
-            result.update(msgs_per_s=round(cons["received"] / dur, 1) if dur > 0 else 0.0, duration_s=round(dur, 3))
+        result.update(msgs_per_s=round(cons["received"] / dur, 1) if dur > 0 else 0.0, duration_s=round(dur, 3))
         if cons["received"] < a.count:
             result["error"] = f"only {cons['received']} of {a.count} messages arrived"
     if a.json:

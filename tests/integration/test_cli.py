@@ -386,3 +386,12 @@ def test_perf_pair(running: BrokerProcess) -> None:
     assert result["msgs_per_s"] > 0
     lat = result["latency_ms"]
     assert 0 < lat["p50"] <= lat["p99"] <= lat["p999"], lat
+
+
+def test_perf_producer_then_consumer_each_report_a_rate(running: BrokerProcess) -> None:
+    common = ["--url", running.url, "--queue", "perf.split", "--count", 1500, "--json", "--no-progress"]
+    produced = json.loads(ok("perf", "producer", *common, timeout=120).strip().splitlines()[-1])
+    assert produced["msgs_per_s"] > 0 and "error" not in produced, produced
+    consumed = json.loads(ok("perf", "consumer", *common, timeout=120).strip().splitlines()[-1])
+    assert consumed["received"] == 1500 and "error" not in consumed, consumed
+    assert consumed["msgs_per_s"] > 0 and consumed["duration_s"] > 0, consumed

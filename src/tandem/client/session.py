@@ -177,12 +177,21 @@ class AsyncSession:
 
         For a reader that keeps its own offsets (the Spark source); pair it with `ack_upto`.
         """
+        first, last, records = await self.read_range_records(queue, start, end, limit)
+        return RangeRead(first, last, [ReceivedMessage.from_data(d, mid, dc, seq, n) for seq, mid, dc, d, n in records])
+
+    async def read_range_records(
+        self, queue: str, start: int, end: int, limit: int = -1
+    ) -> tuple[int, int, list[tuple[int, int, int, MessageData, int]]]:
+        """As `read_range`, as (seq, id, delivery count, message data, encoded size) tuples: for bulk readers."""
         ch = self.channel
         res: p.RangeResult = await self.conn.call(ch, lambda cmd: p.ReadRange(ch.id, cmd, queue, start, end, limit))
-        msgs = [
-            ReceivedMessage.from_data(_decode_data(raw), mid, dc, seq, len(raw)) for seq, mid, dc, raw in res.messages
-        ]
-        return RangeRead(res.first_seq, res.last_seq, msgs)
+        decode = _decode_data
+        return (
+            res.first_seq,
+            res.last_seq,
+            [(seq, mid, dc, decode(raw), len(raw)) for seq, mid, dc, raw in res.messages],
+        )
 
     async def queue_offsets(self, queue: str) -> tuple[int, int]:
         """(first sequence still in the queue, last sequence given out): cheap, for polling."""

@@ -274,21 +274,25 @@ SERVER_TAGS = {c.__struct_config__.tag for c in ServerPacket.__args__}
 class FrameReader:
     """Splits a byte stream into packets; raises ProtocolError subclasses on bad input."""
 
-    __slots__ = ("_buf", "_decoder", "_known", "_need_magic", "max_frame_size")
+    __slots__ = ("_buf", "_decoder", "_known", "_need", "_need_magic", "max_frame_size")
 
     def __init__(self, packet_type: Any, max_frame_size: int, expect_magic: bool) -> None:
         self._buf = bytearray()
         self._decoder = msgspec.msgpack.Decoder(packet_type)
         self._known = CLIENT_TAGS if packet_type is ClientPacket else SERVER_TAGS
         self._need_magic = expect_magic
+        self._need = 0  # bytes the buffered partial frame needs before it is worth parsing
         self.max_frame_size = max_frame_size
 
     def feed(self, data: bytes) -> list[Any]:
         buf = self._buf
         if buf:
             buf += data
+            if len(buf) < self._need:
+                return []  # a large frame still arriving: no copy, no parse (else quadratic)
             data = bytes(buf)  # frames are sliced out of immutable bytes: one copy each
             buf.clear()
+        self._need = 0
         pos = 0
         if self._need_magic:
             if len(data) < len(MAGIC):
@@ -312,6 +316,7 @@ class FrameReader:
             if n == 0:
                 raise ProtocolError("empty frame")
             if end - pos - 4 < n:
+                self._need = 4 + n
                 break
             payload = data[pos + 4 : pos + 4 + n]
             pos += 4 + n

@@ -222,34 +222,47 @@ class TandemStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_partition(opts: ReadOptions, schema: StructType, part: RangePartition) -> Iterator[Any]:
-    """Executor side: its own connection; the range read in chunks, each yielded as an Arrow record batch."""
+    """Executor side: its own connection; the range read in chunks, each yielded as an Arrow record batch.
+
+    The next chunk is asked for before the current one is handed to Spark, so the broker
+    encodes it while Spark works.
+    """
     from ..client.connection import AsyncConnection
 
     loop = asyncio.new_event_loop()
     conn: Any = None
+    session: Any = None
 
     async def fetch(lo: int) -> Any:
-        nonlocal conn
+        nonlocal conn, session
         if conn is None or conn.closed:
             conn = await AsyncConnection.connect(opts.url, **client_options(opts.client, connect_retries=True))
-        session = await conn.create_session()
+            session = None
+        if session is None:
+            session = await conn.create_session()
         try:
-            return await session.read_range(part.queue, lo, part.end, READ_CHUNK)
-        finally:
-            await session.close()
+            return await session.read_range_records(part.queue, lo, part.end, READ_CHUNK)
+        except BaseException:
+            session = None  # made again on the retry (after a failover the old one is gone)
+            raise
+
+    def ask(lo: int) -> asyncio.Task[Any]:
+        task = loop.create_task(_retrying(lambda: fetch(lo)))
+        loop.run_until_complete(asyncio.sleep(0))  # the request leaves now
+        return task
 
     arrow = arrow_schema(schema)
     try:
-        lo = part.start
-        while lo < part.end:
-            r = loop.run_until_complete(_retrying(lambda lo=lo: fetch(lo)))
-            msgs = r.messages
-            if not msgs:
+        pending: asyncio.Task[Any] | None = ask(part.start) if part.start < part.end else None
+        while pending is not None:
+            _first, _last, records = loop.run_until_complete(pending)
+            pending = None
+            if not records:
                 break
-            yield record_batch(part.queue, msgs, opts, arrow)
-            lo = msgs[-1].seq
-            if len(msgs) < READ_CHUNK:
-                break
+            lo = records[-1][0]
+            if len(records) == READ_CHUNK and lo < part.end:
+                pending = ask(lo)
+            yield record_batch(part.queue, records, opts, arrow)
     finally:
         if conn is not None:
             loop.run_until_complete(conn.close())
@@ -264,31 +277,32 @@ def arrow_schema(schema: StructType) -> Any:
     return pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"), f.nullable) for f in schema.fields])
 
 
-def record_batch(queue: str, msgs: list[Any], opts: ReadOptions, arrow: Any) -> Any:
-    """Messages as one Arrow record batch, built column by column (no per-row dict)."""
+def record_batch(queue: str, records: list[Any], opts: ReadOptions, arrow: Any) -> Any:
+    """(seq, id, delivery count, message data, size) records as one Arrow record batch, column by column."""
     import pyarrow as pa
 
-    n = len(msgs)
-    bodies: list[Any] = [m.body for m in msgs]
+    n = len(records)
+    datas = [r[3] for r in records]
+    bodies: list[Any] = [d.body for d in datas]
     if opts.body_format == "string":
         bodies = [b.decode("utf-8", "replace") for b in bodies]
     elif opts.body_format == "json":
         bodies = [_json_or_none(b) for b in bodies]
     columns = {
         "queue": pa.array([queue] * n, pa.string()),
-        "sequence": pa.array([m.seq for m in msgs], pa.int64()),
-        "message_id": pa.array([m.id for m in msgs], pa.int64()),
+        "sequence": pa.array([r[0] for r in records], pa.int64()),
+        "message_id": pa.array([r[1] for r in records], pa.int64()),
         "body": bodies,
         "properties": [
-            [(k, v.decode("utf-8", "replace") if isinstance(v, bytes) else _text(v)) for k, v in m.properties.items()]
-            if m.properties
+            [(k, v.decode("utf-8", "replace") if isinstance(v, bytes) else _text(v)) for k, v in d.properties.items()]
+            if d.properties
             else []
-            for m in msgs
+            for d in datas
         ],
-        "priority": pa.array([m.priority for m in msgs], pa.int32()),
-        "timestamp": [m.timestamp * 1000 if m.timestamp else None for m in msgs],  # microseconds
-        "delivery_count": pa.array([m.delivery_count for m in msgs], pa.int32()),
-        "dedup_id": pa.array([m.dedup_id for m in msgs], pa.string()),
+        "priority": pa.array([d.priority for d in datas], pa.int32()),
+        "timestamp": [d.timestamp * 1000 if d.timestamp else None for d in datas],  # microseconds
+        "delivery_count": pa.array([r[2] for r in records], pa.int32()),
+        "dedup_id": pa.array([d.dedup_id for d in datas], pa.string()),
     }
     arrays = []
     for f in arrow:
