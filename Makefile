@@ -25,8 +25,8 @@ run: $(STAMP)
 	$(BIN)/tandem run --data ./data --bind 127.0.0.1:61616
 
 lint: $(TSTAMP)
-	$(BIN)/ruff check --no-cache src tests bench
-	$(BIN)/ruff format --no-cache --check src tests bench
+	$(BIN)/ruff check --no-cache src tests bench examples
+	$(BIN)/ruff format --no-cache --check src tests bench examples
 
 typecheck: $(TSTAMP)
 	$(BIN)/mypy
@@ -42,6 +42,10 @@ integration: $(TSTAMP)
 
 spark: $(TSTAMP)
 	$(BIN)/pytest -q tests/spark
+
+# The example data pipeline end to end: broker, producer, Spark job, alerts consumer, checks.
+pipeline: $(TSTAMP)
+	$(BIN)/python examples/pipeline/run.py
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -15,7 +15,7 @@ from typing import Any
 from ..client.options import ConnectOptions
 
 CLIENT_OPTIONS = {f.name for f in dataclasses.fields(ConnectOptions)}
-SPARK_OWN = {"path", "checkpointlocation"}  # Spark adds these for sinks
+SPARK_OWN = {"path", "checkpointlocation", "queryname"}  # Spark adds these for sinks
 
 
 class OptionError(ValueError):
