@@ -237,6 +237,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
             max_consumers=args.max_consumers,
             exclusive=args.exclusive or None,
             last_value_key=args.last_value_key,
+            reader_only=args.reader_only,
         )
         print(f"created queue {res['name']!r} on address {res['address']!r} ({res['routing_type']})")
     elif args.action == "delete":
@@ -355,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
             x.add_argument("--max-consumers", type=int, default=-1)
             x.add_argument("--exclusive", action="store_true", help="one active consumer at a time")
             x.add_argument("--last-value-key", help="property whose latest value replaces older messages")
+            x.add_argument(
+                "--reader-only", action="store_true", help="read by range only (Spark); ordinary consumers are refused"
+            )
         if name == "delete":
             x.add_argument("--force", action="store_true", help="also when it has consumers")
     q.set_defaults(func=cmd_queue)

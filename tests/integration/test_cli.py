@@ -179,6 +179,16 @@ def test_queue_administration(running: BrokerProcess) -> None:
     assert "'no-such-queue'" in r.stderr and "does not exist" in r.stderr, _show(r)
 
 
+def test_queue_create_reader_only_refuses_consumers(running: BrokerProcess) -> None:
+    url = running.url
+    ok("queue", "create", "--url", url, "spark.in", "--reader-only")
+    assert queue_stat(url, "spark.in")["reader_only"] is True
+    ok("producer", "--url", url, "--destination", "spark.in", "--count", 3, "--size", 8)
+    r = fails("consumer", "--url", url, "--destination", "spark.in", "--count", 1, "--timeout", 5)
+    assert "reader-only" in r.stderr, _show(r)
+    assert queue_stat(url, "spark.in")["message_count"] == 3
+
+
 def test_address_administration(running: BrokerProcess) -> None:
     url = running.url
 
