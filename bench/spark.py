@@ -1,13 +1,13 @@
 """Spark connector throughput against the native consumer, on one broker in one run.
 
-A fresh broker (production defaults) is filled with N 1 KiB durable messages twice: into a
-reader-only queue for Spark and into an ordinary queue for the native consumer. Then:
+A fresh broker (production defaults) is filled with N 1 KiB durable messages three times: into
+two reader-only queues for Spark and into an ordinary queue for the native consumer. Then:
 
 * native: `tandem perf consumer` drains its queue (msgs/s);
 * ingest: a streaming query (local[2], Trigger.AvailableNow) reads the Spark queue into
   Spark's `noop` sink, which materialises every row (rows/s, timed from start() to the end,
   after a small warm-up read so Python workers are running);
-* sink: a streaming query copies the same queue into a Tandem address with the `tandem`
+* sink: a streaming query copies the second queue into a Tandem address with the `tandem`
   sink, one broker transaction per partition (rows/s, reading included);
 * batch sink: a generated DataFrame of N rows written with `df.write.format("tandem")`.
 
@@ -75,13 +75,14 @@ def _session(cores: int) -> Any:
 
 
 def _timed_stream(
-    spark: Any, url: str, queue: str, parts: int, sink: str, chk: Path, sink_opts: dict[str, str]
+    spark: Any, url: str, queue: str, parts: int, per_trigger: int, sink: str, chk: Path, sink_opts: dict[str, str]
 ) -> float:
     writer = (
         spark.readStream.format("tandem")
         .option("url", url)
         .option("queue", queue)
         .option("minPartitions", str(parts))
+        .option("maxMessagesPerTrigger", str(per_trigger))
         .load()
         .writeStream.format(sink)
         .option("checkpointLocation", str(chk))
@@ -104,19 +105,22 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=2, help="minPartitions of the reads (and Spark cores)")
+    ap.add_argument("--per-trigger", type=int, default=100_000, help="maxMessagesPerTrigger of the streams")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tandem-spark-bench-"))
     b = TandemBroker().start()
     result: dict[str, Any] = {}
     try:
-        asyncio.run(_manage(b.url, "queue.create", name="spark.in", reader_only=True))
-        print(f"filling 2 x {a.count} messages of {a.size} B ...", file=sys.stderr)
+        queues = ("spark.in", "copy.in", "native.in")
+        for q in queues[:2]:
+            asyncio.run(_manage(b.url, "queue.create", name=q, reader_only=True))
+        print(f"filling 3 x {a.count} messages of {a.size} B ...", file=sys.stderr)
         fill = [
             _perf("producer", b.url, q, a.count, ["--size", str(a.size), "--producers", "4", "--no-progress"])
-            for q in ("spark.in", "native.in")
+            for q in queues
         ]
-        assert _count(b.url, "spark.in") == a.count and _count(b.url, "native.in") == a.count
+        assert all(_count(b.url, q) == a.count for q in queues)
 
         print("native consumer ...", file=sys.stderr)
         native = _perf("consumer", b.url, "native.in", a.count, ["--no-progress"])
@@ -128,11 +132,18 @@ def main() -> int:
         warm.count()  # Python workers up and the connector imported before anything is timed
 
         print("spark ingest ...", file=sys.stderr)
-        ingest = _timed_stream(spark, b.url, "spark.in", a.partitions, "noop", work / "chk-ingest", {})
+        ingest = _timed_stream(spark, b.url, "spark.in", a.partitions, a.per_trigger, "noop", work / "chk-ingest", {})
         asyncio.run(_manage(b.url, "queue.create", name="sink.out"))
         print("spark sink (stream copy) ...", file=sys.stderr)
         copy = _timed_stream(
-            spark, b.url, "spark.in", a.partitions, "tandem", work / "chk-copy", {"url": b.url, "address": "sink.out"}
+            spark,
+            b.url,
+            "copy.in",
+            a.partitions,
+            a.per_trigger,
+            "tandem",
+            work / "chk-copy",
+            {"url": b.url, "address": "sink.out"},
         )
         copied = _count(b.url, "sink.out")
         asyncio.run(_manage(b.url, "queue.create", name="batch.out"))
@@ -155,7 +166,8 @@ def main() -> int:
             "command": " ".join(["bench/spark.py", *sys.argv[1:]]),
             "count": a.count,
             "size": a.size,
-            "spark": f"local[{a.partitions}], minPartitions={a.partitions}, pyspark {_pyspark_version()}",
+            "spark": f"local[{a.partitions}], minPartitions={a.partitions}, "
+            f"maxMessagesPerTrigger={a.per_trigger}, pyspark {_pyspark_version()}",
             "fill_msgs_per_s": [f["msgs_per_s"] for f in fill],
             "native_consumer_msgs_per_s": native["msgs_per_s"],
             "spark_ingest_rows_per_s": round(ingest),

@@ -21,9 +21,10 @@ def free_port() -> int:
 class Cluster:
     """N servers on one store: server 0 is the primary, the rest are backups."""
 
-    def __init__(self, root: Path, backups: int = 1, **settings: Any) -> None:
+    def __init__(self, root: Path, backups: int = 1, stomp: bool = False, **settings: Any) -> None:
         self.data = root / "store"
         self.ports = [free_port() for _ in range(backups + 1)]
+        self.stomp_ports = [free_port() for _ in range(backups + 1)] if stomp else []
         names = ["primary"] + [f"backup{i}" if backups > 1 else "backup" for i in range(1, backups + 1)]
         self.servers: list[BrokerProcess] = []
         connectors = "".join(
@@ -31,11 +32,16 @@ class Cluster:
         )
         for i, (name, port) in enumerate(zip(names, self.ports, strict=True)):
             others = [n for n in names if n != name]
+            stomp_acceptor = (
+                f'[[acceptors]]\nname = "stomp"\nprotocol = "stomp"\nbind = "127.0.0.1:{self.stomp_ports[i]}"\n'
+                if stomp
+                else ""
+            )
             extra = (
                 f'ha-policy = "{"shared-store-primary" if i == 0 else "shared-store-backup"}"\n'
                 f'connector-ref = "{name}"\n'
                 f"static-connectors = [{', '.join(repr(o).replace(chr(39), chr(34)) for o in others)}]\n"
-                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{connectors}'
+                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{stomp_acceptor}{connectors}'
             )
             b = BrokerProcess(root / name, name=name, extra_toml=extra, data_directory=str(self.data), **settings)
             self.servers.append(b)
