@@ -20,7 +20,6 @@ CLIENT_COMMANDS = frozenset(
 )
 SERVER_COMMANDS = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
 VERSIONS = ("1.0", "1.1", "1.2")
-_HEADER_END = re.compile(rb"\r?\n\r?\n")
 _UNESCAPE_12 = {"\\\\": "\\", "\\n": "\n", "\\c": ":", "\\r": "\r"}
 _UNESCAPE_11 = {"\\\\": "\\", "\\n": "\n", "\\c": ":"}
 _ESCAPE_RE = re.compile(r"\\.?")
@@ -93,14 +92,22 @@ class StompParser:
                 self.heartbeats += data.count(b"\n", start, pos)
             if pos >= n:
                 return out
-            m = _HEADER_END.search(data, pos)
-            if m is None:
+            # The header block ends at the first EOL EOL (either may be CRLF): two C-level
+            # finds, much cheaper per frame than a regular expression.
+            lf = data.find(b"\n\n", pos)
+            crlf = data.find(b"\n\r\n", pos, lf + 2 if lf >= 0 else n)
+            if crlf >= 0:
+                eol, body_start = crlf, crlf + 3
+            elif lf >= 0:
+                eol, body_start = lf, lf + 2
+            else:
                 if n - pos > limit:
                     raise FrameTooLarge(f"frame headers exceed max-frame-size {limit}")
                 self._check_command_prefix(data, pos)
                 self._buf += data[pos:]
                 return out
-            frame, end = self._frame(data, pos, m.start(), m.end())
+            head_end = eol - 1 if eol > pos and data[eol - 1] == 13 else eol
+            frame, end = self._frame(data, pos, head_end, body_start)
             if frame is None:  # the body is not all here yet
                 self._buf += data[pos:]
                 return out
@@ -138,20 +145,18 @@ class StompParser:
         except UnicodeDecodeError:
             raise StompError("frame headers are not UTF-8") from None
         lines = head.split("\n")
+        if "\r" in head:  # CRLF line endings
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         command = lines[0]
-        if command.endswith("\r"):
-            command = command[:-1]
         if command not in self.commands:
             raise StompError(f"unknown command {command[:40]!r}")
-        escaped = self.version != "1.0" and command not in ("CONNECT", "STOMP", "CONNECTED")
+        escaped = self.version != "1.0" and "\\" in head and command not in ("CONNECT", "STOMP", "CONNECTED")
         headers: dict[str, str] = {}
         for line in lines[1:]:
-            if line.endswith("\r"):  # CRLF line endings
-                line = line[:-1]
-            if not line:
-                continue
             name, sep, value = line.partition(":")
             if not sep:
+                if not line:
+                    continue
                 raise StompError(f"header line without ':' in {command} frame: {line[:60]!r}")
             if escaped and ("\\" in line):
                 name, value = _unescape(name, self.version), _unescape(value, self.version)
