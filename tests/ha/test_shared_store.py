@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -339,3 +340,53 @@ def test_warm_backup_takes_over_a_backlog_without_reloading(cluster: Any) -> Non
     got = asyncio.run(drain())
     assert len(got) == expected_before
     assert [p for p, _ in got] == sorted((p for p, _ in got), reverse=True), "priority order lost"
+
+
+@pytest.mark.timeout(120)
+def test_blocking_iteration_rides_through_a_failover(cluster: Any) -> None:
+    """`for msg in consumer` (blocking API) keeps going after a kill -9, as `async for` does."""
+    c = cluster().start_all()
+    total = 400
+    with tandem.connect(c.url, retry_interval=50) as pconn:
+        prod = pconn.session().create_producer("iter")
+        for i in range(total // 2):
+            prod.send(str(i))
+    seen: list[int] = []
+    errors: list[BaseException] = []
+    with tandem.connect(c.url, retry_interval=50) as conn:
+        session = conn.session(transacted=True)
+        consumer = session.create_consumer("iter")
+
+        def read() -> None:
+            try:
+                batch: list[int] = []
+                for msg in consumer:
+                    batch.append(int(msg.text))
+                    if len(batch) == 10:
+                        try:
+                            session.commit()
+                            seen.extend(batch)
+                        except (tandem.TransactionRolledBack, tandem.Unblocked):
+                            session.rollback()  # not committed: these come again
+                        batch = []
+                    if len(set(seen)) >= total:
+                        return
+            except BaseException as exc:
+                errors.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while len(seen) < total // 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the reader now waits in receive() for more
+        c.primary.kill()
+        c.wait_state(1, "active")
+        with tandem.connect(c.url, retry_interval=50) as pconn:
+            prod = pconn.session().create_producer("iter")
+            for i in range(total // 2, total):
+                prod.send(str(i))
+        reader.join(60)
+        assert not reader.is_alive(), f"iteration stopped after {len(seen)} messages"
+        assert not errors, errors
+    assert sorted(seen) == list(range(total))  # every message once, none lost, none twice

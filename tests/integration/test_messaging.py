@@ -69,11 +69,64 @@ def test_client_ack_is_cumulative_and_close_redelivers_rest_in_order(broker: Bro
         consumer = await session.create_consumer("q")
         rest = [await consumer.receive(5) for _ in range(3)]
         assert [m.text for m in rest if m] == ["m3", "m4", "m5"]
-        assert [m.delivery_count for m in rest if m] == [2, 2, 2]
-        assert rest[0] is not None and rest[0].redelivered
+        # m3 reached the application unacked: a failed delivery. m4 and m5 were only in the
+        # client's buffer: they come back as they were.
+        assert [m.delivery_count for m in rest if m] == [2, 1, 1]
+        assert [m.redelivered for m in rest if m] == [True, False, False]
         await rest[-1].ack()
         await conn.close()
         assert (await _stat(broker.url, "q"))["message_count"] == 0
+
+    run(main())
+
+
+def test_short_lived_consumers_do_not_use_up_delivery_attempts_of_buffered_messages(
+    broker_factory: Any,
+) -> None:
+    """A consumer that takes one message and closes, again and again, must not dead-letter the rest.
+
+    The broker sends a whole window ahead; what stayed in the client's buffer was never a failed
+    delivery. Closing the consumer, the session or the connection says so.
+    """
+    b = broker_factory(address_settings={"#": {"max-delivery-attempts": 3}}).start()
+
+    async def main() -> None:
+        await _send(b.url, "short", [f"m{i}" for i in range(12)])
+        for round_ in range(10):
+            conn = await aio.connect(b.url)
+            session = await conn.create_session(ack_mode="client")
+            consumer = await session.create_consumer("short")
+            msg = await consumer.receive(5)
+            assert msg is not None and msg.text == f"m{round_}"
+            assert msg.delivery_count == 1, (round_, msg.delivery_count)
+            await msg.ack()
+            # three ways to leave: consumer, session, connection
+            if round_ % 3 == 0:
+                await consumer.close()
+            elif round_ % 3 == 1:
+                await session.close()
+            await conn.close()
+        stat = await _stat(b.url, "short")
+        assert stat["message_count"] == 2
+
+    run(main())
+
+
+def test_received_but_unacked_messages_still_count_and_dead_letter(broker_factory: Any) -> None:
+    b = broker_factory(address_settings={"#": {"max-delivery-attempts": 2, "dead-letter-address": "DLQ"}}).start()
+
+    async def main() -> None:
+        await _send(b.url, "seen", ["x", "y"])
+        for _ in range(2):
+            conn = await aio.connect(b.url)
+            session = await conn.create_session(ack_mode="client")
+            consumer = await session.create_consumer("seen")
+            got = await consumer.receive(5)
+            assert got is not None and got.text == "x"
+            await consumer.close()  # x was handed over and not acked: a failed delivery
+            await conn.close()
+        assert (await _stat(b.url, "seen"))["message_count"] == 1  # y, never handed over, stays
+        assert (await _stat(b.url, "DLQ"))["message_count"] == 1  # x, after 2 failed deliveries
 
     run(main())
 

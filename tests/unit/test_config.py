@@ -354,3 +354,10 @@ def test_bad_overrides_are_config_errors(tmp_path: Path) -> None:
     assert "journal-compact-percentage" in msg
     msg, _ = config_error(tmp_path, "", no_such_setting=1)
     assert "no-such-setting" in msg
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parents[2] / "examples").rglob("*.toml")))
+def test_every_shipped_example_config_loads(path: str) -> None:
+    """README and docs point users at these files: each must start a broker as it is."""
+    cfg = load_config(path)
+    assert cfg.acceptors, path

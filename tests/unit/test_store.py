@@ -63,3 +63,21 @@ def test_pooled_files_of_another_size_are_not_reused(tmp_path: Path) -> None:
     new_files = [f for f in j2.file_summaries() if f.key > max(k.key for k in j.file_summaries())]
     assert new_files and all(f.path.stat().st_size == 256 * 1024 for f in new_files)
     assert set(Journal(tmp_path, "t", big).load()) == {1000, *range(2000, 2600)}
+
+
+def test_a_dedup_id_evicted_at_once_leaves_no_record(tmp_path: Path) -> None:
+    """id-cache-size = 0: the id is forgotten as it is added, so nothing may stay in the journal."""
+
+    async def write() -> None:
+        st = JournalStorage(tmp_path, SETTINGS)
+        st.load()
+        st.start()
+        for rid in range(1, 101):
+            st.store_dedup("a", f"id-{rid}", rid, [rid], None)
+        st.store_dedup("a", "kept", 500, [], None)
+        await st.stop()
+
+    asyncio.run(write())
+    st = JournalStorage(tmp_path, SETTINGS)
+    st.load()
+    assert set(st.messages._index) == {500}

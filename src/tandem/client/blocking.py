@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from ..errors import CallTimeout, IllegalState, TandemError
+from ..errors import CallTimeout, IllegalState, TandemError, Unblocked
 from .connection import AsyncConnection, FailureEvent
 from .message import Message, ReceivedMessage
 from .session import AsyncConsumer, AsyncProducer, AsyncSession, SendCallback, _size, as_message
@@ -209,11 +209,14 @@ class Consumer:
         return _Blocking.wrap(msg, self._lt) if msg is not None else None
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
+        """Messages until the consumer closes; a failover in between is ridden through, as `async for` does."""
         while True:
             try:
                 msg = self.receive()
             except IllegalState:
                 return
+            except Unblocked:
+                continue  # failed over: the new server sends what was not acknowledged
             if msg is not None:
                 yield msg
 

@@ -284,7 +284,8 @@ class AsyncSession:
         ch = self.channel
         try:
             if not self.conn.closed and self.conn.ready:
-                await self.conn.call(ch, lambda cmd: p.CloseSession(ch.id, cmd))
+                unseen = {cid: c._unseen() for cid, c in self.consumers.items() if c.buffer}
+                await self.conn.call(ch, lambda cmd: p.CloseSession(ch.id, cmd, unseen))
         finally:
             for c in self.consumers.values():
                 c._mark_closed(None)
@@ -744,6 +745,10 @@ class AsyncConsumer:
         if mid is not None:
             self._emit_ack(mid)
 
+    def _unseen(self) -> list[int]:
+        """Ids of buffered messages the application never got: not failed deliveries."""
+        return [m.id for m in self.buffer]
+
     async def close(self) -> None:
         if self.closed:
             return
@@ -756,5 +761,6 @@ class AsyncConsumer:
         session.consumers.pop(self.id, None)
         ch = session.channel
         if not session.conn.closed and session.conn.ready:
-            await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id))
+            unseen = self._unseen()
+            await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id, unseen))
         self._mark_closed(None)

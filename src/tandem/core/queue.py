@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TandemError
@@ -275,8 +275,12 @@ class Queue:
             self.consumers.append(consumer)
         self.deliver_soon()
 
-    def remove_consumer(self, consumer: Consumer) -> None:
-        """Detach a consumer; its unacknowledged messages return in order, delivery count + 1."""
+    def remove_consumer(self, consumer: Consumer, unseen: Collection[int] = ()) -> None:
+        """Detach a consumer; its unacknowledged messages return in order, delivery count + 1.
+
+        Messages the client says it never handed to the application (`unseen`: still in its
+        buffer when it closed cleanly) were not a failed delivery and keep their count.
+        """
         consumer.closed = True
         if consumer.browse_only:
             self.browsers.pop(consumer, None)
@@ -285,7 +289,7 @@ class Queue:
             self.consumers.remove(consumer)
         refs = consumer.take_all()
         if refs:
-            self.cancel(refs)
+            self.cancel(refs, unseen=unseen)
         if self.consumers:
             self.deliver_soon()  # an exclusive queue's next consumer takes over
         elif self.host is not None:
@@ -384,14 +388,19 @@ class Queue:
         if released:
             self._account(-released)
 
-    def cancel(self, refs: list[MessageRef], redeliver_delay: bool = True) -> None:
+    def cancel(self, refs: list[MessageRef], redeliver_delay: bool = True, unseen: Collection[int] = ()) -> None:
         """Delivered refs come back unacknowledged (consumer gone, rollback, negative ack)."""
         persist = self.durable and self.storage.persistent
         back: list[MessageRef] = []
         max_attempts = self.settings.max_delivery_attempts
+        failed = 0  # the highest delivery count among refs that did fail (sets the delay)
         for ref in refs:
-            ref.delivery_count += 1
             self.delivering_count -= 1
+            if unseen and ref.message.id in unseen:
+                back.append(ref)  # never reached the application: not a failed delivery
+                continue
+            ref.delivery_count += 1
+            failed = max(failed, ref.delivery_count)
             if max_attempts > 0 and ref.delivery_count >= max_attempts:
                 self._kill(ref, f"delivery failed {ref.delivery_count} times (max-delivery-attempts)")
                 continue
@@ -400,7 +409,7 @@ class Queue:
             back.append(ref)
         if not back or self.deleted:
             return
-        delay = self.settings.redelivery_delay_for(max(r.delivery_count for r in back)) if redeliver_delay else 0
+        delay = self.settings.redelivery_delay_for(failed) if redeliver_delay and failed else 0
         if delay > 0 and self.host is not None:
             self.scheduled_count += len(back)
             self.host.call_later(delay / 1000, lambda: self._redeliver(back))
@@ -476,7 +485,7 @@ class Queue:
     def _expire(self, ref: MessageRef) -> None:
         self.messages_expired += 1
         target = self.settings.expiry_address
-        extra = {"_AMQ_ACTUAL_EXPIRY": ref.message.expiration}
+        extra = {"_AMQ_ACTUAL_EXPIRY": int(time.time() * 1000)}  # when it was expired, as Artemis records
         self._move_out(ref, target, "expired", extra)
 
     def _kill(self, ref: MessageRef, reason: str) -> None:

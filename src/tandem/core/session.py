@@ -10,6 +10,7 @@ and returns the acknowledged messages to their queues (delivery count + 1).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -116,11 +117,12 @@ class ServerSession:
             raise ConsumerDoesNotExist(f"consumer {cid} does not exist on this session")
         return c
 
-    def close_consumer(self, cid: int) -> None:
+    def close_consumer(self, cid: int, unseen: Collection[int] = ()) -> None:
+        """`unseen`: ids the client never handed to its application (they keep their delivery count)."""
         c = self.consumers.pop(cid, None)
         if c is None:
             raise ConsumerDoesNotExist(f"consumer {cid} does not exist on this session")
-        c.queue.remove_consumer(c)
+        c.queue.remove_consumer(c, unseen)
 
     def forget_consumer(self, consumer: Consumer) -> None:
         """The queue went away under the consumer; drop our handle."""
@@ -189,14 +191,17 @@ class ServerSession:
         for q, refs in tx.acks:
             q.cancel(refs)
 
-    def close(self) -> None:
-        """Close every consumer and roll back an open transaction; unacked messages go back."""
+    def close(self, unseen: Mapping[int, Collection[int]] | None = None) -> None:
+        """Close every consumer and roll back an open transaction; unacked messages go back.
+
+        `unseen`: per consumer id, what the client never handed to its application.
+        """
         if self.closed:
             return
         self.closed = True
         if self.tx is not None:
             tx, self.tx = self.tx, None
             self._undo(tx)
-        for c in list(self.consumers.values()):
-            c.queue.remove_consumer(c)
+        for cid, c in list(self.consumers.items()):
+            c.queue.remove_consumer(c, (unseen or {}).get(cid, ()))
         self.consumers.clear()

@@ -88,6 +88,9 @@ class CreateSession(Packet, tag=10):
 class CloseSession(Packet, tag=11):
     channel: int
     cmd: int
+    # consumer id -> ids of messages it received but never handed to the application: they
+    # go back without counting as a failed delivery (see CloseConsumer)
+    unseen: dict[int, list[int]] = {}
 
 
 class Send(Packet, tag=12):
@@ -110,6 +113,7 @@ class CloseConsumer(Packet, tag=14):
     channel: int
     cmd: int
     consumer_id: int
+    unseen: list[int] = []  # still in the client's buffer: returned without a delivery count + 1
 
 
 class Flow(Packet, tag=15):

@@ -294,7 +294,7 @@ class NativeConnection(asyncio.Protocol):
     def on_close_session(self, pkt: p.CloseSession) -> None:
         s = self.sessions.pop(pkt.channel, None)
         if s is not None:
-            s.core.close()
+            s.core.close({cid: set(ids) for cid, ids in pkt.unseen.items()})
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_send(self, pkt: p.Send) -> None:
@@ -312,7 +312,7 @@ class NativeConnection(asyncio.Protocol):
 
     def on_close_consumer(self, pkt: p.CloseConsumer) -> None:
         s = self._session(pkt.channel)
-        s.core.close_consumer(pkt.consumer_id)
+        s.core.close_consumer(pkt.consumer_id, set(pkt.unseen))
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_flow(self, pkt: p.Flow) -> None:
@@ -359,7 +359,8 @@ class NativeConnection(asyncio.Protocol):
         self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
         refs = q.read_range(pkt.start, pkt.end, pkt.limit)
-        items = [(r.seq, r.message.id, r.delivery_count, _raw(r.message.raw)) for r in refs]
+        # delivery_count as DELIVER counts it: this read is delivery number failed + 1
+        items = [(r.seq, r.message.id, r.delivery_count + 1, _raw(r.message.raw)) for r in refs]
         self.send(p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items))
 
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:

@@ -288,6 +288,9 @@ class JournalStorage:
         self, address: str, dedup_id: str | None, rid: int, evicted: list[int], tx: list[object] | None
     ) -> None:
         """Remember a dedup id (record `rid`) and forget the evicted ones; atomically with `tx`."""
+        if dedup_id is not None and rid in evicted:  # a cache of size 0 evicts what it just took
+            evicted = [old for old in evicted if old != rid]
+            dedup_id = None
         ops = [Op(DELETE, 0, old, b"") for old in evicted]
         if dedup_id is not None:
             ops.append(Op(ADD, RecordType.DUPLICATE_ID, rid, _encode(DuplicateIdRecord(address, dedup_id))))
