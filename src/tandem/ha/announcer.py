@@ -33,7 +33,14 @@ async def announce(broker: Broker) -> None:
                 continue
             try:
                 conn = await AsyncConnection.connect(
-                    f"tcp://{url}", connect_timeout=1000, username=cfg.cluster_user, password=cfg.cluster_password
+                    f"tcp://{url}",
+                    connect_timeout=1000,
+                    username=cfg.cluster_user,
+                    password=cfg.cluster_password,
+                    # Never fail over: the topology names us as the backup, and a
+                    # link that followed it would end up talking to itself.
+                    ha=False,
+                    reconnect_attempts=0,
                 )
             except (TandemError, OSError):
                 continue

@@ -242,10 +242,10 @@ class Broker:
         task, self._announcer = self._announcer, None
         if task is not None:
             task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+            # Bounded: activation must never wait on a link to a server that is gone.
+            await asyncio.wait([task], timeout=2.0)
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: it ended on its own, nothing to report
 
     async def start_following(self) -> None:
         """While passive, read the store as the active server writes it (a warm backup, store/follower.py)."""
