@@ -35,7 +35,18 @@ class AcceptorConfig(_Conf, frozen=True):
 
     name: str = "native"
     protocol: Literal["native", "stomp"] = "native"
-    bind: str = f"127.0.0.1:{DEFAULT_NATIVE_PORT}"
+    bind: str | None = None  # None → the protocol's default port on 127.0.0.1 (61616 native, 61613 STOMP)
+
+    def __post_init__(self) -> None:
+        if self.bind is None:
+            port = DEFAULT_STOMP_PORT if self.protocol == "stomp" else DEFAULT_NATIVE_PORT
+            msgspec.structs.force_setattr(self, "bind", f"127.0.0.1:{port}")
+
+    @property
+    def host_port(self) -> str:
+        """`bind`, filled in from the protocol's default when the file left it out."""
+        assert self.bind is not None  # set by __post_init__
+        return self.bind
 
 
 class UserConfig(_Conf, frozen=True):
@@ -206,7 +217,7 @@ class BrokerConfig(_Conf, frozen=True):
             raise ValueError("acceptor names must be unique")
         for acc in self.acceptors:
             try:
-                parse_host_port(acc.bind)
+                parse_host_port(acc.host_port)
             except ValueError as exc:
                 raise ValueError(f"acceptor {acc.name!r}: `bind` {exc}") from None
 

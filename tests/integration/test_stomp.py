@@ -965,6 +965,28 @@ def test_native_producer_stomp_consumer(sb: BrokerProcess, clients: Callable[...
     assert second.headers["content-length"] == "0"
 
 
+def test_native_properties_named_like_frame_headers_do_not_reach_the_frame(
+    sb: BrokerProcess, raws: Callable[[int], Raw]
+) -> None:
+    """A native property called content-length (or destination, ...) must not frame or mislabel the MESSAGE."""
+    r = raws(sb.ports["stomp"])
+    r.connect("1.2")
+    r.send(b"SUBSCRIBE\nid:s\ndestination:/queue/clash\nreceipt:r\n\n\0")
+    assert r.next_of("RECEIPT").headers["receipt-id"] == "r"
+    body = b"0123456789\x00abc"
+    props = {"content-length": "3", "destination": "/queue/elsewhere", "message-id": "fake", "ok": "yes"}
+    with tandem.connect(sb.url) as conn:
+        conn.session().create_producer("clash").send(tandem.Message(body, properties=props))
+    m = r.next_of("MESSAGE")
+    assert m.body == body
+    assert m.headers["content-length"] == str(len(body))
+    assert m.headers["destination"] == "/queue/clash"
+    assert m.headers["message-id"] != "fake"
+    assert m.headers["ok"] == "yes"
+    head = bytes(r.raw).split(b"MESSAGE\n", 1)[1].split(b"\n\n", 1)[0]
+    assert head.count(b"content-length:") == 1 and head.count(b"destination:") == 1, head
+
+
 def test_raw_binary_body_with_nuls_round_trips(sb: BrokerProcess, raws: Callable[[int], Raw]) -> None:
     r = raws(sb.ports["stomp"])
     r.connect("1.2")

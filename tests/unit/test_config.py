@@ -327,6 +327,14 @@ def test_minimums_are_inclusive(tmp_path: Path) -> None:
     assert cfg.journal_file_size == 65536 and cfg.journal_compact_percentage == 100
 
 
+def test_an_acceptor_without_bind_listens_on_its_protocols_port(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[[acceptors]]\nname = "n"\n[[acceptors]]\nname = "s"\nprotocol = "stomp"\n'))
+    assert [(a.name, a.bind) for a in cfg.acceptors] == [
+        ("n", f"127.0.0.1:{DEFAULT_NATIVE_PORT}"),
+        ("s", "127.0.0.1:61613"),
+    ]
+
+
 def test_duplicate_acceptor_names_are_refused(tmp_path: Path) -> None:
     msg, p = config_error(tmp_path, '[[acceptors]]\nbind = "h:1"\n[[acceptors]]\nbind = "h:2"\n')
     assert "acceptor" in msg and "unique" in msg

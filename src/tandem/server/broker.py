@@ -325,7 +325,7 @@ class Broker:
     async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
         for acc in self.config.acceptors:
-            host, port = parse_host_port(acc.bind)
+            host, port = parse_host_port(acc.host_port)
             if acc.protocol == "stomp":
                 from .stomp import StompConnection
 

@@ -91,6 +91,8 @@ class Subscription:
             parts.append(f"ack:{consumer.id}.{m.id}\n")
         if data.properties:
             for k, v in data.properties.items():
+                if k in _FRAME_HEADERS:
+                    continue  # e.g. a native client's "content-length" property must not frame the body
                 text = _text(v)
                 if version == "1.0" and (_UNSAFE_1_0.search(k) or "\n" in text or "\r" in text):
                     continue  # 1.0 has no escaping: such a header would break the frame
