@@ -13,10 +13,13 @@ they move to the expiry address (or are dropped).
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TandemError
@@ -448,22 +451,26 @@ class Queue:
     def read_range(self, start: int, end: int, limit: int) -> list[MessageRef]:
         """Messages with start < seq <= end in sequence order, without consuming them (at most `limit`).
 
-        Made for a reader that keeps its own offsets (the Spark source): it scans from the head of
-        each priority level, so it is cheap when the reader acknowledges what it has read.
+        Made for a reader that keeps its own offsets (the Spark source). Each priority level is
+        kept in sequence order, so a read bisects to `start` and merges the levels lazily: a
+        reader taking a long range in chunks pays for each chunk, not for what precedes it.
         """
-        out: list[MessageRef] = []
         now = now_ms()
-        for level in self._levels:
-            for ref in level:
-                seq = ref.seq
-                if seq > end:
-                    break
-                if seq > start and not ref.removed:
+
+        def level_from(level: deque[MessageRef]) -> Iterator[MessageRef]:
+            for ref in islice(level, bisect_right(level, start, key=_seq_of), None):
+                if ref.seq > end:
+                    return
+                if not ref.removed:
                     exp = ref.message.expiration
                     if not exp or exp > now:
-                        out.append(ref)
-        out.sort(key=_seq_of)
-        return out[:limit] if limit >= 0 else out
+                        yield ref
+
+        runs = [level_from(level) for level in self._levels if level and level[-1].seq > start]
+        if not runs:
+            return []
+        merged = runs[0] if len(runs) == 1 else heapq.merge(*runs, key=_seq_of)
+        return list(islice(merged, limit) if limit >= 0 else merged)
 
     def ack_upto(self, seq: int, tx: list[object] | None = None) -> int:
         """Acknowledge every queued message with a sequence up to `seq` (a range reader's commit)."""

@@ -361,7 +361,15 @@ class NativeConnection(asyncio.Protocol):
         refs = q.read_range(pkt.start, pkt.end, pkt.limit)
         # delivery_count as DELIVER counts it: this read is delivery number failed + 1
         items = [(r.seq, r.message.id, r.delivery_count + 1, _raw(r.message.raw)) for r in refs]
-        self.send(p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items))
+        result = p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items)
+
+        def reply() -> None:
+            if not self.closed:
+                self.send(result)
+
+        # Only what is on disk may leave: a reader that keeps offsets (Spark) must never
+        # process a message a crash could still take back (its producer would send it again).
+        self.broker.storage.after_durable(reply)
 
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
