@@ -1240,6 +1240,18 @@ def test_garbage_that_never_completes_a_header_block_gets_an_error(
     check_bystander(bystander, "after junk without a blank line")
 
 
+def test_good_frames_before_bad_input_in_one_read_are_acted_on(sb: BrokerProcess, raws: Callable[[int], Raw]) -> None:
+    """A SEND followed by garbage in the same packet: the SEND is stored and receipted, then ERROR."""
+    r = raws(sb.ports["stomp"])
+    r.connect("1.2")
+    r.send(b"SEND\ndestination:/queue/before-junk\npersistent:true\nreceipt:r1\n\nkept\0FROB\n\n\0")
+    frames = r.until_closed(5.0)
+    assert [f.command for f in frames] == ["RECEIPT", "ERROR"], frames
+    assert frames[0].headers["receipt-id"] == "r1"
+    assert "FROB" in frames[1].headers["message"]
+    assert [m.body for m in native_drain(sb.url, "before-junk", 1)] == [b"kept"]
+
+
 # ---------------------------------------------------------------------- header escaping (raw)
 
 

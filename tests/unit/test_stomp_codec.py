@@ -270,9 +270,15 @@ def test_bad_frames_raise_stomp_error(version: str, data: bytes, words: str) -> 
     assert info.value.message
 
 
-def test_bad_frame_after_good_ones_in_the_same_feed_still_raises() -> None:
-    with pytest.raises(StompError):
-        parser().feed(b"SEND\n\nok\0FROB\n\n\0")
+def test_bad_frame_after_good_ones_in_the_same_feed_returns_the_good_ones_then_raises() -> None:
+    p = parser()
+    frames = p.feed(b"SEND\n\nok\0SEND\n\nalso\0FROB\n\n\0")
+    assert [f.body for f in frames] == [b"ok", b"also"]
+    assert isinstance(p.failed, StompError) and "FROB" in p.failed.message
+    with pytest.raises(StompError, match="FROB"):
+        p.feed(b"SEND\n\nlater\0")
+    with pytest.raises(StompError):  # a bad first frame raises at once
+        parser().feed(b"FROB\n\n\0SEND\n\nok\0")
 
 
 def test_frame_too_large() -> None:

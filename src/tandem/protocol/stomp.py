@@ -74,13 +74,28 @@ class StompParser:
         self.commands = commands
         self._buf = bytearray()
         self.heartbeats = 0
+        self.failed: ProtocolError | None = None  # bad input after good frames of the same read
 
     def feed(self, data: bytes) -> list[Frame]:
+        """Frames completed by `data`. Bad input raises a ProtocolError; when good frames came before
+        it in the same read, those are returned first and the error is kept in `failed` (and
+        raised by the next call), so a client's last good frames are still acted on."""
+        if self.failed is not None:
+            raise self.failed
+        out: list[Frame] = []
+        try:
+            return self._feed(data, out)
+        except ProtocolError as exc:
+            if not out:
+                raise
+            self.failed = exc
+            return out
+
+    def _feed(self, data: bytes, out: list[Frame]) -> list[Frame]:
         if self._buf:
             self._buf += data
             data = bytes(self._buf)  # frames are sliced out of immutable bytes, consumed once
             self._buf.clear()
-        out: list[Frame] = []
         pos = 0
         n = len(data)
         limit = self.max_frame_size

@@ -130,6 +130,7 @@ class StompConnection(asyncio.Protocol):
         self.version = "1.0"
         self.connected = False
         self.closed = False
+        self.failing = False  # an ERROR is on its way: nothing more is read or handled
         self.writable = True
         self.handshaken = False  # for the broker's bookkeeping (native connections use it too)
         self.peer = "?"
@@ -170,6 +171,8 @@ class StompConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        if self.failing:
+            return  # an ERROR is on its way: stay quiet
         self.writable = True
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
@@ -192,11 +195,11 @@ class StompConnection(asyncio.Protocol):
         out.clear()
 
     def is_closed(self) -> bool:
-        return self.closed
+        return self.closed or self.failing
 
     # --------------------------------------------------------------- input
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self.failing:
             return
         self.last_received = self.loop.time()
         while True:
@@ -215,6 +218,10 @@ class StompConnection(asyncio.Protocol):
                 except Exception as exc:
                     log.exception("error handling STOMP %s from %s", frame.command, self.peer)
                     self.error(f"internal error: {exc!r}", frame.get("receipt"))
+            failed = self.parser.failed
+            if failed is not None and not self.is_closed():  # bad input after the good frames above
+                self.error(failed.message)
+                return
             # The parser stops after CONNECT so the rest is read with the negotiated version.
             if self.is_closed() or not frames or frames[-1].command not in ("CONNECT", "STOMP"):
                 break
@@ -223,16 +230,36 @@ class StompConnection(asyncio.Protocol):
             self._flush_receipts()
 
     def error(self, message: str, receipt: str | None = None) -> None:
-        """Send ERROR and close this connection only."""
-        if self.closed:
+        """Send ERROR and close this connection only.
+
+        Receipts owed for earlier frames go first (as on DISCONNECT): a client that sent good
+        frames before a bad one learns which of them the broker kept.
+        """
+        if self.closed or self.failing:
             return
+        self.failing = True
         log.info("STOMP error for %s: %s", self.peer, message)
         headers = [("message", message.replace("\n", " ")[:500]), ("content-type", "text/plain")]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
-        self.write(st.encode("ERROR", headers, message.encode(), self.version))
-        self._flush()
-        self.close()
+        frame = st.encode("ERROR", headers, message.encode(), self.version)
+        if self._receipts:
+            self._flush_receipts()
+
+        def fail() -> None:
+            if not self.closed:
+                self.write(frame)
+                self._flush()
+                self.close()
+
+        if self._pending_durable:
+            # Read nothing more and deliver nothing more while the receipts wait for the disk.
+            self.writable = False
+            if self.transport is not None:
+                self.transport.pause_reading()
+            self.broker.storage.after_durable(fail)
+        else:
+            fail()
 
     def close(self) -> None:
         if self.transport is not None:
