@@ -263,6 +263,34 @@ def test_run_rejects_bad_command_line(tmp_path: Path) -> None:
         assert "--bind" in r.stderr and bind in r.stderr, _show(r)
 
 
+def test_run_stomp_bind_adds_a_stomp_acceptor(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tandem", "run", "--bind", "127.0.0.1:0", "--stomp-bind", "127.0.0.1:0",
+         "--data", str(tmp_path / "data")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ports: dict[str, int] = {}
+        for _ in range(40):
+            line = proc.stdout.readline()
+            if not line or line.startswith("Stop with Ctrl-C"):
+                break
+            m = re.search(r"listening\s+(\S+): 127\.0\.0\.1:(\d+)", line)
+            if m:
+                ports[m.group(1)] = int(m.group(2))
+        assert set(ports) == {"native", "stomp"}, ports
+        with socket.create_connection(("127.0.0.1", ports["stomp"]), timeout=5) as s:
+            s.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\0")
+            assert s.recv(4096).startswith(b"CONNECTED\n")
+        _round_trip(f"tcp://127.0.0.1:{ports['native']}", "next-to-stomp", 3)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    r = fails("run", "--stomp-bind", "nowhere", "--data", tmp_path / "data2", timeout=20, cwd=tmp_path)
+    assert r.returncode == 2 and "--stomp-bind" in r.stderr and "nowhere" in r.stderr, _show(r)
+
+
 def _round_trip(url: str, queue: str, n: int) -> None:
     assert f"confirmed {n}" in ok("producer", "--url", url, "--destination", queue, "--count", n, "--size", 32)
     assert f"received {n} of {n}" in ok("consumer", "--url", url, "--destination", queue, "--count", n)

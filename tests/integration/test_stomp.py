@@ -909,6 +909,61 @@ def test_topic_subscriptions_with_selectors_keep_no_unmatched_messages(
     assert held == dict.fromkeys(held, 0), f"unmatched messages held by selector subscriptions: {held}"
 
 
+# ==================================================== duplicate detection, expiry, plain destinations
+
+
+@pytest.mark.parametrize("header", ["dedup-id", "_AMQ_DUPL_ID"])
+def test_dedup_id_headers_drop_duplicate_sends(sb: BrokerProcess, clients: Callable[..., Client], header: str) -> None:
+    c = clients(sb.ports["stomp"])
+    q = f"dedup-{header.strip('_').lower()}"
+    for body, did in (("a", "id-1"), ("a again", "id-1"), ("b", "id-2"), ("b again", "id-2"), ("a third", "id-1")):
+        c.send(f"/queue/{q}", body, persistent="true", **{header: did})  # each one receipted
+    got = native_drain(sb.url, q, 2)
+    assert [m.body for m in got] == [b"a", b"b"]
+    assert [m.dedup_id for m in got] == ["id-1", "id-2"]
+    assert all(header not in m.properties for m in got)
+
+
+def test_expires_header_expires_messages(sb: BrokerProcess, clients: Callable[..., Client]) -> None:
+    c = clients(sb.ports["stomp"])
+    now = int(time.time() * 1000)
+    c.send("/queue/exp", "already gone", expires=str(now - 1000), persistent="true")
+    c.send("/queue/exp", "gone soon", expires=str(now + 200), persistent="true")
+    c.send("/queue/exp", "stays", expires=str(now + 600_000), persistent="true")
+    c.send("/queue/exp", "no expiry", persistent="true")
+    time.sleep(0.5)
+    c.subscribe("/queue/exp", "s")
+    msgs = c.rec.wait_messages(2)
+    assert bodies(msgs) == [b"stays", b"no expiry"]
+    assert msgs[0].headers["expires"] == str(now + 600_000) and msgs[1].headers["expires"] == "0"
+    assert c.rec.quiet(0.3) == msgs
+
+
+def test_plain_destinations_follow_the_address_settings(
+    broker_factory: Factory, clients: Callable[..., Client]
+) -> None:
+    b = stomp_broker(broker_factory, address_settings={"news.#": {"default-address-routing-type": "multicast"}})
+    c1 = clients(b.ports["stomp"])
+    c2 = clients(b.ports["stomp"])
+    # "news.sport" is multicast by its settings: both plain subscribers get every message
+    c1.subscribe("news.sport", "n1")
+    c2.subscribe("news.sport", "n2")
+    c1.send("news.sport", "goal")
+    assert bodies(c1.rec.wait_messages(1)) == [b"goal"] and bodies(c2.rec.wait_messages(1)) == [b"goal"]
+    # any other plain name is anycast: one queue, each message to one of its consumers
+    c1.subscribe("jobs", "j1")
+    c2.subscribe("jobs", "j2")
+    for i in range(6):
+        c1.send("jobs", f"job-{i}")
+    time.sleep(0.5)
+    jobs = [m.body for m in c1.rec.messages + c2.rec.messages if m.headers["destination"] == "jobs"]
+    assert sorted(jobs) == sorted(f"job-{i}".encode() for i in range(6))
+    with tandem.connect(b.url) as conn:
+        queues = {q["name"]: q for q in conn.manage("queue.stat")}
+    assert queues["jobs"]["routing_type"] == "anycast"
+    assert not any(name == "news.sport" for name in queues), "a multicast address has no queue of its own name"
+
+
 # ======================================================================= STOMP <-> native client
 
 

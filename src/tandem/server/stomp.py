@@ -619,12 +619,12 @@ class StompConnection(asyncio.Protocol):
 
 
 def _is_multicast(po: Any, address: str) -> bool:
+    """A plain destination subscribes pub/sub when its address is multicast only, or, not
+    created yet, when its address settings make new addresses multicast (as a SEND would)."""
     addr = po.addresses.get(address)
-    return (
-        addr is not None
-        and RoutingType.MULTICAST in addr.routing_types
-        and RoutingType.ANYCAST not in (addr.routing_types)
-    )
+    if addr is None:
+        return bool(po.settings_for(address).default_address_routing_type == RoutingType.MULTICAST)
+    return RoutingType.MULTICAST in addr.routing_types and RoutingType.ANYCAST not in addr.routing_types
 
 
 def _version() -> str:
