@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,55 @@ def test_batch_write_sends_bodies_properties_and_dedup_ids(spark: Any, b: Broker
     assert sorted(m.text for m in got) == sorted(f"body{i}" for i in range(30))
     assert {m.properties["n"] for m in got} == {str(i) for i in range(30)}
     assert {m.dedup_id for m in got} == {f"d{i}" for i in range(30)}
+
+
+def test_batch_write_drops_rows_whose_dedup_id_an_earlier_write_used(spark: Any, b: BrokerProcess) -> None:
+    """The broker refuses the second transaction naming d5..d9; the sink sends it again without them."""
+    make_queue(b.url, "bw.again")
+    schema = "body STRING, dedup_id STRING"
+    for rows in ([(f"one{i}", f"d{i}") for i in range(10)], [(f"two{i}", f"d{i}") for i in range(5, 15)]):
+        df = spark.createDataFrame(rows, schema).repartition(1)
+        df.write.format("tandem").option("url", b.url).option("address", "bw.again").mode("append").save()
+    got = drain(b.url, "bw.again")
+    assert sorted(m.text for m in got) == sorted([f"one{i}" for i in range(10)] + [f"two{i}" for i in range(10, 15)])
+
+
+def test_batch_write_body_column_priority_and_non_durable(spark: Any, b: BrokerProcess) -> None:
+    make_queue(b.url, "bw.opts")
+    df = spark.createDataFrame([("low", 0), ("high", 9), ("default", None)], "payload STRING, priority INT")
+    (
+        df.repartition(1)
+        .write.format("tandem")
+        .option("url", b.url)
+        .option("address", "bw.opts")
+        .option("bodyColumn", "payload")
+        .option("durable", "false")
+        .mode("append")
+        .save()
+    )
+    got = drain(b.url, "bw.opts")
+    assert [(m.text, m.priority) for m in got] == [("high", 9), ("default", 4), ("low", 0)]  # higher first
+    assert not any(m.durable for m in got)
+
+
+def test_found_by_name_without_register(b: BrokerProcess) -> None:
+    """A fresh Spark finds the source through the pyspark_tandem module (static registration)."""
+    import subprocess
+    import sys
+
+    fill(b.url, "auto.in", ["found"])
+    code = (
+        "from pyspark.sql import SparkSession\n"
+        "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
+        ".config('spark.driver.bindAddress', '127.0.0.1').config('spark.driver.host', '127.0.0.1').getOrCreate()\n"
+        f"rows = s.read.format('tandem').option('url', '{b.url}').option('queue', 'auto.in').load().collect()\n"
+        "print('BODIES', [bytes(r.body) for r in rows])\n"
+        "s.stop()\n"
+    )
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "BODIES [b'found']" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
 def test_stream_to_parquet_in_limited_batches_then_acks_what_spark_committed(
