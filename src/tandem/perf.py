@@ -69,7 +69,8 @@ async def _produce(args: dict[str, Any], index: int, count: int, sent: Any) -> N
     from .client.message import Message
 
     queue, size, tx_batch = args["queue"], args["size"], args["tx_batch"]
-    conn = await connect(args["url"], send_window=args["window"])
+    # Plain durable sends: no automatic dedup id (the client's default), which `--dedup` measures.
+    conn = await connect(args["url"], send_window=args["window"], auto_dedup=False)
     session = await conn.create_session(transacted=tx_batch > 0)
     prod = session.create_producer(queue)
     pad = b"x" * max(size - STAMP.size, 0)
