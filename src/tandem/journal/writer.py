@@ -97,11 +97,18 @@ class Writer:
             if isinstance(job, Batch):
                 err: BaseException | None = None
                 try:
-                    self.write_batch(job)
+                    self.write_batch(job, recycle=False)
                 except BaseException as exc:  # an I/O error is fatal to the journal
                     log.critical("journal write failed: %r", exc)
                     self.failed = err = exc
-                self._done(job, err)
+                self._done(job, err)  # confirmations go out now; retiring dead files can wait
+                if err is None:
+                    try:
+                        self.recycle(job)
+                    except BaseException as exc:
+                        log.critical("journal file recycling failed: %r", exc)
+                        self.failed = exc
+                        continue
                 if err is None and not self.free and self.pool_files > 0 and self._jobs.empty():
                     self._spare()
             else:
@@ -111,8 +118,11 @@ class Writer:
                     log.critical("journal maintenance failed: %r", exc)
                     self.failed = exc
 
-    def write_batch(self, batch: Batch) -> None:
-        """Create, write, sync and recycle as the batch says (runs on the writer thread)."""
+    def write_batch(self, batch: Batch, recycle: bool = True) -> None:
+        """Create, write, sync (and recycle) as the batch says (runs on the writer thread).
+
+        The thread loop recycles after reporting the batch done: the files it retires hold
+        only dead records, so the batch's confirmations need not wait for those syncs."""
         for key, size in batch.new_files.items():
             self._open_new(key, size)
         touched: list[int] = []
@@ -135,6 +145,10 @@ class Writer:
         if self.datasync:
             for key in touched:
                 os.fdatasync(self._fds[key])
+        if recycle:
+            self.recycle(batch)
+
+    def recycle(self, batch: Batch) -> None:
         for key, path, size in batch.recycle:
             self._recycle(key, path, size)
 
