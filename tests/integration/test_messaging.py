@@ -12,6 +12,7 @@ import pytest
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from client_io import queue_stat as _stat
 
 
 def run(coro: Any) -> Any:
@@ -25,14 +26,6 @@ async def _send(url: str, address: str, bodies: list[str], **fields: Any) -> Non
         prod = session.create_producer(address)
         for body in bodies:
             await prod.send(body, **fields)
-    finally:
-        await conn.close()
-
-
-async def _stat(url: str, queue: str) -> dict[str, Any]:
-    conn = await aio.connect(url)
-    try:
-        return (await conn.manage("queue.stat", name=queue))[0]  # type: ignore[no-any-return]
     finally:
         await conn.close()
 

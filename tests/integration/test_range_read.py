@@ -12,6 +12,7 @@ import pytest
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from client_io import queue_stat as _stat
 
 
 async def _fill(url: str, queue: str, bodies: list[str], **fields: Any) -> None:
@@ -30,14 +31,6 @@ async def _read(url: str, queue: str, start: int, end: int, limit: int = -1) -> 
     conn = await aio.connect(url)
     try:
         return await (await conn.create_session()).read_range(queue, start, end, limit)
-    finally:
-        await conn.close()
-
-
-async def _stat(url: str, queue: str) -> dict[str, Any]:
-    conn = await aio.connect(url)
-    try:
-        return (await conn.manage("queue.stat", name=queue))[0]  # type: ignore[no-any-return]
     finally:
         await conn.close()
 

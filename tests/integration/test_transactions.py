@@ -10,18 +10,11 @@ import pytest
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from client_io import queue_stat as _stat
 
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
-
-
-async def _stat(url: str, queue: str) -> dict[str, Any]:
-    conn = await aio.connect(url)
-    try:
-        return (await conn.manage("queue.stat", name=queue))[0]  # type: ignore[no-any-return]
-    finally:
-        await conn.close()
 
 
 async def _drain(url: str, queue: str, timeout: float = 0.5) -> list[tuple[str, int]]:
