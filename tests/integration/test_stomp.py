@@ -964,6 +964,52 @@ def test_plain_destinations_follow_the_address_settings(
     assert not any(name == "news.sport" for name in queues), "a multicast address has no queue of its own name"
 
 
+def test_block_policy_stops_reading_a_stomp_producer_until_the_address_has_room(
+    broker_factory: Factory, raws: Callable[[int], Raw]
+) -> None:
+    """STOMP has no producer credit: with BLOCK, a full address makes the broker stop handling
+    that connection's frames (receipts stop) until consumers make room; nothing is refused or lost."""
+    b = stomp_broker(broker_factory, address_settings={"blk": {"max-size-bytes": 4096, "address-full-policy": "BLOCK"}})
+    r = raws(b.ports["stomp"])
+    r.connect("1.2")
+    body = b"x" * 1024
+    frames = b"".join(
+        b"SEND\ndestination:/queue/blk\nreceipt:r%d\ncontent-length:%d\n\n%s\0" % (i, len(body), body)
+        for i in range(12)
+    )
+    r.send(frames)  # one write: all twelve arrive in one read
+    held = r.quiet(0.8)
+    receipts = [f.headers["receipt-id"] for f in held if f.command == "RECEIPT"]
+    assert receipts == [f"r{i}" for i in range(len(receipts))] and 3 <= len(receipts) <= 5, receipts
+    with tandem.connect(b.url) as conn:
+        assert conn.manage("queue.stat", name="blk")[0]["message_count"] == len(receipts)
+        consumer = conn.session().create_consumer("blk")
+        got = 0
+        while got < 12:  # draining makes room; the held SENDs go through as it does
+            m = consumer.receive(5.0)
+            assert m is not None, f"only {got} of 12 arrived"
+            assert m.body == body
+            got += 1
+    rest = [f.headers["receipt-id"] for f in r.quiet(0.5) if f.command == "RECEIPT"]
+    assert receipts + rest == [f"r{i}" for i in range(12)]
+
+
+def test_fail_policy_answers_a_stomp_send_to_a_full_address_with_error(
+    broker_factory: Factory, raws: Callable[[int], Raw]
+) -> None:
+    b = stomp_broker(broker_factory, address_settings={"fl": {"max-size-bytes": 2048, "address-full-policy": "FAIL"}})
+    r = raws(b.ports["stomp"])
+    r.connect("1.2")
+    for i in range(10):
+        r.send(b"SEND\ndestination:/queue/fl\nreceipt:r%d\n\n%s\0" % (i, b"y" * 1024))
+    frames = r.until_closed(5.0)
+    assert frames[-1].command == "ERROR" and "full" in frames[-1].headers["message"], frames
+    stored = [f.headers["receipt-id"] for f in frames if f.command == "RECEIPT"]
+    assert 1 <= len(stored) < 10
+    with tandem.connect(b.url) as conn:
+        assert conn.manage("queue.stat", name="fl")[0]["message_count"] == len(stored)
+
+
 # ======================================================================= STOMP <-> native client
 
 

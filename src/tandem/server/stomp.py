@@ -13,6 +13,7 @@ import logging
 import re
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -150,6 +151,8 @@ class StompConnection(asyncio.Protocol):
         self._beat_timer: asyncio.TimerHandle | None = None
         self._beat_period = 0.0
         self.temp_queues: set[str] = set()
+        self._held: set[str] = set()  # why input is paused: "write" (backpressure), "full" (BLOCK), "error"
+        self._backlog: deque[st.Frame] = deque()  # parsed frames not handled yet (held by a full address)
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -167,18 +170,26 @@ class StompConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._hold("write")
 
     def resume_writing(self) -> None:
         if self.failing:
             return  # an ERROR is on its way: stay quiet
         self.writable = True
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
+        self._release("write")
         for sub in self.subscriptions.values():
             if sub.consumer is not None:
                 sub.consumer.queue.deliver_soon()
+
+    def _hold(self, reason: str) -> None:
+        if not self._held and self.transport is not None:
+            self.transport.pause_reading()
+        self._held.add(reason)
+
+    def _release(self, reason: str) -> None:
+        self._held.discard(reason)
+        if not self._held and self.transport is not None and not self.closed and not self.failing:
+            self.transport.resume_reading()
 
     def write(self, data: bytes) -> None:
         self._out.append(data)
@@ -208,24 +219,31 @@ class StompConnection(asyncio.Protocol):
             except TandemError as exc:
                 self.error(exc.message)
                 return
-            for frame in frames:
-                if self.is_closed():
-                    return
-                try:
-                    self._handle(frame)
-                except TandemError as exc:
-                    self.error(exc.message, frame.get("receipt"))
-                except Exception as exc:
-                    log.exception("error handling STOMP %s from %s", frame.command, self.peer)
-                    self.error(f"internal error: {exc!r}", frame.get("receipt"))
-            failed = self.parser.failed
-            if failed is not None and not self.is_closed():  # bad input after the good frames above
-                self.error(failed.message)
-                return
+            self._backlog.extend(frames)
+            self._run_backlog()
             # The parser stops after CONNECT so the rest is read with the negotiated version.
             if self.is_closed() or not frames or frames[-1].command not in ("CONNECT", "STOMP"):
                 break
             data = b""
+
+    def _run_backlog(self) -> None:
+        """Handle parsed frames in order; a full address (BLOCK) holds the rest until it has room."""
+        backlog = self._backlog
+        while backlog and "full" not in self._held:
+            if self.is_closed():
+                return
+            frame = backlog.popleft()
+            try:
+                self._handle(frame)
+            except TandemError as exc:
+                self.error(exc.message, frame.get("receipt"))
+            except Exception as exc:
+                log.exception("error handling STOMP %s from %s", frame.command, self.peer)
+                self.error(f"internal error: {exc!r}", frame.get("receipt"))
+        failed = self.parser.failed
+        if failed is not None and not backlog and not self.is_closed():  # bad input after good frames
+            self.error(failed.message)
+            return
         if self._receipts and not self.closed:
             self._flush_receipts()
 
@@ -255,8 +273,7 @@ class StompConnection(asyncio.Protocol):
         if self._pending_durable:
             # Read nothing more and deliver nothing more while the receipts wait for the disk.
             self.writable = False
-            if self.transport is not None:
-                self.transport.pause_reading()
+            self._hold("error")
             self.broker.storage.after_durable(fail)
         else:
             fail()
@@ -292,6 +309,8 @@ class StompConnection(asyncio.Protocol):
         """Close a client silent past its heart-beat (or TTL); beat if we owe one."""
         if self.closed:
             return
+        if "full" in self._held:
+            self.last_received = now  # we stopped reading, not the client: its beats wait unread
         if now - self.last_received > self.ttl_ms / 1000:
             self.error(f"no frame or heart-beat for {self.ttl_ms / 1000:.1f}s")
         elif self.send_beat_ms and (now - self.last_sent) * 1000 >= self.send_beat_ms / 2:
@@ -456,6 +475,25 @@ class StompConnection(asyncio.Protocol):
         po = self.session.postoffice
         wrote = self.session.send_message(Message.create(po.ids.next(), data), tx)
         self._receipt(frame, durable=wrote)
+        if tx is None:
+            self._block_if_full(address)
+
+    def _block_if_full(self, address: str) -> None:
+        """`address-full-policy = BLOCK` for a protocol without producer credit (as Artemis does
+        for STOMP): read nothing more from this connection until the address has room again."""
+        assert self.session is not None
+        addr = self.session.postoffice.addresses.get(address)
+        if addr is None or "full" in self._held or addr.settings.address_full_policy != "BLOCK" or not addr.full:
+            return
+        self._hold("full")
+
+        def room(_: int) -> None:
+            if not self.closed:
+                self.last_received = self.loop.time()
+                self._release("full")
+                self._run_backlog()
+
+        addr.request_credit(1, room)
 
     # ----------------------------------------------------------- subscribe
     def on_subscribe(self, frame: st.Frame) -> None:
@@ -604,8 +642,11 @@ class StompConnection(asyncio.Protocol):
         if tx is None:
             raise st.StompError("COMMIT needs a transaction header")
         del self.transactions[frame.headers["transaction"]]
+        addresses = {m.address for m in tx.messages}
         wrote = self.session.commit(tx=tx)
         self._receipt(frame, durable=wrote)
+        for address in sorted(addresses):
+            self._block_if_full(address)
 
     def on_abort(self, frame: st.Frame) -> None:
         assert self.session is not None
