@@ -488,6 +488,11 @@ class StompConnection(asyncio.Protocol):
         self._hold("full")
 
         def room(_: int) -> None:
+            # Called from inside the acknowledgement that made room: resume on the next loop
+            # pass, not in the middle of that queue's bookkeeping.
+            self.loop.call_soon(resume)
+
+        def resume() -> None:
             if not self.closed:
                 self.last_received = self.loop.time()
                 self._release("full")
