@@ -45,24 +45,61 @@ def marker_path(directory: Path, prefix: str) -> Path:
     return directory / f"{prefix}-compact.json"
 
 
-def _frozen_ops(frozen: list[tuple[int, Path, int]]) -> Iterator[rec.Op]:
+def _frozen_files(frozen: list[tuple[int, Path, int]]) -> Iterator[tuple[bytes, list[rec.Parsed]]]:
+    """Each frozen file's bytes and its records, parsed without copying simple records' payloads."""
     for key, path, used in frozen:
         with open(path, "rb") as fh:
             buf = fh.read(used)
         parsed: list[rec.Parsed] = []
-        rec.scan(buf, jf.FILE_HEADER_SIZE, key, parsed)
+        rec.scan(buf, jf.FILE_HEADER_SIZE, key, parsed, bodies=False)
+        yield buf, parsed
+
+
+def _last_deletes(frozen: list[tuple[int, Path, int]]) -> dict[int, int]:
+    """id -> position (counting operations, a BATCH's members each) of its last DELETE."""
+    dead_at: dict[int, int] = {}
+    i = 0
+    for _buf, parsed in _frozen_files(frozen):
         for p in parsed:
-            yield from rec.iter_ops(p)
+            kind = p[2]
+            if kind == rec.BATCH or kind == rec.DELETES:
+                for op in rec.iter_ops(p):
+                    if op.kind == rec.DELETE:
+                        dead_at[op.id] = i
+                    i += 1
+            else:
+                if kind == rec.DELETE:
+                    dead_at[p[4]] = i
+                i += 1
+    return dead_at
+
+
+def _live_ops(frozen: list[tuple[int, Path, int]], dead_at: dict[int, int], plan: Plan) -> Iterator[rec.Op]:
+    """The operations still live, in order (counting the others in `plan.dead`): an id's
+    records before its last DELETE are dead, any after it (an id added again) are live.
+    Only live payloads are copied out of the files."""
+    i = 0
+    for buf, parsed in _frozen_files(frozen):
+        for p in parsed:
+            off, length, kind, utype, rid, _body = p
+            if kind == rec.BATCH or kind == rec.DELETES:
+                for op in rec.iter_ops(p):
+                    if op.kind == rec.DELETE or dead_at.get(op.id, -1) > i:
+                        plan.dead += 1
+                    else:
+                        yield op
+                    i += 1
+            else:
+                if kind == rec.DELETE or dead_at.get(rid, -1) > i:
+                    plan.dead += 1
+                else:
+                    yield rec.Op(kind, utype, rid, buf[off + rec.HEADER_SIZE : off + length])
+                i += 1
 
 
 def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threading.Event | None = None) -> bool:
     """Write the live records of the frozen files; False if stopped before the end."""
-    # The position of each id's last DELETE: records before it are dead, any after it (an id
-    # added again) are live.
-    dead_at: dict[int, int] = {}
-    for i, op in enumerate(_frozen_ops(plan.frozen)):
-        if op.kind == rec.DELETE:
-            dead_at[op.id] = i
+    dead_at = _last_deletes(plan.frozen)
     last_key = plan.frozen[-1][0]
     out: Output | None = None
     fd = -1
@@ -79,10 +116,7 @@ def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threadin
         chunks = []
 
     n = 0
-    for i, op in enumerate(_frozen_ops(plan.frozen)):
-        if op.kind == rec.DELETE or dead_at.get(op.id, -1) > i:
-            plan.dead += 1
-            continue
+    for op in _live_ops(plan.frozen, dead_at, plan):
         n += 1
         if stop is not None and n % 4096 == 0 and stop.is_set():
             finish()

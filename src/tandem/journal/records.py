@@ -121,8 +121,11 @@ class ScanEnd(NamedTuple):
     reason: str
 
 
-def scan(buf: bytes, start: int, file_key: int, out: list[Parsed]) -> ScanEnd:
-    """Parse records of `file_key` from `buf[start:]` into `out` until the first invalid one."""
+def scan(buf: bytes, start: int, file_key: int, out: list[Parsed], bodies: bool = True) -> ScanEnd:
+    """Parse records of `file_key` from `buf[start:]` into `out` until the first invalid one.
+
+    With `bodies=False` only BATCH and DELETES records (whose bodies hold operations) keep
+    theirs; the others get b"" (a reader that needs ids and kinds copies no payloads)."""
     pos = start
     end = len(buf)
     unpack = HEADER.unpack_from
@@ -144,7 +147,10 @@ def scan(buf: bytes, start: int, file_key: int, out: list[Parsed]) -> ScanEnd:
             return ScanEnd(pos, True, True, "EOF marker")
         if kind not in (ADD, UPDATE, DELETE, BATCH, DELETES):
             return ScanEnd(pos, False, False, f"unknown record kind {kind} at offset {pos}")
-        out.append((pos, length, kind, utype, rid, buf[pos + HEADER_SIZE : pos + length]))
+        if bodies or kind == BATCH or kind == DELETES:
+            out.append((pos, length, kind, utype, rid, buf[pos + HEADER_SIZE : pos + length]))
+        else:
+            out.append((pos, length, kind, utype, rid, b""))
         pos += length
 
 
