@@ -426,6 +426,18 @@ def test_perf_pair(running: BrokerProcess) -> None:
     assert 0 < lat["p50"] <= lat["p99"] <= lat["p999"], lat
 
 
+def test_perf_plain_sends_carry_no_dedup_ids_and_dedup_sends_do(running: BrokerProcess) -> None:
+    """The plain figure must be plain durable sends (the client's default auto_dedup would add ids)."""
+    args = ["--count", 300, "--json", "--no-progress", "--timeout", 60]
+    ok("perf", "pair", "--url", running.url, *args, timeout=120)
+    running.stop()
+    assert "DUPLICATE_ID" not in ok("data", "print", running.data_dir)
+    running.start()  # on a new port
+    ok("perf", "pair", "--url", running.url, *args, "--dedup", timeout=120)
+    running.stop()
+    assert "DUPLICATE_ID" in ok("data", "print", running.data_dir)
+
+
 def test_perf_producer_then_consumer_each_report_a_rate(running: BrokerProcess) -> None:
     common = ["--url", running.url, "--queue", "perf.split", "--count", 1500, "--json", "--no-progress"]
     produced = json.loads(ok("perf", "producer", *common, timeout=120).strip().splitlines()[-1])

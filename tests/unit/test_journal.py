@@ -219,6 +219,27 @@ def test_round_trip_adds_updates_deletes_batches_across_files(tmp_path: Path) ->
     assert st.live_ids == len(d.m.live)
 
 
+def test_scan_without_bodies_keeps_only_the_bodies_that_hold_operations() -> None:
+    """Compaction's light pass: ids and kinds for every record, payloads only for BATCH and DELETES."""
+    key = 7
+    batch = rec.encode_batch_body([rec.Op(rec.ADD, 3, 10, b"in-batch"), rec.Op(rec.DELETE, 0, 9, b"")])
+    buf = b"".join(
+        [
+            rec.encode(key, rec.ADD, 2, 1, b"payload"),
+            rec.encode(key, rec.UPDATE, 4, 1, b"update"),
+            rec.encode(key, rec.BATCH, 0, 0, batch),
+            rec.encode(key, rec.DELETES, 0, 0, rec.pack_ids([1, 2])),
+            rec.encode(key, rec.DELETE, 0, 5),
+        ]
+    )
+    full: list[rec.Parsed] = []
+    light: list[rec.Parsed] = []
+    assert rec.scan(buf, 0, key, full).clean and rec.scan(buf, 0, key, light, bodies=False).clean
+    assert [p[:5] for p in light] == [p[:5] for p in full]
+    assert [p[5] for p in light] == [b"", b"", full[2][5], full[3][5], b""]
+    assert [p[5] for p in full][:2] == [b"payload", b"update"]
+
+
 def test_oversize_record_gets_its_own_file_and_reloads(tmp_path: Path) -> None:
     """A record bigger than journal-file-size is written to one larger file and comes back intact."""
     rng = random.Random(3)
