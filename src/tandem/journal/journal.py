@@ -471,6 +471,7 @@ class Journal:
         self._terminate(batch)
         batch.recycle = self._reclaimable()
         self._writer.write_batch(batch)
+        self._writer.recycle(batch)
         for cb in batch.callbacks:
             cb()
 

@@ -97,7 +97,7 @@ class Writer:
             if isinstance(job, Batch):
                 err: BaseException | None = None
                 try:
-                    self.write_batch(job, recycle=False)
+                    self.write_batch(job)
                 except BaseException as exc:  # an I/O error is fatal to the journal
                     log.critical("journal write failed: %r", exc)
                     self.failed = err = exc
@@ -118,11 +118,11 @@ class Writer:
                     log.critical("journal maintenance failed: %r", exc)
                     self.failed = exc
 
-    def write_batch(self, batch: Batch, recycle: bool = True) -> None:
-        """Create, write, sync (and recycle) as the batch says (runs on the writer thread).
+    def write_batch(self, batch: Batch) -> None:
+        """Create, write and sync as the batch says (runs on the writer thread).
 
-        The thread loop recycles after reporting the batch done: the files it retires hold
-        only dead records, so the batch's confirmations need not wait for those syncs."""
+        Recycling is a separate step (`recycle`), done after the batch is reported: the files it
+        retires hold only dead records, so the batch's confirmations need not wait for it."""
         for key, size in batch.new_files.items():
             self._open_new(key, size)
         touched: list[int] = []
@@ -145,8 +145,6 @@ class Writer:
         if self.datasync:
             for key in touched:
                 os.fdatasync(self._fds[key])
-        if recycle:
-            self.recycle(batch)
 
     def recycle(self, batch: Batch) -> None:
         for key, path, size in batch.recycle:

@@ -361,15 +361,11 @@ class NativeConnection(asyncio.Protocol):
         refs = q.read_range(pkt.start, pkt.end, pkt.limit)
         # delivery_count as DELIVER counts it: this read is delivery number failed + 1
         items = [(r.seq, r.message.id, r.delivery_count + 1, _raw(r.message.raw)) for r in refs]
-        result = p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items)
-
-        def reply() -> None:
-            if not self.closed:
-                self.send(result)
-
         # Only what is on disk may leave: a reader that keeps offsets (Spark) must never
         # process a message a crash could still take back (its producer would send it again).
-        self.broker.storage.after_durable(reply)
+        self._send_after(
+            self.broker.storage.after_durable, p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items)
+        )
 
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
@@ -378,14 +374,20 @@ class NativeConnection(asyncio.Protocol):
         self._reply(pkt.channel, pkt.cmd, {"acked": n}, after_journal=n > 0)
 
     def _reply(self, channel: int, cmd: int, result: Any, after_journal: bool) -> None:
-        def reply() -> None:
-            if not self.closed:
-                self.send(p.Response(channel, cmd, result))
-
+        pkt = p.Response(channel, cmd, result)
         if after_journal:
-            self.broker.storage.after_durable(reply)
-        else:
-            reply()
+            self._send_after(self.broker.storage.after_durable, pkt)
+        elif not self.closed:
+            self.send(pkt)
+
+    def _send_after(self, when: Callable[[Callable[[], None]], None], pkt: p.Packet) -> None:
+        """Send `pkt` once `when` (a store's after_durable) calls back, unless closed by then."""
+
+        def send() -> None:
+            if not self.closed:
+                self.send(pkt)
+
+        when(send)
 
     def on_manage(self, pkt: p.Manage) -> None:
         channel, cmd = pkt.channel, pkt.cmd
@@ -397,11 +399,7 @@ class NativeConnection(asyncio.Protocol):
         self.broker.admin.handle(pkt.op, pkt.args, self, reply)
 
     def _reply_after_bindings(self, channel: int, cmd: int, result: Any) -> None:
-        def reply() -> None:
-            if not self.closed:
-                self.send(p.Response(channel, cmd, result))
-
-        self.broker.storage.after_bindings_durable(reply)
+        self._send_after(self.broker.storage.after_bindings_durable, p.Response(channel, cmd, result))
 
     # ---------------------------------------------------------- liveness
     def check_alive(self, now: float) -> None:
