@@ -708,6 +708,63 @@ def test_durable_ack_receipt_means_stored(broker_factory: Factory, clients: Call
     assert [m.body for m in native_drain(b.url, "acked", 3)] == [b"k1", b"k3", b"k4"]
 
 
+def _pipelined_acks(r: Raw, dest: str, n: int) -> list[Frame]:
+    """Send n persistent messages and subscribe client-individual; the n MESSAGE frames."""
+    for i in range(n):
+        r.send(f"SEND\ndestination:{dest}\npersistent:true\nreceipt:s{i}\n\nm{i}\0".encode())
+    r.next_of("RECEIPT", **{"receipt-id": f"s{n - 1}"})
+    r.send(f"SUBSCRIBE\nid:s\ndestination:{dest}\nack:client-individual\n\n\0".encode())
+    return r.messages(n)
+
+
+def _ack(m: Frame, receipt: str | None = None) -> bytes:
+    extra = f"receipt:{receipt}\n" if receipt else ""
+    return f"ACK\nid:{m.headers['ack']}\n{extra}\n\0".encode()
+
+
+def test_acks_pipelined_in_one_packet_survive_a_kill(broker_factory: Factory, raws: Callable[[int], Raw]) -> None:
+    """ACKs that arrive together are journaled together: the receipt of the last one covers all."""
+    b = stomp_broker(broker_factory)
+    r = raws(b.ports["stomp"])
+    r.connect("1.2")
+    msgs = _pipelined_acks(r, "/queue/acked-together", 8)
+    r.send(b"".join(_ack(m) for m in msgs[:5]) + _ack(msgs[6], receipt="last"))
+    r.next_of("RECEIPT", **{"receipt-id": "last"})
+    b.kill()
+    b.start()
+    assert [m.body for m in native_drain(b.url, "acked-together", 2)] == [b"m5", b"m7"]
+
+
+def _sync_then_kill_and_restart(b: BrokerProcess) -> None:
+    """A confirmed durable send after everything else: its fsync covers every earlier record."""
+    with tandem.connect(b.url) as conn, conn.session() as s:
+        s.create_producer("sync-marker").send(b"sync")  # durable by default
+    b.kill()
+    b.start()
+
+
+def test_acks_before_a_bad_frame_in_the_same_packet_stand(sb: BrokerProcess, raws: Callable[[int], Raw]) -> None:
+    r = raws(sb.ports["stomp"])
+    r.connect("1.2")
+    msgs = _pipelined_acks(r, "/queue/acked-then-junk", 4)
+    r.send(_ack(msgs[0]) + _ack(msgs[2]) + b"FROB\n\n\0")
+    assert_error_then_closed(r, "unknown command")
+    _sync_then_kill_and_restart(sb)
+    assert [m.body for m in native_drain(sb.url, "acked-then-junk", 2)] == [b"m1", b"m3"]
+
+
+def test_an_ack_repeated_in_the_same_packet_gets_an_error(sb: BrokerProcess, raws: Callable[[int], Raw]) -> None:
+    """The first ACK stands (journaled before the connection closes), the second is an error."""
+    r = raws(sb.ports["stomp"])
+    r.connect("1.2")
+    msgs = _pipelined_acks(r, "/queue/acked-twice", 3)
+    # The frame after the bad one is never handled: the first ACK must not wait for it.
+    r.send(_ack(msgs[1]) + _ack(msgs[1]) + b"SEND\ndestination:/queue/after-dup\n\nx\0")
+    assert_error_then_closed(r, "not awaiting an ack")
+    _sync_then_kill_and_restart(sb)
+    assert [m.body for m in native_drain(sb.url, "acked-twice", 2)] == [b"m0", b"m2"]
+
+
 # ================================================================================ heart-beats
 
 

@@ -11,7 +11,8 @@ value. Bare EOLs between frames are heart-beats.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+import msgspec
 
 from ..errors import FrameTooLarge, ProtocolError
 
@@ -29,10 +30,11 @@ class StompError(ProtocolError):
     """Bad STOMP input: the connection gets an ERROR frame with this message, then closes."""
 
 
-@dataclass
-class Frame:
+class Frame(msgspec.Struct, gc=False):
+    """A parsed frame (a struct, not a dataclass: built once per frame on the hot path)."""
+
     command: str
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
     body: bytes = b""
 
     def get(self, name: str, default: str | None = None) -> str | None:
@@ -154,6 +156,20 @@ class StompParser:
         elif not any(c.startswith(text) for c in self.commands):
             raise StompError(f"unknown command {text[:40]!r}")
 
+    def _headers(self, command: str, lines: list[str], escaped: bool) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                if not line:
+                    continue
+                raise StompError(f"header line without ':' in {command} frame: {line[:60]!r}")
+            if escaped and ("\\" in line):
+                name, value = _unescape(name, self.version), _unescape(value, self.version)
+            if name not in headers:  # the first of repeated headers wins
+                headers[name] = value
+        return headers
+
     def _frame(self, data: bytes, pos: int, head_end: int, body_start: int) -> tuple[Frame | None, int]:
         try:
             head = data[pos:head_end].decode("utf-8")
@@ -166,17 +182,16 @@ class StompParser:
         if command not in self.commands:
             raise StompError(f"unknown command {command[:40]!r}")
         escaped = self.version != "1.0" and "\\" in head and command not in ("CONNECT", "STOMP", "CONNECTED")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                if not line:
-                    continue
-                raise StompError(f"header line without ':' in {command} frame: {line[:60]!r}")
-            if escaped and ("\\" in line):
-                name, value = _unescape(name, self.version), _unescape(value, self.version)
-            if name not in headers:  # the first of repeated headers wins
-                headers[name] = value
+        headers: dict[str, str] | None = None
+        if not escaped:
+            # Fast path: every line splits at its first ':'; reversed, so the first of repeated
+            # headers wins. A line without ':' (or an empty one) makes dict() raise: slow path.
+            try:
+                headers = dict(reversed([line.split(":", 1) for line in lines[1:]]))
+            except ValueError:
+                headers = None
+        if headers is None:
+            headers = self._headers(command, lines, escaped)
         limit = self.max_frame_size
         length_text = headers.get("content-length")
         if length_text is not None:
@@ -215,6 +230,11 @@ def encode(command: str, headers: list[tuple[str, str]], body: bytes = b"", vers
     if body:
         parts.append(f"content-length:{len(body)}")
     return ("\n".join(parts) + "\n\n").encode() + body + b"\0"
+
+
+def receipt(receipt_id: str, version: str) -> bytes:
+    """A RECEIPT frame (one per acknowledged client frame: built without the general encoder)."""
+    return b"RECEIPT\nreceipt-id:" + escape(receipt_id, version).encode() + b"\n\n\0"
 
 
 def negotiate(accept_version: str | None) -> str | None:

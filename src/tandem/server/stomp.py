@@ -46,6 +46,7 @@ class Subscription:
     """One SUBSCRIBE: a core consumer plus how its deliveries look as MESSAGE frames."""
 
     __slots__ = (
+        "ack_header",
         "ack_mode",
         "conn",
         "consumer",
@@ -67,6 +68,7 @@ class Subscription:
         self.temporary: str | None = None  # a non-durable topic subscription's own queue
         self.durable_queue: str | None = None
         v = conn.version
+        self.ack_header = v == "1.2" and ack_mode != "auto"  # MESSAGE frames carry `ack` (1.2)
         self.head = f"MESSAGE\nsubscription:{st.escape(sid, v)}\ndestination:{st.escape(destination, v)}\n"
 
     # DeliverySink
@@ -88,7 +90,7 @@ class Subscription:
         if ref.delivery_count:
             parts.append("redelivered:true\n")
         version = conn.version
-        if version == "1.2" and self.ack_mode != "auto":
+        if self.ack_header:
             parts.append(f"ack:{consumer.id}.{m.id}\n")
         if data.properties:
             for k, v in data.properties.items():
@@ -99,7 +101,7 @@ class Subscription:
                     continue  # 1.0 has no escaping: such a header would break the frame
                 parts.append(f"{st.escape(k, version)}:{st.escape(text, version)}\n")
         parts.append(f"content-length:{len(body)}\n\n")
-        conn.write("".join(parts).encode() + body + b"\0")
+        conn.write_frame("".join(parts).encode(), body)
         if self.ack_mode == "auto":  # acknowledged as it leaves (STOMP's auto mode)
             refs = consumer.take_acked(m.id, cumulative=False)
             consumer.queue.acknowledge(refs)
@@ -153,6 +155,7 @@ class StompConnection(asyncio.Protocol):
         self.temp_queues: set[str] = set()
         self._held: set[str] = set()  # why input is paused: "write" (backpressure), "full" (BLOCK), "error"
         self._backlog: deque[st.Frame] = deque()  # parsed frames not handled yet (held by a full address)
+        self._acked: dict[Consumer, list[MessageRef]] = {}  # taken by ACKs of this read, not journaled yet
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -197,6 +200,13 @@ class StompConnection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def write_frame(self, head: bytes, body: bytes) -> None:
+        """Head, body and NUL as they are: the one join in `_flush` is their only copy."""
+        self._out += (head, body, b"\0")
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         out = self._out
@@ -233,6 +243,8 @@ class StompConnection(asyncio.Protocol):
             if self.is_closed():
                 return
             frame = backlog.popleft()
+            if self._acked and frame.command != "ACK":
+                self._flush_acks()
             try:
                 self._handle(frame)
             except TandemError as exc:
@@ -240,6 +252,8 @@ class StompConnection(asyncio.Protocol):
             except Exception as exc:
                 log.exception("error handling STOMP %s from %s", frame.command, self.peer)
                 self.error(f"internal error: {exc!r}", frame.get("receipt"))
+        if self._acked:
+            self._flush_acks()
         failed = self.parser.failed
         if failed is not None and not backlog and not self.is_closed():  # bad input after good frames
             self.error(failed.message)
@@ -256,6 +270,8 @@ class StompConnection(asyncio.Protocol):
         if self.closed or self.failing:
             return
         self.failing = True
+        if self._acked:
+            self._flush_acks()  # ACKs before the bad frame stand
         log.info("STOMP error for %s: %s", self.peer, message)
         headers = [("message", message.replace("\n", " ")[:500]), ("content-type", "text/plain")]
         if receipt is not None:
@@ -291,6 +307,8 @@ class StompConnection(asyncio.Protocol):
             self._beat_timer.cancel()
             self._beat_timer = None
         self.broker.connections.discard(self)
+        if self._acked:
+            self._flush_acks()
         for tx in self.transactions.values():
             if self.session is not None:
                 self.session.rollback(tx)
@@ -341,7 +359,7 @@ class StompConnection(asyncio.Protocol):
         rid = frame.get("receipt")
         if rid is None:
             return
-        self._receipts.append(st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version))
+        self._receipts.append(st.receipt(rid, self.version))
         self._receipts_durable = self._receipts_durable or durable
 
     def _flush_receipts(self) -> None:
@@ -415,7 +433,7 @@ class StompConnection(asyncio.Protocol):
         def bye() -> None:
             if not self.closed:
                 if rid is not None:
-                    self.write(st.encode("RECEIPT", [("receipt-id", rid)], b"", self.version))
+                    self.write(st.receipt(rid, self.version))
                 self._flush()
                 self.close()
 
@@ -448,17 +466,22 @@ class StompConnection(asyncio.Protocol):
         return tx
 
     def on_send(self, frame: st.Frame) -> None:
-        address, rt = self._address(frame.get("destination"))
         h = frame.headers
+        address, rt = self._address(h.get("destination"))
+        priority_text = h.get("priority")
+        expires_text = h.get("expires")
         try:
-            priority = int(h.get("priority", 4))
-            expires = int(h.get("expires", 0))
+            priority = 4 if priority_text is None else int(priority_text)
+            expires = 0 if expires_text is None else int(expires_text)
         except ValueError:
             raise st.StompError("priority and expires must be integers") from None
         if not 0 <= priority <= 9:
             raise st.StompError(f"priority must be 0-9, got {priority}")
-        props: dict[str, Any] = {k: v for k, v in h.items() if k not in _FRAME_HEADERS}
-        durable = h.get("persistent", "false").lower() == "true"
+        props: dict[str, Any] | None = None
+        if not h.keys() <= _FRAME_HEADERS:
+            props = {k: v for k, v in h.items() if k not in _FRAME_HEADERS}
+        persistent = h.get("persistent")
+        durable = persistent is not None and persistent.lower() == "true"
         data = MessageData(
             address,
             durable,
@@ -467,14 +490,15 @@ class StompConnection(asyncio.Protocol):
             time.time_ns() // 1_000_000,
             h.get("dedup-id") or h.get("_AMQ_DUPL_ID"),
             int(rt),
-            props or None,
+            props,
             frame.body,
         )
-        tx = self._tx(frame)
-        assert self.session is not None
-        po = self.session.postoffice
-        wrote = self.session.send_message(Message.create(po.ids.next(), data), tx)
-        self._receipt(frame, durable=wrote)
+        tx = self._tx(frame) if "transaction" in h else None
+        session = self.session
+        assert session is not None
+        wrote = session.send_message(Message.create(session.postoffice.ids.next(), data), tx)
+        if "receipt" in h:
+            self._receipt(frame, durable=wrote)
         if tx is None:
             self._block_if_full(address)
 
@@ -609,11 +633,31 @@ class StompConnection(asyncio.Protocol):
         if mid not in consumer.delivering:
             raise st.StompError(f"message {mid} is not awaiting an ack on subscription {sub.id}")
         cumulative = sub.ack_mode == "client"
+        h = frame.headers
+        if "transaction" not in h and "receipt" not in h:
+            # The common case, one ACK per MESSAGE: taken now (a repeated ACK fails at once),
+            # journaled with the other ACKs of this read as one record (`_flush_acks`).
+            refs = consumer.take_acked(mid, cumulative)
+            pending = self._acked.get(consumer)
+            if pending is None:
+                self._acked[consumer] = refs
+            else:
+                pending.extend(refs)
+            return
+        self._flush_acks()
         before = len(consumer.delivering)
         wrote = self.session.ack(consumer.id, mid, cumulative, self._tx(frame))
         if consumer.message_mode:
             consumer.add_credits(before - len(consumer.delivering))
         self._receipt(frame, durable=wrote)
+
+    def _flush_acks(self) -> None:
+        """Acknowledge what the plain ACKs of this read took: one journal record per queue."""
+        acked, self._acked = self._acked, {}
+        for consumer, refs in acked.items():
+            consumer.queue.acknowledge(refs)
+            if consumer.message_mode:
+                consumer.add_credits(len(refs))
 
     def on_nack(self, frame: st.Frame) -> None:
         assert self.session is not None
