@@ -21,6 +21,7 @@ CLIENT_COMMANDS = frozenset(
 )
 SERVER_COMMANDS = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
 VERSIONS = ("1.0", "1.1", "1.2")
+_RAW_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})  # headers never escaped
 _UNESCAPE_12 = {"\\\\": "\\", "\\n": "\n", "\\c": ":", "\\r": "\r"}
 _UNESCAPE_11 = {"\\\\": "\\", "\\n": "\n", "\\c": ":"}
 _ESCAPE_RE = re.compile(r"\\.?")
@@ -101,16 +102,18 @@ class StompParser:
         pos = 0
         n = len(data)
         limit = self.max_frame_size
+        commands = self.commands
+        plain = self.version == "1.0"  # no escaping at all
+        # One loop, no call per frame: this runs for every frame a client sends.
         while True:
-            start = pos
-            while pos < n and data[pos] in (10, 13):  # heart-beats (and EOLs after a frame's NUL)
-                pos += 1
-            if pos > start:
+            if pos < n and (data[pos] == 10 or data[pos] == 13):  # heart-beats, EOLs after a NUL
+                start = pos
+                while pos < n and data[pos] in (10, 13):
+                    pos += 1
                 self.heartbeats += data.count(b"\n", start, pos)
             if pos >= n:
                 return out
-            # The header block ends at the first EOL EOL (either may be CRLF): two C-level
-            # finds, much cheaper per frame than a regular expression.
+            # The header block ends at the first EOL EOL (either may be CRLF): C-level finds.
             lf = data.find(b"\n\n", pos)
             crlf = data.find(b"\n\r\n", pos, lf + 2 if lf >= 0 else n)
             if crlf >= 0:
@@ -124,13 +127,55 @@ class StompParser:
                 self._buf += data[pos:]
                 return out
             head_end = eol - 1 if eol > pos and data[eol - 1] == 13 else eol
-            frame, end = self._frame(data, pos, head_end, body_start)
-            if frame is None:  # the body is not all here yet
-                self._buf += data[pos:]
-                return out
-            out.append(frame)
-            pos = end
-            if frame.command in ("CONNECT", "STOMP") and pos < n:
+            try:
+                head = data[pos:head_end].decode("utf-8")
+            except UnicodeDecodeError:
+                raise StompError("frame headers are not UTF-8") from None
+            lines = head.split("\n")
+            if "\r" in head:  # CRLF line endings
+                lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+            command = lines[0]
+            if command not in commands:
+                raise StompError(f"unknown command {command[:40]!r}")
+            headers: dict[str, str] | None = None
+            escaped = not plain and "\\" in head and command not in _RAW_COMMANDS
+            if not escaped:
+                # Every line splits at its first ':'; reversed, so the first of repeated
+                # headers wins. A line without ':' (or an empty one) makes dict() raise.
+                try:
+                    headers = dict(reversed([line.split(":", 1) for line in lines[1:]]))
+                except ValueError:
+                    headers = None
+            if headers is None:
+                headers = self._headers(command, lines, escaped)
+            length_text = headers.get("content-length")
+            if length_text is not None:
+                try:
+                    length = int(length_text)
+                except ValueError:
+                    raise StompError(f"content-length is not a number: {length_text[:20]!r}") from None
+                if length < 0:
+                    raise StompError("content-length is negative")
+                end = body_start + length
+                if end - pos >= limit:
+                    raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
+                if n <= end:  # the body is not all here yet
+                    self._buf += data[pos:]
+                    return out
+                if data[end] != 0:
+                    raise StompError("frame body is not followed by NUL (content-length too short?)")
+            else:
+                end = data.find(b"\0", body_start)
+                if end < 0:
+                    if n - pos > limit:
+                        raise FrameTooLarge(f"frame exceeds max-frame-size {limit} (no NUL)")
+                    self._buf += data[pos:]
+                    return out
+                if end - pos >= limit:
+                    raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
+            out.append(Frame(command, headers, data[body_start:end]))
+            pos = end + 1
+            if (command == "CONNECT" or command == "STOMP") and pos < n:
                 # What follows is parsed with the negotiated version: the caller
                 # sets `version` and feeds b"" to get the rest.
                 self._buf += data[pos:]
@@ -169,54 +214,6 @@ class StompParser:
             if name not in headers:  # the first of repeated headers wins
                 headers[name] = value
         return headers
-
-    def _frame(self, data: bytes, pos: int, head_end: int, body_start: int) -> tuple[Frame | None, int]:
-        try:
-            head = data[pos:head_end].decode("utf-8")
-        except UnicodeDecodeError:
-            raise StompError("frame headers are not UTF-8") from None
-        lines = head.split("\n")
-        if "\r" in head:  # CRLF line endings
-            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-        command = lines[0]
-        if command not in self.commands:
-            raise StompError(f"unknown command {command[:40]!r}")
-        escaped = self.version != "1.0" and "\\" in head and command not in ("CONNECT", "STOMP", "CONNECTED")
-        headers: dict[str, str] | None = None
-        if not escaped:
-            # Fast path: every line splits at its first ':'; reversed, so the first of repeated
-            # headers wins. A line without ':' (or an empty one) makes dict() raise: slow path.
-            try:
-                headers = dict(reversed([line.split(":", 1) for line in lines[1:]]))
-            except ValueError:
-                headers = None
-        if headers is None:
-            headers = self._headers(command, lines, escaped)
-        limit = self.max_frame_size
-        length_text = headers.get("content-length")
-        if length_text is not None:
-            try:
-                length = int(length_text)
-            except ValueError:
-                raise StompError(f"content-length is not a number: {length_text[:20]!r}") from None
-            if length < 0:
-                raise StompError("content-length is negative")
-            end = body_start + length
-            if end - pos >= limit:
-                raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
-            if len(data) <= end:
-                return None, pos
-            if data[end] != 0:
-                raise StompError("frame body is not followed by NUL (content-length too short?)")
-        else:
-            end = data.find(b"\0", body_start)
-            if end < 0:
-                if len(data) - pos > limit:
-                    raise FrameTooLarge(f"frame exceeds max-frame-size {limit} (no NUL)")
-                return None, pos
-            if end - pos >= limit:
-                raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
-        return Frame(command, headers, data[body_start:end]), end + 1
 
 
 def encode(command: str, headers: list[tuple[str, str]], body: bytes = b"", version: str = "1.2") -> bytes:

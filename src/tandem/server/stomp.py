@@ -348,8 +348,7 @@ class StompConnection(asyncio.Protocol):
         command = frame.command
         if not self.connected and command not in ("CONNECT", "STOMP"):
             raise st.StompError(f"{command} before CONNECT")
-        handler: Callable[[st.Frame], None] = getattr(self, f"on_{command.lower()}")
-        handler(frame)
+        _HANDLERS[command](self, frame)
 
     def _receipt(self, frame: st.Frame, durable: bool = False) -> None:
         """RECEIPT after the frame's effects (after the fsync of anything journaled, in order).
@@ -706,6 +705,11 @@ class StompConnection(asyncio.Protocol):
         # Credit came back when the ACKs were made; the messages now return to their queues.
         self.session.rollback(tx)
         self._receipt(frame)
+
+
+_HANDLERS: dict[str, Callable[[StompConnection, st.Frame], None]] = {
+    command: getattr(StompConnection, f"on_{command.lower()}") for command in st.CLIENT_COMMANDS
+}
 
 
 def _is_multicast(po: Any, address: str) -> bool:
