@@ -140,12 +140,15 @@ class StompParser:
             headers: dict[str, str] | None = None
             escaped = not plain and "\\" in head and command not in _RAW_COMMANDS
             if not escaped:
-                # Every line splits at its first ':'; reversed, so the first of repeated
-                # headers wins. A line without ':' (or an empty one) makes dict() raise.
-                try:
-                    headers = dict(reversed([line.split(":", 1) for line in lines[1:]]))
-                except ValueError:
-                    headers = None
+                # Last line first, so the first of repeated headers wins; a line without
+                # ':' (or an empty one) goes to the slow path, which reports it.
+                headers = {}
+                for line in lines[:0:-1]:
+                    name, sep, value = line.partition(":")
+                    if not sep:
+                        headers = None
+                        break
+                    headers[name] = value
             if headers is None:
                 headers = self._headers(command, lines, escaped)
             length_text = headers.get("content-length")

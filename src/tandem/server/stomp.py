@@ -82,24 +82,20 @@ class Subscription:
         data = _decode_data(m.raw)
         body = data.body
         # Built by hand (the hot path): only the subscription, destination and properties can need escaping.
+        redelivered = "redelivered:true\n" if ref.delivery_count else ""
+        ack = f"ack:{consumer.id}.{m.id}\n" if self.ack_header else ""
         parts = [
             self.head,
             f"message-id:{m.id}\npersistent:{'true' if data.durable else 'false'}\npriority:{data.priority}\n"
-            f"expires:{data.expiration}\ntimestamp:{data.timestamp}\n",
+            f"expires:{data.expiration}\ntimestamp:{data.timestamp}\n{redelivered}{ack}",
         ]
-        if ref.delivery_count:
-            parts.append("redelivered:true\n")
-        version = conn.version
-        if self.ack_header:
-            parts.append(f"ack:{consumer.id}.{m.id}\n")
         if data.properties:
+            version = conn.version
+            lines = _PROPERTY_LINES
             for k, v in data.properties.items():
-                if k in _FRAME_HEADERS:
-                    continue  # e.g. a native client's "content-length" property must not frame the body
-                text = _text(v)
-                if version == "1.0" and (_UNSAFE_1_0.search(k) or "\n" in text or "\r" in text):
-                    continue  # 1.0 has no escaping: such a header would break the frame
-                parts.append(f"{st.escape(k, version)}:{st.escape(text, version)}\n")
+                key = (k, v, type(v), version)
+                line = lines.get(key)
+                parts.append(_property_line(key) if line is None else line)
         parts.append(f"content-length:{len(body)}\n\n")
         conn.write_frame("".join(parts).encode(), body)
         if self.ack_mode == "auto":  # acknowledged as it leaves (STOMP's auto mode)
@@ -113,6 +109,28 @@ class Subscription:
         conn.subscriptions.pop(self.id, None)
         if not conn.closed:
             conn.error(f"subscription {self.id} ended: {error.message}")
+
+
+# Rendered property header lines by (name, value, type, version): most messages repeat the
+# same few properties (content-type, a type tag), so escaping is done once per distinct pair.
+_PROPERTY_LINES: dict[tuple[str, Any, type, str], str] = {}
+_PROPERTY_LINES_MAX = 4096
+
+
+def _property_line(key: tuple[str, Any, type, str]) -> str:
+    """The header line of one property ("" when it cannot be a header), remembered."""
+    k, v, _, version = key
+    text = _text(v)
+    if k in _FRAME_HEADERS:
+        line = ""  # e.g. a native client's "content-length" property must not frame the body
+    elif version == "1.0" and (_UNSAFE_1_0.search(k) or "\n" in text or "\r" in text):
+        line = ""  # 1.0 has no escaping: such a header would break the frame
+    else:
+        line = f"{st.escape(k, version)}:{st.escape(text, version)}\n"
+    if len(_PROPERTY_LINES) >= _PROPERTY_LINES_MAX:
+        _PROPERTY_LINES.clear()
+    _PROPERTY_LINES[key] = line
+    return line
 
 
 def _text(value: Any) -> str:
