@@ -173,6 +173,7 @@ class StompConnection(asyncio.Protocol):
         self.temp_queues: set[str] = set()
         self._held: set[str] = set()  # why input is paused: "write" (backpressure), "full" (BLOCK), "error"
         self._backlog: deque[st.Frame] = deque()  # parsed frames not handled yet (held by a full address)
+        self._destinations: dict[str, tuple[str, RoutingType]] = {}  # destination header -> (address, type)
         self._acked: dict[Consumer, list[MessageRef]] = {}  # taken by ACKs of this read, not journaled yet
 
     # ----------------------------------------------------------- transport
@@ -258,7 +259,7 @@ class StompConnection(asyncio.Protocol):
         """Handle parsed frames in order; a full address (BLOCK) holds the rest until it has room."""
         backlog = self._backlog
         while backlog and "full" not in self._held:
-            if self.is_closed():
+            if self.closed or self.failing:
                 return
             frame = backlog.popleft()
             if self._acked and frame.command != "ACK":
@@ -461,6 +462,17 @@ class StompConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- send
     def _address(self, destination: str | None) -> tuple[str, RoutingType]:
+        """(address, routing type) of a destination header; remembered (every SEND asks)."""
+        if destination:
+            known = self._destinations.get(destination)
+            if known is not None:
+                return known
+        found = self._parse_destination(destination)
+        if destination and len(self._destinations) < 256:
+            self._destinations[destination] = found
+        return found
+
+    def _parse_destination(self, destination: str | None) -> tuple[str, RoutingType]:
         if not destination:
             raise st.StompError("SEND needs a destination header")
         if destination.startswith("/queue/"):
@@ -517,7 +529,9 @@ class StompConnection(asyncio.Protocol):
         if "receipt" in h:
             self._receipt(frame, durable=wrote)
         if tx is None:
-            self._block_if_full(address)
+            addr = session.postoffice.addresses.get(address)
+            if addr is not None and addr.settings.max_size_bytes >= 0:  # only a bounded address can fill
+                self._block_if_full(address)
 
     def _block_if_full(self, address: str) -> None:
         """`address-full-policy = BLOCK` for a protocol without producer credit (as Artemis does
