@@ -19,6 +19,9 @@ from .errors import ConfigError, TandemError
 DEFAULT_URL = os.environ.get("TANDEM_URL", "tcp://127.0.0.1:61616")
 
 
+BROKER_SWITCH_INTERVAL = 0.0005  # seconds
+
+
 def _install_loop_policy() -> None:
     """uvloop when installed (10-30% on this workload), plain asyncio otherwise."""
     try:
@@ -72,6 +75,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
     logs.setup(cfg.log_level)
     _install_loop_policy()
+    # The journal writer thread needs the GIL back after each fsync to report the batch; with
+    # the default 5 ms switch interval a busy event loop can hold it that long, and every
+    # confirmation waits. 0.5 ms: see docs/performance.md.
+    sys.setswitchinterval(BROKER_SWITCH_INTERVAL)
     return asyncio.run(_run_broker(cfg, Broker, quiet=args.quiet))
 
 

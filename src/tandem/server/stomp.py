@@ -215,13 +215,19 @@ class StompConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        self._flush_soon()
+
+    def write_all(self, frames: list[bytes]) -> None:
+        self._out += frames
+        self._flush_soon()
 
     def write_frame(self, head: bytes, body: bytes) -> None:
         """Head, body and NUL as they are: the one join in `_flush` is their only copy."""
         self._out += (head, body, b"\0")
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """Everything written in one loop pass goes out in one transport write."""
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -389,13 +395,11 @@ class StompConnection(asyncio.Protocol):
             def done() -> None:
                 self._pending_durable -= 1
                 if not self.closed:
-                    for r in receipts:
-                        self.write(r)
+                    self.write_all(receipts)
 
             self.broker.storage.after_durable(done)
         else:
-            for r in receipts:
-                self.write(r)
+            self.write_all(receipts)
 
     def on_connect(self, frame: st.Frame) -> None:
         if self.connected:
