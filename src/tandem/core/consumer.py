@@ -92,11 +92,13 @@ class Consumer:
 
     def deliver(self, ref: MessageRef) -> None:
         """Hand `ref` to the sink (the queue has already taken it out)."""
+        m = ref.message
+        size = m.size
         if self.window >= 0:
-            self.credits -= 1 if self.message_mode else ref.message.size
+            self.credits -= 1 if self.message_mode else size
         if not self.browse_only:
-            self.delivering[ref.message.id] = ref
-            self.delivered_bytes += ref.message.size
+            self.delivering[m.id] = ref
+            self.delivered_bytes += size
         self.sink.deliver(self, ref)
 
     def take_acked(self, message_id: int, cumulative: bool) -> list[MessageRef]:

@@ -155,8 +155,9 @@ class Queue:
             self._replace_last_value(ref)
         self._levels[m.priority].append(ref)
         self._count += 1
-        self._bytes += m.size
-        self._account(m.size)
+        size = m.size
+        self._bytes += size
+        self._account(size)
         self.messages_added += 1
         if self.browsers:
             for pending in self.browsers.values():
