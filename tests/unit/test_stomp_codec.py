@@ -196,6 +196,26 @@ def test_many_frames_in_one_feed() -> None:
     assert [len(f.body) for f in frames] == [i % 7 for i in range(500)]
 
 
+@given(value=st.text(max_size=30), version=st.sampled_from(VERSIONS), cuts=st.lists(st.integers(0, 60), max_size=4))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_plain_ack_frames_parse_as_the_general_path_does(value: str, version: str, cuts: list[int]) -> None:
+    """`ACK` with one `id` header has a fast path: it must agree with the general one (forced here
+    by a second header) for every id, escaped or not, in any chunking."""
+    wire_value = escape(value, version) if version != "1.0" else value.replace("\n", "").replace("\r", "")
+    fast = b"ACK\nid:" + wire_value.encode() + b"\n\n\0"
+    general = b"ACK\nid:" + wire_value.encode() + b"\nx:1\n\n\0"
+    expected = parser(version, "ACK").feed(general)
+    assert len(expected) == 1
+    p = parser(version, "ACK")
+    got = [f for chunk in cut(fast + fast, cuts) for f in p.feed(chunk)]
+    assert got == [Frame("ACK", {"id": expected[0].headers["id"]}, b"")] * 2
+
+
+def test_plain_ack_frame_with_bad_utf8_is_an_error() -> None:
+    with pytest.raises(StompError, match="UTF-8"):
+        parser("1.2", "ACK").feed(b"ACK\nid:\xff\n\n\0")
+
+
 def test_partial_frame_is_kept_until_complete() -> None:
     p = parser()
     assert p.feed(b"SEND\ndestination:/queue/a\n\nhel") == []

@@ -104,6 +104,7 @@ class StompParser:
         limit = self.max_frame_size
         commands = self.commands
         plain = self.version == "1.0"  # no escaping at all
+        ack_fast = "ACK" in commands
         # One loop, no call per frame: this runs for every frame a client sends.
         while True:
             if pos < n and (data[pos] == 10 or data[pos] == 13):  # heart-beats, EOLs after a NUL
@@ -113,6 +114,19 @@ class StompParser:
                 self.heartbeats += data.count(b"\n", start, pos)
             if pos >= n:
                 return out
+            if ack_fast and data.startswith(b"ACK\nid:", pos):
+                # One ACK per MESSAGE is most of what a consumer sends: a frame that is exactly
+                # ACK with one plain `id` header and no body is taken without the general path.
+                end = data.find(b"\n\n\0", pos + 7)
+                if end >= 0:
+                    raw_id = data[pos + 7 : end]
+                    if b"\n" not in raw_id and b"\r" not in raw_id and b"\\" not in raw_id:
+                        try:
+                            out.append(Frame("ACK", {"id": raw_id.decode("utf-8")}))
+                            pos = end + 3
+                            continue
+                        except UnicodeDecodeError:
+                            pass  # the general path reports it
             # The header block ends at the first EOL EOL (either may be CRLF): C-level finds.
             lf = data.find(b"\n\n", pos)
             crlf = data.find(b"\n\r\n", pos, lf + 2 if lf >= 0 else n)

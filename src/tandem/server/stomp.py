@@ -264,18 +264,23 @@ class StompConnection(asyncio.Protocol):
     def _run_backlog(self) -> None:
         """Handle parsed frames in order; a full address (BLOCK) holds the rest until it has room."""
         backlog = self._backlog
-        while backlog and "full" not in self._held:
+        held = self._held
+        handlers = _HANDLERS
+        while backlog and "full" not in held:
             if self.closed or self.failing:
                 return
             frame = backlog.popleft()
-            if self._acked and frame.command != "ACK":
+            command = frame.command
+            if self._acked and command != "ACK":
                 self._flush_acks()
             try:
-                self._handle(frame)
+                if not self.connected and command not in ("CONNECT", "STOMP"):
+                    raise st.StompError(f"{command} before CONNECT")
+                handlers[command](self, frame)
             except TandemError as exc:
                 self.error(exc.message, frame.get("receipt"))
             except Exception as exc:
-                log.exception("error handling STOMP %s from %s", frame.command, self.peer)
+                log.exception("error handling STOMP %s from %s", command, self.peer)
                 self.error(f"internal error: {exc!r}", frame.get("receipt"))
         if self._acked:
             self._flush_acks()
@@ -369,12 +374,6 @@ class StompConnection(asyncio.Protocol):
             self._beat_timer = self.loop.call_later(self._beat_period, self._beat)
 
     # ------------------------------------------------------------ handlers
-    def _handle(self, frame: st.Frame) -> None:
-        command = frame.command
-        if not self.connected and command not in ("CONNECT", "STOMP"):
-            raise st.StompError(f"{command} before CONNECT")
-        _HANDLERS[command](self, frame)
-
     def _receipt(self, frame: st.Frame, durable: bool = False) -> None:
         """RECEIPT after the frame's effects (after the fsync of anything journaled, in order).
 
