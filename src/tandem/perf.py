@@ -89,7 +89,8 @@ async def _produce(args: dict[str, Any], index: int, count: int, sent: Any) -> N
                 sent.value += 256
 
     for i in range(count):
-        await prod.ready(queue, size)  # stamp after waiting for window and credit: latency is broker + network
+        if not prod.has_room(queue, size):
+            await prod.ready(queue, size)  # stamp after waiting for window and credit: latency is broker + network
         body = STAMP.pack(time.monotonic_ns()) + pad
         prod.send_nowait(Message(body, durable=durable, dedup_id=f"{dedup}{i}" if dedup else None), done)
         if tx_batch and ((i + 1) % tx_batch == 0 or i + 1 == count):

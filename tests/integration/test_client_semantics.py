@@ -136,3 +136,27 @@ def test_connection_ttl_is_negotiated(broker_factory: Any) -> None:
 def test_producer_window_must_be_positive(broker: BrokerProcess) -> None:
     with tandem.connect(broker.url) as conn, pytest.raises(tandem.InvalidArgument):
         conn.session().create_producer("x", window=0)
+
+
+def test_has_room_says_when_ready_would_wait(broker: BrokerProcess) -> None:
+    async def main() -> tuple[list[bool], int]:
+        conn = await aio.connect(broker.url)
+        try:
+            session = await conn.create_session()
+            prod = session.create_producer("room", window=2)
+            seen = [prod.has_room("room", 10)]  # no credit known for the address yet
+            await prod.ready("room", 10)  # asks the broker: unlimited
+            seen.append(prod.has_room("room", 10))
+            futs = [prod.send_nowait(b"a"), prod.send_nowait(b"b")]
+            seen.append(prod.has_room("room", 10))  # two unconfirmed: the window is full
+            seen.append(prod.has_room())
+            await asyncio.gather(*futs)  # type: ignore[arg-type]
+            seen.append(prod.has_room("room", 10))
+            return seen, prod.in_flight
+        finally:
+            await conn.close()
+
+    seen, in_flight = run(main())
+    assert seen == [False, True, False, False, True]
+    assert in_flight == 0
+    assert run(_stat(broker.url, "room"))["message_count"] == 2

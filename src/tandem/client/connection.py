@@ -372,6 +372,11 @@ class AsyncConnection:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    @property
+    def writable(self) -> bool:
+        """False while the socket's send buffer is over its high-water mark (see `drain`)."""
+        return self._writable.is_set()
+
     async def drain(self) -> None:
         """Wait while the socket's send buffer is over its high-water mark."""
         if not self._writable.is_set():

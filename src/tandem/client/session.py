@@ -452,6 +452,18 @@ class AsyncProducer:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
+    def has_room(self, address: str | None = None, size: int = 0) -> bool:
+        """True when a send would not wait: connected, room in the window, credit for `size`
+        bytes to `address`, socket writable. `await ready()` only when this is False (a loop
+        that sends many messages saves a coroutine per message)."""
+        conn = self.session.conn
+        return (
+            self.in_flight < self.window
+            and conn.ready
+            and conn.writable
+            and (address is None or self.has_credit(address, size))
+        )
+
     async def ready(self, address: str | None = None, size: int = 0) -> None:
         """Wait until connected, the window has room, the socket is writable and (with an address) credit allows."""
         conn = self.session.conn
@@ -472,10 +484,9 @@ class AsyncProducer:
         """Wait for room in the window and for credit, then send; the confirmation arrives later."""
         msg = as_message(body, **fields)
         address = msg.address or self.address
-        if address is not None:
-            await self.ready(address, _size(msg))
-        else:
-            await self.ready()
+        size = _size(msg) if address is not None else 0
+        if not self.has_room(address, size):
+            await self.ready(address, size)
         return self.send_nowait(msg, callback)
 
     async def send(self, body: Message | bytes | str, **fields: Any) -> None:
