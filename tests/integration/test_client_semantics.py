@@ -160,3 +160,31 @@ def test_has_room_says_when_ready_would_wait(broker: BrokerProcess) -> None:
     assert seen == [False, True, False, False, True]
     assert in_flight == 0
     assert run(_stat(broker.url, "room"))["message_count"] == 2
+
+
+def test_a_long_burst_without_awaiting_goes_out_in_order(broker: BrokerProcess) -> None:
+    """Sends queued in one loop pass are written in pieces before the pass ends (FLUSH_EVERY)
+    as well as at its end: every one arrives, in order, and is confirmed."""
+    from tandem.client.connection import FLUSH_EVERY
+
+    n = FLUSH_EVERY * 40 + 3
+
+    async def main() -> list[bytes]:
+        conn = await aio.connect(broker.url)
+        try:
+            session = await conn.create_session()
+            prod = session.create_producer("burst", window=n)
+            await prod.ready("burst", 10)
+            futs = [prod.send_nowait(f"m{i}".encode()) for i in range(n)]  # no await in between
+            await asyncio.gather(*futs)  # type: ignore[arg-type]
+            consumer = await session.create_consumer("burst")
+            got = []
+            for _ in range(n):
+                m = await consumer.receive(5)
+                assert m is not None
+                got.append(m.body)
+            return got
+        finally:
+            await conn.close()
+
+    assert run(main()) == [f"m{i}".encode() for i in range(n)]
