@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from .session import AsyncConsumer, AsyncSession
 
 log = logging.getLogger("tandem.client")
-FLUSH_EVERY = 8  # packets buffered in one loop pass before they are written without waiting for its end
 
 Waiter = asyncio.Future[None] | Callable[[BaseException | None], None] | None
 
@@ -339,11 +338,8 @@ class AsyncConnection:
     def _write(self, data: bytes | bytearray) -> None:
         if self.closed:
             raise self._closed_error()
-        out = self._out
-        out.append(data)
-        if len(out) >= FLUSH_EVERY:
-            self._flush()  # a long burst goes out in pieces: the broker starts on the first at once
-        elif not self._flush_scheduled:
+        self._out.append(data)
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
