@@ -1123,6 +1123,22 @@ def test_native_producer_stomp_consumer(sb: BrokerProcess, clients: Callable[...
     assert second.headers["content-length"] == "0"
 
 
+def test_equal_property_values_of_different_types_render_by_their_own_type(
+    sb: BrokerProcess, clients: Callable[..., Client]
+) -> None:
+    """MESSAGE property lines are remembered per (name, value, type): True == 1 == 1.0 in Python,
+    yet each must render as itself, also when the same name comes again in later messages."""
+    c = clients(sb.ports["stomp"])
+    c.subscribe("/queue/typed", "t")
+    values: list[Any] = [True, 1, 1.0, "1", False, 0, True]
+    with tandem.connect(sb.url) as conn:
+        prod = conn.session().create_producer("typed")
+        for v in values:
+            prod.send(tandem.Message(b"x", properties={"k": v}))
+    got = [m.headers["k"] for m in c.rec.wait_messages(len(values))]
+    assert got == ["true", "1", "1.0", "1", "false", "0", "true"]
+
+
 def test_native_properties_named_like_frame_headers_do_not_reach_the_frame(
     sb: BrokerProcess, raws: Callable[[int], Raw]
 ) -> None:
