@@ -128,7 +128,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "pair": pair,
                 "tandem_msgs_per_s": t[0]["msgs_per_s"],
                 "best_rabbitmq": f"{best['driver']} {best['msgs_per_s']}",
-                "throughput_ratio": round(t[0]["msgs_per_s"] / best["msgs_per_s"], 2),
+                "throughput_ratio": round(t[0]["msgs_per_s"] / best["msgs_per_s"], 3),
                 "tandem_p99_ms": t[0]["p99_ms"],
                 "rabbitmq_p99_ms": best["p99_ms"],
                 "p99_below_rabbitmq": t[0]["p99_ms"] < best["p99_ms"],
