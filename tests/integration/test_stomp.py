@@ -765,6 +765,36 @@ def test_an_ack_repeated_in_the_same_packet_gets_an_error(sb: BrokerProcess, raw
     assert [m.body for m in native_drain(sb.url, "acked-twice", 2)] == [b"m0", b"m2"]
 
 
+@pytest.mark.parametrize(
+    ("ack_id", "words"),
+    [
+        ("{cid}.\u00b2", "unknown ack id"),  # a digit to str.isdigit, not to int()
+        ("{cid}.987654", "not awaiting an ack"),
+        ("{cid}.", "unknown ack id"),
+        ("0{cid}.{mid}", None),  # not as the broker wrote it, but the same consumer and message
+    ],
+    ids=["superscript-digit", "unknown-message", "no-message-id", "leading-zero"],
+)
+def test_ack_ids_of_a_live_subscription(
+    sb: BrokerProcess, raws: Callable[[int], Raw], ack_id: str, words: str | None
+) -> None:
+    """ACK ids that start with a live consumer's id are still checked: an error, or the same ack."""
+    r = raws(sb.ports["stomp"])
+    r.connect("1.2")
+    dest = "/queue/ack-ids-" + "".join(c if c.isalnum() else "-" for c in ack_id.encode("ascii", "replace").decode())
+    msgs = _pipelined_acks(r, dest, 2)
+    cid, _, mid = msgs[0].headers["ack"].partition(".")
+    r.send(f"ACK\nid:{ack_id.format(cid=cid, mid=mid)}\nreceipt:a\n\n\0".encode())
+    if words is not None:
+        assert_error_then_closed(r, words)
+        _sync_then_kill_and_restart(sb)
+        assert [m.body for m in native_drain(sb.url, dest[7:], 2)] == [b"m0", b"m1"]
+    else:
+        r.next_of("RECEIPT", **{"receipt-id": "a"})
+        _sync_then_kill_and_restart(sb)
+        assert [m.body for m in native_drain(sb.url, dest[7:], 1)] == [b"m1"]
+
+
 # ================================================================================ heart-beats
 
 

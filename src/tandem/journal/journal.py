@@ -29,6 +29,10 @@ log = logging.getLogger("tandem.journal")
 
 _Entry = jf.JFile | list[jf.JFile]
 _TERMINATOR = bytes(rec.EOF_SIZE)
+# `add_soon` places its ADDs by this many, or this many bytes, at the latest (and a body this
+# large on its own): a BATCH record is copied whole, and must fit the journal's files.
+_COALESCE_OPS = 256
+_COALESCE_BYTES = 1 << 20
 
 
 class LiveRecord(msgspec.Struct, gc=False):
@@ -77,6 +81,8 @@ class Journal:
         self._cur_off = 0
         self._next_key = 1 << jf.KEY_SHIFT
         self._pending = Batch()
+        self._coalesced: list[rec.Op] = []  # ADDs of this loop pass not placed yet (`add_soon`)
+        self._coalesced_bytes = 0
         self._inflight: Batch | None = None
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -241,6 +247,8 @@ class Journal:
 
     async def stop(self) -> None:
         """Flush what is pending, then stop the threads."""
+        if self._coalesced:
+            self._drain()
         self._compact_stop.set()
         if self._compact_thread is not None:
             await asyncio.to_thread(self._compact_thread.join)
@@ -267,23 +275,65 @@ class Journal:
             self._writer = None
 
     # --------------------------------------------------------------- appends
+    def add_soon(self, rid: int, user_type: int, body: bytes) -> None:
+        """An ADD that may share one BATCH record with the other ADDs of this loop pass.
+
+        Every record costs its own header, CRC, placement and bookkeeping; the hundred
+        messages of one client read then cost one. Anything else done to or asked of the
+        journal first places them, in order, so no operation can overtake them (a DELETE
+        placed before its ADD would bring the message back on reload)."""
+        if self._loop is None or len(body) >= _COALESCE_BYTES:
+            self.add(rid, user_type, body)
+            return
+        self._check()
+        co = self._coalesced
+        co.append(rec.Op(rec.ADD, user_type, rid, body))
+        self._coalesced_bytes += len(body)
+        if len(co) == 1:
+            self._loop.call_soon(self._drain)
+        elif len(co) >= _COALESCE_OPS or self._coalesced_bytes >= _COALESCE_BYTES:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Place the coalesced ADDs: one record for all of them (a BATCH: all or none)."""
+        co = self._coalesced
+        if not co:
+            return
+        self._coalesced = []
+        self._coalesced_bytes = 0
+        if self.failed is not None:
+            return  # nothing more is written: their confirmations never come
+        if len(co) == 1:
+            op = co[0]
+            self.add(op.id, op.user_type, op.body)
+        else:
+            self.batch(co)
+
     def add(self, rid: int, user_type: int, body: bytes) -> None:
+        if self._coalesced:
+            self._drain()
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.ADD, user_type, rid, body))
         self._count_op(rec.ADD, rid, f)
 
     def update(self, rid: int, user_type: int, body: bytes) -> None:
+        if self._coalesced:
+            self._drain()
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.UPDATE, user_type, rid, body))
         self._count_op(rec.UPDATE, rid, f)
 
     def delete(self, rid: int) -> None:
+        if self._coalesced:
+            self._drain()
         f, off = self._place(rec.HEADER_SIZE)
         self._write(f, off, rec.encode(f.key, rec.DELETE, 0, rid))
         self._count_op(rec.DELETE, rid, f)
 
     def delete_many(self, rids: list[int]) -> None:
         """Delete several ids with one record."""
+        if self._coalesced:
+            self._drain()
         if len(rids) == 1:
             self.delete(rids[0])
             return
@@ -297,6 +347,8 @@ class Journal:
 
     def batch(self, ops: Iterable[rec.Op]) -> None:
         """Append several operations as one record: after a crash all or none of them exist."""
+        if self._coalesced:
+            self._drain()
         ops = list(ops)
         if not ops:
             return
@@ -316,10 +368,14 @@ class Journal:
             self._count_op(op.kind, op.id, f)
 
     def contains(self, rid: int) -> bool:
+        if self._coalesced:
+            self._drain()
         return rid in self._index
 
     def after_durable(self, cb: Callable[[], None]) -> None:
         """Run `cb` on the loop once everything appended so far is on disk."""
+        if self._coalesced:
+            self._drain()
         if self._pending.writes:
             self._pending.callbacks.append(cb)
         elif self._inflight is not None:
@@ -329,10 +385,14 @@ class Journal:
 
     @property
     def idle(self) -> bool:
+        if self._coalesced:
+            self._drain()
         return not self._pending.writes and self._inflight is None
 
     @property
     def pending_bytes(self) -> int:
+        if self._coalesced:
+            self._drain()
         return self._pending.nbytes + (self._inflight.nbytes if self._inflight else 0)
 
     # ------------------------------------------------------------ placement
@@ -414,6 +474,8 @@ class Journal:
     # --------------------------------------------------------- group commit
     def _handoff(self) -> None:
         self._flush_handle = None
+        if self._coalesced:
+            self._drain()
         if self._inflight is not None or not self._pending.writes or self._writer is None:
             return
         batch = self._pending
@@ -436,6 +498,8 @@ class Journal:
             loop.call_soon_threadsafe(self._on_done, batch, err)
 
     def _on_done(self, batch: Batch, err: BaseException | None) -> None:
+        if self._coalesced and err is None:
+            self._drain()  # placed while a batch is in flight: they go with the next one at once
         self._inflight = None
         if err is not None:
             self._fail(err)
@@ -464,6 +528,8 @@ class Journal:
 
     def flush_sync(self) -> None:
         """Write and sync what is pending on the calling thread (CLI tools, no loop)."""
+        if self._coalesced:
+            self._drain()
         if self._writer is None or not self._pending.writes:
             return
         batch = self._pending
@@ -500,6 +566,8 @@ class Journal:
 
     def compact_online(self) -> None:
         """Freeze every current file and compact them behind the writer's back."""
+        if self._coalesced:
+            self._drain()
         if self._compacting or not self._files:
             return
         self._compacting = True
@@ -598,6 +666,8 @@ class Journal:
 
     # --------------------------------------------------------------- stats
     def stats(self) -> JournalStats:
+        if self._coalesced:
+            self._drain()
         return JournalStats(
             files=len(self._files),
             free_files=len(self._writer.free) if self._writer else len(self._free),
@@ -609,4 +679,6 @@ class Journal:
         )
 
     def file_summaries(self) -> list[jf.JFile]:
+        if self._coalesced:
+            self._drain()
         return list(self._files.values())

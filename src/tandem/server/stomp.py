@@ -107,6 +107,7 @@ class Subscription:
     def consumer_closed(self, consumer: Consumer, error: TandemError) -> None:
         conn = self.conn
         conn.subscriptions.pop(self.id, None)
+        conn._ack_prefixes.pop(str(consumer.id), None)
         if not conn.closed:
             conn.error(f"subscription {self.id} ended: {error.message}")
 
@@ -175,6 +176,7 @@ class StompConnection(asyncio.Protocol):
         self._backlog: deque[st.Frame] = deque()  # parsed frames not handled yet (held by a full address)
         self._destinations: dict[str, tuple[str, RoutingType]] = {}  # destination header -> (address, type)
         self._acked: dict[Consumer, list[MessageRef]] = {}  # taken by ACKs of this read, not journaled yet
+        self._ack_prefixes: dict[str, Subscription] = {}  # "CID" of the 1.2 ack ids "CID.MID" -> subscription
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -607,6 +609,7 @@ class StompConnection(asyncio.Protocol):
             consumer.add_credits(prefetch)
         sub.consumer = consumer
         self.subscriptions[sid] = sub
+        self._ack_prefixes[str(cid)] = sub
         self._receipt(frame)
 
     def on_unsubscribe(self, frame: st.Frame) -> None:
@@ -616,6 +619,7 @@ class StompConnection(asyncio.Protocol):
         if sub is None:
             raise st.StompError(f"no subscription with id {sid!r}")
         if sub.consumer is not None:
+            self._ack_prefixes.pop(str(sub.consumer.id), None)
             self.session.close_consumer(sub.consumer.id)
         po = self.session.postoffice
         if sub.temporary is not None:
@@ -631,6 +635,12 @@ class StompConnection(asyncio.Protocol):
     def _ack_target(self, frame: st.Frame) -> tuple[Subscription, int]:
         if self.version == "1.2":
             ack_id = frame.get("id")
+            if ack_id:
+                # The common case: the ack header exactly as this broker wrote it ("CID.MID").
+                cid_text, _, mid12 = ack_id.partition(".")
+                known = self._ack_prefixes.get(cid_text)
+                if known is not None and mid12.isdecimal():
+                    return known, int(mid12)
             if not ack_id or "." not in ack_id:
                 raise st.StompError(f"ACK/NACK needs the id of a MESSAGE's ack header, got {ack_id!r}")
             cid_text, _, mid12 = ack_id.partition(".")

@@ -247,7 +247,7 @@ class JournalStorage:
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
         body = _encode(MessageRecord(refs, _as_raw(message.raw), message.expiration if message.expiration else 0))
         if tx is None:
-            self.messages.add(message.id, RecordType.MESSAGE, body)
+            self.messages.add_soon(message.id, RecordType.MESSAGE, body)
         else:
             tx.append(Op(ADD, RecordType.MESSAGE, message.id, body))
 
