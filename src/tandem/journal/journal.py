@@ -33,6 +33,7 @@ _TERMINATOR = bytes(rec.EOF_SIZE)
 # large on its own): a BATCH record is copied whole, and must fit the journal's files.
 _COALESCE_OPS = 256
 _COALESCE_BYTES = 1 << 20
+_SUBOP_PACK = rec.SUBOP.pack
 
 
 class LiveRecord(msgspec.Struct, gc=False):
@@ -81,7 +82,8 @@ class Journal:
         self._cur_off = 0
         self._next_key = 1 << jf.KEY_SHIFT
         self._pending = Batch()
-        self._coalesced: list[rec.Op] = []  # ADDs of this loop pass not placed yet (`add_soon`)
+        self._coalesced: list[bytes] = []  # ADDs of this loop pass not placed yet (`add_soon`)
+        self._coalesced_ids: list[int] = []
         self._coalesced_bytes = 0
         self._inflight: Batch | None = None
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
@@ -287,11 +289,13 @@ class Journal:
             return
         self._check()
         co = self._coalesced
-        co.append(rec.Op(rec.ADD, user_type, rid, body))
+        co.append(_SUBOP_PACK(rec.ADD, user_type, rid, len(body)))  # the BATCH member, ready to join
+        co.append(body)
+        self._coalesced_ids.append(rid)
         self._coalesced_bytes += len(body)
-        if len(co) == 1:
+        if len(co) == 2:
             self._loop.call_soon(self._drain)
-        elif len(co) >= _COALESCE_OPS or self._coalesced_bytes >= _COALESCE_BYTES:
+        elif len(co) >= 2 * _COALESCE_OPS or self._coalesced_bytes >= _COALESCE_BYTES:
             self._drain()
 
     def _drain(self) -> None:
@@ -299,15 +303,27 @@ class Journal:
         co = self._coalesced
         if not co:
             return
+        ids = self._coalesced_ids
         self._coalesced = []
+        self._coalesced_ids = []
         self._coalesced_bytes = 0
         if self.failed is not None:
             return  # nothing more is written: their confirmations never come
-        if len(co) == 1:
-            op = co[0]
-            self.add(op.id, op.user_type, op.body)
-        else:
-            self.batch(co)
+        if len(ids) == 1:
+            _, user_type, rid, _ = rec.SUBOP.unpack(co[0])
+            self.add(rid, user_type, co[1])
+            return
+        body = b"".join(co)
+        f, off = self._place(rec.HEADER_SIZE + len(body))
+        self._write(f, off, rec.encode(f.key, rec.BATCH, 0, 0, body))
+        f.records += len(ids)
+        index = self._index
+        for rid in ids:  # _count_op for an ADD, inline: this runs for every message
+            if rid in index:
+                self._attach(rid, f)
+            else:
+                index[rid] = f
+                f.live += 1
 
     def add(self, rid: int, user_type: int, body: bytes) -> None:
         if self._coalesced:
