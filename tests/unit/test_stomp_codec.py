@@ -196,7 +196,12 @@ def test_many_frames_in_one_feed() -> None:
     assert [len(f.body) for f in frames] == [i % 7 for i in range(500)]
 
 
-@given(value=st.text(max_size=30), version=st.sampled_from(VERSIONS), cuts=st.lists(st.integers(0, 60), max_size=4))
+@given(
+    # ids as this broker hands them out ("CID.MID", the fast path's case) and anything else
+    value=st.one_of(st.from_regex(r"[0-9.]{0,20}", fullmatch=True), st.text(max_size=30)),
+    version=st.sampled_from(VERSIONS),
+    cuts=st.lists(st.integers(0, 60), max_size=4),
+)
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 def test_plain_ack_frames_parse_as_the_general_path_does(value: str, version: str, cuts: list[int]) -> None:
     """`ACK` with one `id` header has a fast path: it must agree with the general one (forced here

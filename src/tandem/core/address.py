@@ -17,6 +17,11 @@ from .settings import AddressSettings
 if TYPE_CHECKING:
     from .queue import Queue
 
+# Module constants: an enum member looked up on its class costs five times a local compare,
+# and `route` compares for every queue of every message.
+_ANYCAST = RoutingType.ANYCAST
+_MULTICAST = RoutingType.MULTICAST
+
 
 class Address:
     __slots__ = ("_rr", "auto_created", "blocked", "id", "name", "queues", "routing_types", "settings", "size_bytes")
@@ -47,10 +52,10 @@ class Address:
         for q in self.queues.values():
             if q.filter is not None and not q.filter.matches(MessageRef(message, q, 0)):
                 continue
-            if q.routing_type == RoutingType.MULTICAST:
-                if routing_type != RoutingType.ANYCAST:
+            if q.routing_type == _MULTICAST:
+                if routing_type != _ANYCAST:
                     out.append(q)
-            elif routing_type != RoutingType.MULTICAST:
+            elif routing_type != _MULTICAST:
                 anycast.append(q)
         if anycast:
             if len(anycast) == 1:

@@ -22,6 +22,7 @@ CLIENT_COMMANDS = frozenset(
 SERVER_COMMANDS = frozenset({"CONNECTED", "MESSAGE", "RECEIPT", "ERROR"})
 VERSIONS = ("1.0", "1.1", "1.2")
 _RAW_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})  # headers never escaped
+_ACK_ID_BYTES = b"0123456789."
 _UNESCAPE_12 = {"\\\\": "\\", "\\n": "\n", "\\c": ":", "\\r": "\r"}
 _UNESCAPE_11 = {"\\\\": "\\", "\\n": "\n", "\\c": ":"}
 _ESCAPE_RE = re.compile(r"\\.?")
@@ -60,7 +61,8 @@ _SPECIAL = re.compile(r"[\\\n:\r]")
 
 
 def escape(text: str, version: str) -> str:
-    if version == "1.0" or not _SPECIAL.search(text):
+    # isalnum first: receipt ids and most values are plain, and it is cheaper than the search.
+    if version == "1.0" or text.isalnum() or not _SPECIAL.search(text):
         return text
     text = text.replace("\\", "\\\\").replace("\n", "\\n").replace(":", "\\c")
     if version == "1.2":
@@ -120,13 +122,12 @@ class StompParser:
                 end = data.find(b"\n\n\0", pos + 7)
                 if end >= 0:
                     raw_id = data[pos + 7 : end]
-                    if b"\n" not in raw_id and b"\r" not in raw_id and b"\\" not in raw_id:
-                        try:
-                            out.append(Frame("ACK", {"id": raw_id.decode("utf-8")}))
-                            pos = end + 3
-                            continue
-                        except UnicodeDecodeError:
-                            pass  # the general path reports it
+                    # Only digits and dots, as in the ids this broker hands out ("CID.MID"):
+                    # nothing to unescape, no other header, and ASCII (one C call, not three scans).
+                    if not raw_id.translate(None, _ACK_ID_BYTES):
+                        out.append(Frame("ACK", {"id": raw_id.decode("ascii")}))
+                        pos = end + 3
+                        continue
             # The header block ends at the first EOL EOL (either may be CRLF): C-level finds.
             lf = data.find(b"\n\n", pos)
             crlf = data.find(b"\n\r\n", pos, lf + 2 if lf >= 0 else n)
