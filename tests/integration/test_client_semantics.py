@@ -162,20 +162,20 @@ def test_has_room_says_when_ready_would_wait(broker: BrokerProcess) -> None:
     assert run(_stat(broker.url, "room"))["message_count"] == 2
 
 
-def test_a_long_burst_without_awaiting_goes_out_in_order(broker: BrokerProcess) -> None:
+@pytest.mark.parametrize("n", [323, 1500])
+def test_a_long_burst_without_awaiting_goes_out_in_order(broker: BrokerProcess, n: int) -> None:
     """Hundreds of sends queued in one loop pass (one coalesced write): every one arrives, in
-    order, and is confirmed."""
-    n = 323
+    order, and is confirmed (the broker handles such a read in slices of 128 packets)."""
 
     async def main() -> list[bytes]:
         conn = await aio.connect(broker.url)
         try:
             session = await conn.create_session()
-            prod = session.create_producer("burst", window=n)
-            await prod.ready("burst", 10)
+            prod = session.create_producer(f"burst-{n}", window=n)
+            await prod.ready(f"burst-{n}", 10)
             futs = [prod.send_nowait(f"m{i}".encode()) for i in range(n)]  # no await in between
             await asyncio.gather(*futs)  # type: ignore[arg-type]
-            consumer = await session.create_consumer("burst")
+            consumer = await session.create_consumer(f"burst-{n}")
             got = []
             for _ in range(n):
                 m = await consumer.receive(5)

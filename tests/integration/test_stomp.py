@@ -795,6 +795,24 @@ def test_ack_ids_of_a_live_subscription(
         assert [m.body for m in native_drain(sb.url, dest[7:], 1)] == [b"m1"]
 
 
+def test_a_long_pipelined_burst_is_handled_in_order_up_to_a_bad_frame(
+    sb: BrokerProcess, raws: Callable[[int], Raw]
+) -> None:
+    """300 SENDs in one write (the broker handles a read in slices of 128 frames) then a bad
+    frame: every SEND is receipted in order and kept, then the ERROR comes."""
+    r = raws(sb.ports["stomp"])
+    r.connect("1.2")
+    n = 300
+    r.send(
+        b"".join(f"SEND\ndestination:/queue/sliced\npersistent:true\nreceipt:r{i}\n\nm{i}\0".encode() for i in range(n))
+        + b"FROB\n\n\0"
+    )
+    receipts = [r.next_of("RECEIPT").headers["receipt-id"] for _ in range(n)]
+    assert receipts == [f"r{i}" for i in range(n)]
+    assert_error_then_closed(r, "unknown command")
+    assert [m.body for m in native_drain(sb.url, "sliced", n)] == [f"m{i}".encode() for i in range(n)]
+
+
 # ================================================================================ heart-beats
 
 

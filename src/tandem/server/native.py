@@ -37,6 +37,7 @@ log = logging.getLogger("tandem.native")
 
 HIGH_WATER = 1 << 22  # bytes queued in the transport before we stop reading and delivering
 LOW_WATER = 1 << 20
+PACKETS_PER_PASS = 128  # packets of one read handled before the loop gets a turn (see `_handle`)
 
 _encode = p.encode
 _pack_len = p.LENGTH.pack
@@ -106,6 +107,8 @@ class NativeConnection(asyncio.Protocol):
         self.reader = p.FrameReader(p.ClientPacket, broker.config.max_frame_size, expect_magic=True)
         self.sessions: dict[int, NativeSession] = {}
         self.touched: list[NativeSession] = []
+        self._rest: tuple[list[Any], int] | None = None  # packets of a read not handled yet
+        self._slicing = False  # reading paused until `_rest` is handled
         self.handshaken = False
         self.closed = False
         self.writable = True
@@ -141,7 +144,7 @@ class NativeConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.writable = True
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self._slicing:
             self.transport.resume_reading()
         for s in self.sessions.values():
             for c in s.core.consumers.values():
@@ -185,11 +188,26 @@ class NativeConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self.fatal(exc)
             return
-        handlers = _HANDLERS
         if packets and not self.handshaken and type(packets[0]) is not p.Hello:
             self.fatal(ProtocolError(f"the first packet must be HELLO, got {type(packets[0]).__name__.upper()}"))
             return
-        for pkt in packets:
+        if self._rest is not None:  # read while a burst is still being worked through: after it
+            self._rest[0].extend(packets)
+            return
+        self._handle(packets, 0)
+
+    def _handle(self, packets: list[Any], start: int) -> None:
+        """Handle up to PACKETS_PER_PASS packets, then let the loop run before the rest.
+
+        A read can hold a producer's whole window (hundreds of sends). Handled in one go, their
+        journal batch could only start syncing once the last was handled, and the producer's
+        next burst only after that sync: handling and syncing would take turns. In slices, the
+        journal syncs one slice while the next is handled, and other connections get a turn."""
+        handlers = _HANDLERS
+        n = len(packets)
+        end = start + PACKETS_PER_PASS if n - start > PACKETS_PER_PASS else n
+        for i in range(start, end):
+            pkt = packets[i]
             if self.is_closed():
                 break
             try:
@@ -203,6 +221,21 @@ class NativeConnection(asyncio.Protocol):
             for s in self.touched:
                 s.end_of_batch()
             self.touched.clear()
+        if end < n and not self.closed:
+            self._rest = (packets, end)
+            if not self._slicing and self.transport is not None:
+                self._slicing = True
+                self.transport.pause_reading()
+            self.loop.call_soon(self._continue)
+        elif self._slicing:
+            self._slicing = False
+            if self.writable and not self.closed and self.transport is not None:
+                self.transport.resume_reading()
+
+    def _continue(self) -> None:
+        rest, self._rest = self._rest, None
+        if rest is not None and not self.closed:
+            self._handle(*rest)
 
     def is_closed(self) -> bool:
         return self.closed

@@ -32,6 +32,10 @@ log = logging.getLogger("tandem.stomp")
 
 HIGH_WATER = 1 << 22
 LOW_WATER = 1 << 20
+# Frames of one read handled before the loop gets a turn. A read can hold a producer's whole
+# window; handled in one go, its journal batch could only start syncing after the last frame,
+# and handling and syncing would take turns. In slices, one slice syncs while the next is handled.
+FRAMES_PER_PASS = 128
 ACK_MODES = ("auto", "client", "client-individual")
 # headers that are part of the frame, not of the message
 _FRAME_HEADERS = frozenset(
@@ -172,7 +176,7 @@ class StompConnection(asyncio.Protocol):
         self._beat_timer: asyncio.TimerHandle | None = None
         self._beat_period = 0.0
         self.temp_queues: set[str] = set()
-        self._held: set[str] = set()  # why input is paused: "write" (backpressure), "full" (BLOCK), "error"
+        self._held: set[str] = set()  # why input is paused: "write" (backpressure), "full" (BLOCK), "error", "slice"
         self._backlog: deque[st.Frame] = deque()  # parsed frames not handled yet (held by a full address)
         self._destinations: dict[str, tuple[str, RoutingType]] = {}  # destination header -> (address, type)
         self._acked: dict[Consumer, list[MessageRef]] = {}  # taken by ACKs of this read, not journaled yet
@@ -268,9 +272,17 @@ class StompConnection(asyncio.Protocol):
         backlog = self._backlog
         held = self._held
         handlers = _HANDLERS
+        budget = FRAMES_PER_PASS
         while backlog and "full" not in held:
             if self.closed or self.failing:
                 return
+            if not budget:
+                # The rest after the loop's next turn (see FRAMES_PER_PASS); read nothing meanwhile.
+                if "slice" not in held:
+                    self._hold("slice")
+                    self.loop.call_soon(self._next_slice)
+                break
+            budget -= 1
             frame = backlog.popleft()
             command = frame.command
             if self._acked and command != "ACK":
@@ -292,6 +304,11 @@ class StompConnection(asyncio.Protocol):
             return
         if self._receipts and not self.closed:
             self._flush_receipts()
+
+    def _next_slice(self) -> None:
+        if not self.closed:
+            self._release("slice")
+            self._run_backlog()
 
     def error(self, message: str, receipt: str | None = None) -> None:
         """Send ERROR and close this connection only.
