@@ -346,6 +346,45 @@ def test_a_pass_of_more_writes_than_iov_max_is_written_whole(tmp_path: Path) -> 
     assert [(i, b) for i, _, b, _ in got] == [(i, i.to_bytes(4, "little")) for i in range(1, 3001)]
 
 
+def test_a_short_write_is_finished_and_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pwritev that writes only its first buffer (as on a nearly full disk): the writer writes
+    the rest and syncs it; everything reloads."""
+    s = settings(file_size=1 * MiB)
+    real = os.pwritev
+    short = 0
+    synced: list[int] = []
+    real_sync = os.fdatasync
+
+    def first_buffer_only(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+        nonlocal short
+        buffers = list(buffers)
+        if len(buffers) > 1:
+            short += 1
+            return real(fd, buffers[:1], offset, flags)
+        return real(fd, buffers, offset, flags)
+
+    def counting_sync(fd: int) -> None:
+        synced.append(fd)
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "pwritev", first_buffer_only)
+    monkeypatch.setattr(os, "fdatasync", counting_sync)
+
+    async def main() -> None:
+        j = Journal(tmp_path, PREFIX, s)
+        j.load()
+        j.start()
+        for i in range(1, 201):
+            j.add(i, 1, b"%05d" % i * 20)
+        await durable(j)
+        await j.stop()
+
+    run(main)
+    assert short >= 1 and len(synced) >= short
+    _, got = reload(tmp_path, s=s)
+    assert [(i, b) for i, _, b, _ in got] == [(i, b"%05d" % i * 20) for i in range(1, 201)]
+
+
 def test_appends_before_start_are_refused(tmp_path: Path) -> None:
     """A loaded but not started journal raises JournalError instead of silently dropping appends."""
     j = Journal(tmp_path, PREFIX, settings())

@@ -164,6 +164,8 @@ class Writer:
             data = b"".join(buffers)[written:]
             while data:
                 n = os.pwrite(fd, data, offset + written)
+                if n <= 0:
+                    raise OSError(f"journal write of {len(data)} bytes wrote nothing")
                 written += n
                 data = data[n:]
             if self.datasync:
