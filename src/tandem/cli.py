@@ -19,7 +19,7 @@ from .errors import ConfigError, TandemError
 DEFAULT_URL = os.environ.get("TANDEM_URL", "tcp://127.0.0.1:61616")
 
 
-BROKER_SWITCH_INTERVAL = 0.0005  # seconds
+BROKER_SWITCH_INTERVAL = 0.0001  # seconds (decision 0016)
 
 
 def _install_loop_policy() -> None:
@@ -75,9 +75,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
     logs.setup(cfg.log_level)
     _install_loop_policy()
-    # The journal writer thread needs the GIL back after each fsync to report the batch; with
+    # The journal writer thread needs the GIL back after each sync to report the batch; with
     # the default 5 ms switch interval a busy event loop can hold it that long, and every
-    # confirmation waits. 0.5 ms: see docs/performance.md.
+    # confirmation waits. 0.1 ms: see decision 0016 and docs/performance.md.
     sys.setswitchinterval(BROKER_SWITCH_INTERVAL)
     return asyncio.run(_run_broker(cfg, Broker, quiet=args.quiet))
 

@@ -32,7 +32,7 @@ connection-check-period = 500
 journal-file-size = 1048576
 journal-min-files = 3
 journal-pool-files = 4
-journal-buffer-timeout = 0
+journal-buffer-timeout = 250000
 journal-buffer-size = 8192
 journal-compact-percentage = 50
 journal-compact-min-files = 0
@@ -178,7 +178,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         journal_file_size=1024 * 1024,
         journal_min_files=3,
         journal_pool_files=4,
-        journal_buffer_timeout=0,
+        journal_buffer_timeout=250_000,
         journal_buffer_size=8192,
         journal_compact_percentage=50,
         journal_compact_min_files=0,

@@ -64,7 +64,7 @@ class JournalSettings:
     file_size: int = 10 * 1024 * 1024
     min_files: int = 2
     pool_files: int = 10
-    buffer_timeout_ns: int = 500_000
+    buffer_timeout_ns: int = 0
     buffer_size: int = 490 * 1024
     compact_percentage: int = 30
     compact_min_files: int = 10
