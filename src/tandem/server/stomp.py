@@ -652,23 +652,20 @@ class StompConnection(asyncio.Protocol):
     def _ack_target(self, frame: st.Frame) -> tuple[Subscription, int]:
         if self.version == "1.2":
             ack_id = frame.get("id")
-            if ack_id:
-                # The common case: the ack header exactly as this broker wrote it ("CID.MID").
-                cid_text, _, mid12 = ack_id.partition(".")
-                known = self._ack_prefixes.get(cid_text)
-                if known is not None and mid12.isdecimal():
-                    return known, int(mid12)
-            if not ack_id or "." not in ack_id:
+            cid_text, dot, mid_part = (ack_id or "").partition(".")
+            if not dot:
                 raise st.StompError(f"ACK/NACK needs the id of a MESSAGE's ack header, got {ack_id!r}")
-            cid_text, _, mid12 = ack_id.partition(".")
-            try:
-                cid, mid = int(cid_text), int(mid12)
+            sub = self._ack_prefixes.get(cid_text)  # the id as this broker wrote it: "CID.MID"
+            if sub is not None and mid_part.isdecimal():
+                return sub, int(mid_part)
+            try:  # written some other way ("01.5"): the same numbers
+                cid, mid = int(cid_text), int(mid_part)
             except ValueError:
                 raise st.StompError(f"unknown ack id {ack_id!r}") from None
-            for sub in self.subscriptions.values():
-                if sub.consumer is not None and sub.consumer.id == cid:
-                    return sub, mid
-            raise st.StompError(f"unknown ack id {ack_id!r}")
+            sub = self._ack_prefixes.get(str(cid))
+            if sub is None:
+                raise st.StompError(f"unknown ack id {ack_id!r}")
+            return sub, mid
         mid_text = frame.get("message-id")
         sid = frame.get("subscription")
         try:
