@@ -51,15 +51,12 @@ class FailureEvent(Enum):
     DISCONNECT = "disconnect"  # gave up: the connection is closed
 
 
-class Pending:
+class Pending(msgspec.Struct):
     """A pipelined command waiting for CONFIRM; `resend` is the message to send again after failover."""
 
-    __slots__ = ("cmd", "resend", "waiter")
-
-    def __init__(self, cmd: int, waiter: Waiter, resend: Any = None) -> None:
-        self.cmd = cmd
-        self.waiter = waiter
-        self.resend = resend
+    cmd: int
+    waiter: Waiter
+    resend: Any = None
 
 
 class Channel:

@@ -13,6 +13,9 @@ from ..errors import InvalidArgument
 if TYPE_CHECKING:
     from .session import AsyncConsumer
 
+_time_ns = time.time_ns
+_ANY = int(RoutingType.ANY)
+
 
 @dataclass
 class Message:
@@ -38,22 +41,18 @@ class Message:
                     raise InvalidArgument(
                         f"property {key!r}: values must be str, int, float, bool or bytes, got {type(value).__name__}"
                     )
-        if not 0 <= self.priority <= 9:
-            raise InvalidArgument(f"priority must be 0-9, got {self.priority}")
-        body = self.body.encode() if isinstance(self.body, str) else bytes(self.body)
-        now = time.time_ns() // 1_000_000
-        expiration = self.expiration or (now + self.ttl if self.ttl > 0 else 0)
-        rt = RoutingType.parse(self.routing_type) if self.routing_type else RoutingType.ANY
+        priority = self.priority
+        if not 0 <= priority <= 9:
+            raise InvalidArgument(f"priority must be 0-9, got {priority}")
+        body = self.body
+        if type(body) is not bytes:
+            body = body.encode() if isinstance(body, str) else bytes(body)
+        now = _time_ns() // 1_000_000
+        ttl = self.ttl
+        expiration = self.expiration or (now + ttl if ttl > 0 else 0)
+        rt = _ANY if not self.routing_type else int(RoutingType.parse(self.routing_type))
         return MessageData(
-            address,
-            self.durable,
-            self.priority,
-            expiration,
-            now,
-            self.dedup_id,
-            int(rt),
-            self.properties or None,
-            body,
+            address, self.durable, priority, expiration, now, self.dedup_id, rt, self.properties or None, body
         )
 
 

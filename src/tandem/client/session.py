@@ -369,11 +369,6 @@ class AsyncProducer:
         c = self._credits.get(address)
         return c is not None and (c < 0 or c >= size)
 
-    def _spend(self, address: str, size: int) -> None:
-        c = self._credits.get(address)
-        if c is not None and c >= 0:
-            self._credits[address] = c - size
-
     async def credit(self, address: str, size: int) -> None:
         """Producer flow control: wait until the broker lets us send `size` bytes to `address`.
 
@@ -393,14 +388,6 @@ class AsyncProducer:
             c = self._credits.get(address, 0)
             self._credits[address] = -1 if granted < 0 else max(c, 0) + int(granted)
 
-    def _encode_send(self, msg: Message) -> tuple[p.SendData, MessageData]:
-        session = self.session
-        ch = session.channel
-        data = msg.to_data(self.address)
-        if data.dedup_id is None and data.durable and not session.transacted and session.conn.options.auto_dedup:
-            data.dedup_id = f"{self._dedup_prefix}{next(self._sent)}"
-        return p.SendData(ch.id, ch.cmd(), data), data
-
     def send_nowait(
         self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any
     ) -> asyncio.Future[None] | None:
@@ -409,31 +396,38 @@ class AsyncProducer:
         A send with a dedup id (`auto_dedup` gives every durable one an id) is sent again after a
         failover if it was never confirmed; any other unconfirmed send fails with Unblocked.
         """
+        # The hot path of every producer: one call here per message, few calls below it.
         session = self.session
-        session._check()
-        msg = as_message(body, **fields)
         conn = session.conn
-        pkt, data = self._encode_send(msg)
-        self._spend(data.address, len(data.body))
+        if session.closed or conn.closed:
+            session._check()
+        msg = body if type(body) is Message and not fields else as_message(body, **fields)
+        data = msg.to_data(self.address)
+        transacted = session.transacted
+        if data.dedup_id is None and data.durable and not transacted and conn.options.auto_dedup:
+            data.dedup_id = f"{self._dedup_prefix}{next(self._sent)}"
+        credits = self._credits
+        c = credits.get(data.address)
+        if c is not None and c >= 0:
+            credits[data.address] = c - len(data.body)
         self.in_flight += 1
-        if session.transacted:
+        if transacted:
             session._tx_work = True
-        resend = data if data.dedup_id is not None and not session.transacted else None
-        fut: asyncio.Future[None] | None = None
+        ch = session.channel
+        cmd = ch.next_cmd
+        ch.next_cmd = cmd + 1
+        resend = data if data.dedup_id is not None and not transacted else None
         if callback is None:
-            fut = conn.loop.create_future()
+            fut: asyncio.Future[None] = conn.loop.create_future()
             fut.add_done_callback(self._done_future)
-            conn.pipeline(session.channel, pkt, fut, resend)
-        else:
-            conn.pipeline(session.channel, pkt, self._wrap(callback), resend)
-        return fut
+            conn.pipeline(ch, p.SendData(ch.id, cmd, data), fut, resend)
+            return fut
+        conn.pipeline(ch, p.SendData(ch.id, cmd, data), partial(self._confirmed, callback), resend)
+        return None
 
-    def _wrap(self, callback: SendCallback) -> SendCallback:
-        def done(exc: BaseException | None) -> None:
-            self._done()
-            callback(exc)
-
-        return done
+    def _confirmed(self, callback: SendCallback, exc: BaseException | None) -> None:
+        self._done()
+        callback(exc)
 
     def _done_future(self, fut: asyncio.Future[None]) -> None:
         self._done()
@@ -457,12 +451,12 @@ class AsyncProducer:
         bytes to `address`, socket writable. `await ready()` only when this is False (a loop
         that sends many messages saves a coroutine per message)."""
         conn = self.session.conn
-        return (
-            self.in_flight < self.window
-            and conn.ready
-            and conn.writable
-            and (address is None or self.has_credit(address, size))
-        )
+        if self.in_flight >= self.window or not conn.ready or not conn.writable:
+            return False
+        if address is None:
+            return True
+        c = self._credits.get(address)
+        return c is not None and (c < 0 or c >= size)
 
     async def ready(self, address: str | None = None, size: int = 0) -> None:
         """Wait until connected, the window has room, the socket is writable and (with an address) credit allows."""
