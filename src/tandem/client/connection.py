@@ -20,6 +20,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
@@ -79,7 +80,11 @@ class Channel:
         q = self.confirms
         n = 0
         while q and q[0].cmd <= upto:
-            _resolve(q.popleft().waiter, None)
+            waiter = q.popleft().waiter
+            if type(waiter) is partial:  # a producer's callback (the common case: no future)
+                waiter(None)
+            else:
+                _resolve(waiter, None)
             n += 1
         return n
 
@@ -164,7 +169,10 @@ class _Protocol(asyncio.Protocol):
         try:
             for pkt in packets:
                 t = type(pkt)
-                if t is p.HelloOk:
+                if t is p.Deliver or t is p.Confirm:  # the stream's bulk: straight through
+                    if conn._proto is self:
+                        conn._handle(pkt)
+                elif t is p.HelloOk:
                     if not self.hello.done():
                         self.hello.set_result(pkt)
                 elif t is p.Activated:

@@ -451,7 +451,7 @@ class AsyncProducer:
         bytes to `address`, socket writable. `await ready()` only when this is False (a loop
         that sends many messages saves a coroutine per message)."""
         conn = self.session.conn
-        if self.in_flight >= self.window or not conn.ready or not conn.writable:
+        if self.in_flight >= self.window or not conn._ready.is_set() or not conn._writable.is_set():
             return False
         if address is None:
             return True
@@ -538,8 +538,7 @@ class AsyncConsumer:
     # ------------------------------------------------------------ inbound
     def _on_deliver(self, pkt: p.Deliver) -> None:
         raw = pkt.message
-        size = len(raw)
-        msg = ReceivedMessage.from_data(_decode_data(raw), pkt.message_id, pkt.delivery_count, pkt.seq, size)
+        msg = ReceivedMessage.from_data(_decode_data(raw), pkt.message_id, pkt.delivery_count, pkt.seq, len(raw))
         if not self.browse_only:
             msg._consumer = self
         msg._generation = self.generation
@@ -570,16 +569,17 @@ class AsyncConsumer:
     # -------------------------------------------------- handing to the app
     def _handed(self, msg: ReceivedMessage, auto_ack: bool = True) -> ReceivedMessage:
         """Account for a message the application now has: credits back, and (auto mode) the ack."""
-        conn = self.session.conn
+        session = self.session
         w = self.window
         if w > 0:
-            self._consumed += msg.size
-            if self._consumed >= w // 2:
-                conn.send_packet(p.Flow(self.session.channel.id, self.id, self._consumed))
-                self._consumed = 0
-        if self.session.transacted and not self.browse_only:
-            self.session._tx_work = True
-        if auto_ack:
+            consumed = self._consumed + msg.size
+            if consumed >= w // 2:
+                session.conn.send_packet(p.Flow(session.channel.id, self.id, consumed))
+                consumed = 0
+            self._consumed = consumed
+        if session.transacted and not self.browse_only:
+            session._tx_work = True
+        if auto_ack and session.ack_mode == "auto":
             self.auto_ack(msg)
         return msg
 
