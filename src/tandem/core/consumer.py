@@ -93,7 +93,7 @@ class Consumer:
     def deliver(self, ref: MessageRef) -> None:
         """Hand `ref` to the sink (the queue has already taken it out)."""
         m = ref.message
-        size = m.size
+        size = len(m.raw)
         if self.window >= 0:
             self.credits -= 1 if self.message_mode else size
         if not self.browse_only:

@@ -95,15 +95,12 @@ class Message(msgspec.Struct, gc=False, eq=False):
     durable_refs: int = 0
 
     @classmethod
-    def from_header(cls, mid: int, h: MessageHeader, raw: msgspec.Raw | bytes) -> Message:
+    def decode(cls, mid: int, raw: msgspec.Raw | bytes) -> Message:
+        """Build from encoded MessageData; raises msgspec errors on malformed input."""
+        h = _header_decoder.decode(raw)
         p = h.priority
         prio = 0 if p < 0 else (9 if p > 9 else p)
         return cls(mid, h.address, h.durable, prio, h.expiration, h.routing_type, h.dedup_id, h.properties, raw)
-
-    @classmethod
-    def decode(cls, mid: int, raw: msgspec.Raw | bytes) -> Message:
-        """Build from encoded MessageData; raises msgspec errors on malformed input."""
-        return cls.from_header(mid, _header_decoder.decode(raw), raw)
 
     @classmethod
     def create(cls, mid: int, data: MessageData) -> Message:

@@ -155,7 +155,7 @@ class Queue:
             self._replace_last_value(ref)
         self._levels[m.priority].append(ref)
         self._count += 1
-        size = m.size
+        size = len(m.raw)
         self._bytes += size
         self._account(size)
         self.messages_added += 1
@@ -372,7 +372,7 @@ class Queue:
                 ref = level.popleft()
                 m = ref.message
                 self._count -= 1
-                self._bytes -= m.size
+                self._bytes -= len(m.raw)
                 exp = m.expiration
                 if exp:
                     if not now:

@@ -67,6 +67,8 @@ class ServerSession:
             message = Message.decode(po.ids.next(), raw)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise InvalidArgument(f"malformed message: {exc}") from None
+        if self.tx is None:
+            return po.send(message)[1]
         return self.send_message(message)
 
     def send_message(self, message: Message, tx: Transaction | None = None) -> bool:
