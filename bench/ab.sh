@@ -11,6 +11,7 @@
 #                   checkout for both. E.g. `git archive HEAD~3 src | tar -x -C /tmp/old`
 #                   then SRC_A=/tmp/old/src.
 #   TOML_A, TOML_B  extra broker.toml lines for each (e.g. 'journal-buffer-timeout = 0')
+#   ENV_A, ENV_B    environment assignments for each broker process (e.g. 'PYTHONMALLOC=malloc')
 #   PAIR_ARGS       extra `tandem perf pair` options for native runs (e.g. '--producers 4 --consumers 4')
 #
 # Prints one line per run: broker, msgs/s, p99 ms. The clients are this checkout's
@@ -25,11 +26,11 @@ WORK=$(mktemp -d)
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
-start() { # name src native-port stomp-port extra-toml
+start() { # name src native-port stomp-port extra-toml env
   mkdir -p "$WORK/$1"
   printf 'data-directory = "%s/%s/data"\n%b\n[[acceptors]]\nname = "native"\nbind = "127.0.0.1:%s"\n[[acceptors]]\nname = "stomp"\nprotocol = "stomp"\nbind = "127.0.0.1:%s"\n' \
     "$WORK" "$1" "$5" "$3" "$4" > "$WORK/$1/broker.toml"
-  PYTHONPATH=$2 "$PY" -m tandem run --quiet --config "$WORK/$1/broker.toml" > "$WORK/$1/log" 2>&1 &
+  env ${6:-} PYTHONPATH=$2 "$PY" -m tandem run --quiet --config "$WORK/$1/broker.toml" > "$WORK/$1/log" 2>&1 &
   PIDS+=($!)
 }
 
@@ -47,8 +48,8 @@ run() { # name native-port stomp-port
   fi
 }
 
-start A "${SRC_A:-$HERE/src}" 61901 61911 "${TOML_A:-}"
-start B "${SRC_B:-$HERE/src}" 61902 61912 "${TOML_B:-}"
+start A "${SRC_A:-$HERE/src}" 61901 61911 "${TOML_A:-}" "${ENV_A:-}"
+start B "${SRC_B:-$HERE/src}" 61902 61912 "${TOML_B:-}" "${ENV_B:-}"
 sleep 3
 for _ in $(seq "$ROUNDS"); do
   run A 61901 61911
