@@ -47,6 +47,13 @@ class Address:
     def route(self, message: Message) -> list[Queue]:
         """Anycast: one queue (round robin); multicast: every multicast queue; queue filters apply."""
         routing_type = message.routing_type
+        queues = self.queues
+        if len(queues) == 1:  # the common case: one queue, no filter, no lists to build
+            for q in queues.values():
+                if q.filter is None:
+                    if q.routing_type == _MULTICAST:
+                        return [q] if routing_type != _ANYCAST else []
+                    return [q] if routing_type != _MULTICAST else []
         out: list[Queue] = []
         anycast: list[Queue] = []
         for q in self.queues.values():

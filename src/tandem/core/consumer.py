@@ -111,12 +111,16 @@ class Consumer:
             self.delivered_bytes -= ref.message.size
             return [ref]
         out: list[MessageRef] = []
+        append = out.append
+        popitem = d.popitem
+        released = 0
         while d:
-            mid, ref = d.popitem(last=False)
-            self.delivered_bytes -= ref.message.size
-            out.append(ref)
+            mid, ref = popitem(last=False)
+            released += len(ref.message.raw)
+            append(ref)
             if mid == message_id:
                 break
+        self.delivered_bytes -= released
         return out
 
     def take_all(self) -> list[MessageRef]:

@@ -362,12 +362,18 @@ class Queue:
 
     def _dispatch_single(self, c: Consumer, budget: int) -> int:
         """The common case, one consumer without a filter: no round robin, no skipping, and
-        each priority level drained in turn instead of searched for every message."""
+        each priority level drained in turn instead of searched for every message.
+
+        Only the consumer's credit changes during the loop (its sink's writability changes
+        when the sink flushes, after this pass), so the full readiness check is made once."""
         delivered = 0
         now = 0
+        if not c.ready:
+            return 0
+        unlimited = c.window < 0
         for level in reversed(self._levels):
             while level:
-                if delivered >= budget or not c.ready:
+                if delivered >= budget or not (unlimited or c.credits > 0):
                     return delivered
                 ref = level.popleft()
                 m = ref.message
@@ -414,7 +420,7 @@ class Queue:
         for ref in refs:
             ref.removed = True
             m = ref.message
-            released += m.size
+            released += len(m.raw)
             if persist and m.durable:
                 durable.append(m)
         if durable:

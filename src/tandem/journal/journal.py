@@ -357,9 +357,7 @@ class Journal:
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.DELETES, 0, 0, body))
         f.records += len(rids)
-        detach = self._detach
-        for rid in rids:
-            detach(rid)
+        self._detach_all(rids)
 
     def batch(self, ops: Iterable[rec.Op]) -> None:
         """Append several operations as one record: after a crash all or none of them exist."""
@@ -478,14 +476,20 @@ class Journal:
         f.live += 1
 
     def _detach(self, rid: int) -> None:
-        entry = self._index.pop(rid, None)
-        if entry is None:
-            return
-        if isinstance(entry, list):
-            for g in entry:
-                g.live -= 1
-        else:
-            entry.live -= 1
+        self._detach_all((rid,))
+
+    def _detach_all(self, rids: Iterable[int]) -> None:
+        """Forget ids' records; many in one loop (every acknowledged message comes through here)."""
+        pop = self._index.pop
+        for rid in rids:
+            entry = pop(rid, None)
+            if entry is None:
+                continue
+            if isinstance(entry, list):
+                for g in entry:
+                    g.live -= 1
+            else:
+                entry.live -= 1
 
     # --------------------------------------------------------- group commit
     def _handoff(self) -> None:
