@@ -245,11 +245,11 @@ class JournalStorage:
 
     # -------------------------------------------------------------- messages
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
-        body = _encode(MessageRecord(refs, _as_raw(message.raw), message.expiration if message.expiration else 0))
+        record = MessageRecord(refs, _as_raw(message.raw), message.expiration if message.expiration else 0)
         if tx is None:
-            self.messages.add_soon(message.id, RecordType.MESSAGE, body)
+            self.messages.add_soon(message.id, RecordType.MESSAGE, record)
         else:
-            tx.append(Op(ADD, RecordType.MESSAGE, message.id, body))
+            tx.append(Op(ADD, RecordType.MESSAGE, message.id, _encode(record)))
 
     def store_ack(self, message: Message, queue: Queue, tx: list[object] | None = None) -> None:
         message.durable_refs -= 1
