@@ -17,7 +17,6 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import msgspec
 import pytest
 
 from tandem.errors import JournalError
@@ -327,45 +326,6 @@ def test_add_soon_shares_one_record_per_pass_and_nothing_overtakes_it(tmp_path: 
     assert ids == [i for i in range(1, 301) if i != 5] + [400, 401, *range(500, 510)]
     by_id = {i: rest for i, *rest in got}
     assert by_id[7][2] == ((2, b"u7"),) and by_id[400][1] == big
-
-
-class _Rec(msgspec.Struct, array_like=True):
-    refs: list[tuple[int, int]]
-    payload: msgspec.Raw
-
-
-def test_add_soon_encodes_struct_bodies_in_place(tmp_path: Path) -> None:
-    """A struct body is encoded into the shared BATCH record; on disk each member is exactly
-    its msgpack encoding (mixed with plain bytes bodies), and one of 1 MiB or more goes alone,
-    after the ones before it."""
-    s = settings(file_size=4 * MiB)
-    small = [_Rec([(1, i)], msgspec.Raw(msgspec.msgpack.encode(b"x" * i))) for i in range(1, 50)]
-    big = _Rec([(1, 99)], msgspec.Raw(msgspec.msgpack.encode(b"B" * MiB)))
-
-    async def main() -> None:
-        j = Journal(tmp_path, PREFIX, s)
-        j.load()
-        j.start()
-        for i, r in enumerate(small, 1):
-            j.add_soon(i, 1, r)
-        j.add_soon(100, 1, b"plain")
-        j.add_soon(101, 1, big)
-        j.add_soon(102, 1, small[0])
-        await durable(j)
-        await j.stop()
-
-    run(main)
-    recs = [r for f in data_files(tmp_path) for r in records_of(f)]
-    kinds = [(r.kind, len(rec.decode_batch_body(r.body)) if r.kind == BATCH else r.id) for r in recs]
-    assert kinds[:3] == [(BATCH, 50), (ADD, 101), (ADD, 102)]
-    _, got = reload(tmp_path, s=s)
-    by_id = {i: rest for i, *rest in got}
-    assert [i for i, *_ in got] == [*range(1, 50), 100, 101, 102]
-    for i, r in enumerate(small, 1):
-        assert by_id[i][1] == msgspec.msgpack.encode(r)
-    assert by_id[100][1] == b"plain"
-    assert by_id[101][1] == msgspec.msgpack.encode(big)
-    assert by_id[102][1] == msgspec.msgpack.encode(small[0])
 
 
 def test_a_pass_of_more_writes_than_iov_max_is_written_whole(tmp_path: Path) -> None:

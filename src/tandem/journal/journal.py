@@ -33,12 +33,7 @@ _TERMINATOR = bytes(rec.EOF_SIZE)
 # large on its own): a BATCH record is copied whole, and must fit the journal's files.
 _COALESCE_OPS = 256
 _COALESCE_BYTES = 1 << 20
-_SUBOP_PACK_INTO = rec.SUBOP.pack_into
-_SUBOP_ROOM = bytes(rec.SUBOP_SIZE)
-_HEADER_ROOM = bytes(rec.HEADER_SIZE)
-_encoder = msgspec.msgpack.Encoder()
-_encode = _encoder.encode
-_encode_into = _encoder.encode_into
+_SUBOP_PACK = rec.SUBOP.pack
 
 
 class LiveRecord(msgspec.Struct, gc=False):
@@ -87,10 +82,9 @@ class Journal:
         self._cur_off = 0
         self._next_key = 1 << jf.KEY_SHIFT
         self._pending = Batch()
-        # ADDs of this loop pass not placed yet (`add_soon`): a BATCH record being built in place
-        # (room for its header, then its members); empty when there are none.
-        self._coalesced = bytearray()
+        self._coalesced: list[bytes] = []  # ADDs of this loop pass not placed yet (`add_soon`)
         self._coalesced_ids: list[int] = []
+        self._coalesced_bytes = 0
         self._inflight: Batch | None = None
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -283,44 +277,25 @@ class Journal:
             self._writer = None
 
     # --------------------------------------------------------------- appends
-    def add_soon(self, rid: int, user_type: int, body: bytes | msgspec.Struct) -> None:
+    def add_soon(self, rid: int, user_type: int, body: bytes) -> None:
         """An ADD that may share one BATCH record with the other ADDs of this loop pass.
 
         Every record costs its own header, CRC, placement and bookkeeping; the hundred
         messages of one client read then cost one. Anything else done to or asked of the
         journal first places them, in order, so no operation can overtake them (a DELETE
-        placed before its ADD would bring the message back on reload).
-
-        A struct `body` is encoded (msgpack) straight into the shared record: a message's
-        bytes are copied once on their way to the disk, not three times (encode, join, frame)."""
-        if self._loop is None:
-            self.add(rid, user_type, body if isinstance(body, bytes) else _encode(body))
+        placed before its ADD would bring the message back on reload)."""
+        if self._loop is None or len(body) >= _COALESCE_BYTES:
+            self.add(rid, user_type, body)
             return
         self._check()
         co = self._coalesced
-        first = not co
-        if first:
-            co += _HEADER_ROOM
-        start = len(co)
-        co += _SUBOP_ROOM
-        if isinstance(body, bytes):
-            co += body
-        else:
-            _encode_into(body, co, len(co))
-        size = len(co) - start - rec.SUBOP_SIZE
-        if size >= _COALESCE_BYTES:  # too big to share a record: alone, after the ones before it
-            alone = bytes(co[start + rec.SUBOP_SIZE :])
-            del co[start:]
-            if first:
-                co.clear()
-            self.add(rid, user_type, alone)
-            return
-        _SUBOP_PACK_INTO(co, start, rec.ADD, user_type, rid, size)
-        ids = self._coalesced_ids
-        ids.append(rid)
-        if first:
+        co.append(_SUBOP_PACK(rec.ADD, user_type, rid, len(body)))  # the BATCH member, ready to join
+        co.append(body)
+        self._coalesced_ids.append(rid)
+        self._coalesced_bytes += len(body)
+        if len(co) == 2:
             self._loop.call_soon(self._drain)
-        elif len(ids) >= _COALESCE_OPS or len(co) >= _COALESCE_BYTES:
+        elif len(co) >= 2 * _COALESCE_OPS or self._coalesced_bytes >= _COALESCE_BYTES:
             self._drain()
 
     def _drain(self) -> None:
@@ -329,17 +304,18 @@ class Journal:
         if not co:
             return
         ids = self._coalesced_ids
-        self._coalesced = bytearray()
+        self._coalesced = []
         self._coalesced_ids = []
+        self._coalesced_bytes = 0
         if self.failed is not None:
             return  # nothing more is written: their confirmations never come
         if len(ids) == 1:
-            _, user_type, rid, _ = rec.SUBOP.unpack_from(co, rec.HEADER_SIZE)
-            self.add(rid, user_type, bytes(co[rec.HEADER_SIZE + rec.SUBOP_SIZE :]))
+            _, user_type, rid, _ = rec.SUBOP.unpack(co[0])
+            self.add(rid, user_type, co[1])
             return
-        f, off = self._place(len(co))
-        rec.frame_in_place(co, f.key, rec.BATCH)
-        self._write(f, off, co)
+        body = b"".join(co)
+        f, off = self._place(rec.HEADER_SIZE + len(body))
+        self._write(f, off, rec.encode(f.key, rec.BATCH, 0, 0, body))
         f.records += len(ids)
         index = self._index
         for rid in ids:  # _count_op for an ADD, inline: this runs for every message
@@ -463,7 +439,7 @@ class Journal:
         self._cur_off = jf.FILE_HEADER_SIZE
         return f
 
-    def _write(self, f: jf.JFile, off: int, data: bytes | bytearray) -> None:
+    def _write(self, f: jf.JFile, off: int, data: bytes) -> None:
         p = self._pending
         p.writes.append((f.key, off, data))
         p.nbytes += len(data)

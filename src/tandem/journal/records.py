@@ -76,12 +76,6 @@ def encode(file_key: int, kind: int, user_type: int, rid: int, body: bytes = b""
     return _LEN_CRC.pack(HEADER_SIZE, _crc(tail)) + tail
 
 
-def frame_in_place(buf: bytearray, file_key: int, kind: int, user_type: int = 0, rid: int = 0) -> None:
-    """Fill the header room at the start of `buf` (a record built in place): its body is the rest."""
-    _TAIL.pack_into(buf, _CRC_FROM, file_key, kind, user_type, rid)
-    _LEN_CRC.pack_into(buf, 0, len(buf), _crc(memoryview(buf)[_CRC_FROM:]))
-
-
 def encode_batch_body(ops: list[Op]) -> bytes:
     parts: list[bytes] = []
     for op in ops:

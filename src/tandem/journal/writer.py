@@ -26,7 +26,7 @@ _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 class Batch:
     """Writes for one group commit: (file key, offset, bytes) in order, then recycles."""
 
-    writes: list[tuple[int, int, bytes | bytearray]] = field(default_factory=list)
+    writes: list[tuple[int, int, bytes]] = field(default_factory=list)
     new_files: dict[int, int] = field(default_factory=dict)  # key -> size, created before writing
     recycle: list[tuple[int, Path, int]] = field(default_factory=list)  # (key, path, size)
     callbacks: list[Callable[[], None]] = field(default_factory=list)
@@ -135,7 +135,7 @@ class Writer:
             self._open_new(key, size)
         touched: list[int] = []
         last_key = -1
-        pending: list[bytes | bytearray] = []
+        pending: list[bytes] = []
         pending_off = pending_end = 0
         for key, off, data in batch.writes:
             if key == last_key and off == pending_end and len(pending) < _IOV_MAX:
@@ -151,7 +151,7 @@ class Writer:
         for key in touched:  # without RWF_DSYNC (another OS): sync each file written
             os.fdatasync(self._fds[key])
 
-    def _write_run(self, key: int, buffers: list[bytes | bytearray], offset: int, touched: list[int]) -> None:
+    def _write_run(self, key: int, buffers: list[bytes], offset: int, touched: list[int]) -> None:
         fd = self._fds[key]
         if self.datasync and _RWF_DSYNC:
             written = os.pwritev(fd, buffers, offset, _RWF_DSYNC)

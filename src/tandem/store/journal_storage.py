@@ -245,11 +245,11 @@ class JournalStorage:
 
     # -------------------------------------------------------------- messages
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
-        record = MessageRecord(refs, _as_raw(message.raw), message.expiration if message.expiration else 0)
+        body = _encode(MessageRecord(refs, _as_raw(message.raw), message.expiration if message.expiration else 0))
         if tx is None:
-            self.messages.add_soon(message.id, RecordType.MESSAGE, record)
+            self.messages.add_soon(message.id, RecordType.MESSAGE, body)
         else:
-            tx.append(Op(ADD, RecordType.MESSAGE, message.id, _encode(record)))
+            tx.append(Op(ADD, RecordType.MESSAGE, message.id, body))
 
     def store_ack(self, message: Message, queue: Queue, tx: list[object] | None = None) -> None:
         message.durable_refs -= 1
