@@ -284,10 +284,9 @@ class Journal:
         messages of one client read then cost one. Anything else done to or asked of the
         journal first places them, in order, so no operation can overtake them (a DELETE
         placed before its ADD would bring the message back on reload)."""
-        if self._loop is None or len(body) >= _COALESCE_BYTES:
-            self.add(rid, user_type, body)
+        if self._loop is None or len(body) >= _COALESCE_BYTES or self.failed is not None:
+            self.add(rid, user_type, body)  # (add raises if the journal has failed)
             return
-        self._check()
         co = self._coalesced
         co.append(_SUBOP_PACK(rec.ADD, user_type, rid, len(body)))  # the BATCH member, ready to join
         co.append(body)

@@ -245,7 +245,10 @@ class JournalStorage:
 
     # -------------------------------------------------------------- messages
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
-        body = _encode(MessageRecord(refs, _as_raw(message.raw), message.expiration if message.expiration else 0))
+        raw = message.raw
+        if type(raw) is not msgspec.Raw:
+            raw = msgspec.Raw(raw)
+        body = _encode(MessageRecord(refs, raw, message.expiration if message.expiration else 0))
         if tx is None:
             self.messages.add_soon(message.id, RecordType.MESSAGE, body)
         else:
@@ -313,10 +316,6 @@ class JournalStorage:
 
     def after_durable(self, cb: Callable[[], None]) -> None:
         self.messages.after_durable(cb)
-
-
-def _as_raw(raw: msgspec.Raw | bytes) -> msgspec.Raw:
-    return raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)
 
 
 class NullStorage:
