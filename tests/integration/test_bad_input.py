@@ -509,6 +509,54 @@ def test_command_errors_over_raw_socket(brokers: Factory) -> None:
         raw.expect_open()
 
 
+def test_bad_sends_inside_one_burst(brokers: Factory) -> None:
+    """SENDs of one write reach the core as runs; a malformed one, one to a missing address
+    and one on a channel without a session each get their own EXCEPTION, in order, and every
+    good SEND around them is confirmed and kept, in the order sent."""
+    with guarded(brokers) as (b, _good):
+        with tandem.connect(b.url) as conn:
+            conn.manage("queue.create", name="burst", exists_ok=True)
+        with Raw(b.port) as raw:
+            raw.hello()
+            raw.send(p.encode(p.CreateSession(1, 1)))
+            assert raw.next() == p.Response(1, 1, None)
+            good = [MessageData("burst", True, body=b"m%d" % i) for i in range(6)]
+            burst = [
+                p.encode(p.SendData(1, 2, good[0])),
+                p.encode(p.SendData(1, 3, good[1])),
+                p.encode(p.Send(1, 4, msgspec.Raw(packb("not a message")))),
+                p.encode(p.SendData(1, 5, good[2])),
+                p.encode(p.SendData(1, 6, MessageData("nowhere", True, body=b"x"))),
+                p.encode(p.SendData(9, 1, good[3])),  # no session on channel 9
+                p.encode(p.SendData(1, 7, good[4])),
+                p.encode(p.SendData(1, 8, good[5])),
+            ]
+            raw.send(b"".join(burst))
+            errors: list[tuple[int, int, int]] = []
+            upto = 0
+            for _ in range(20):
+                pkt = raw.next()
+                if isinstance(pkt, p.Exception_):
+                    errors.append((pkt.channel, pkt.cmd, pkt.code))
+                elif isinstance(pkt, p.Confirm):
+                    assert pkt.channel == 1 and pkt.upto >= upto
+                    upto = pkt.upto
+                if upto == 8 and len(errors) == 3:
+                    break
+            assert errors == [
+                (1, 4, ErrorCode.INVALID_ARGUMENT),
+                (1, 6, ErrorCode.ADDRESS_DOES_NOT_EXIST),
+                (9, 1, ErrorCode.SESSION_DOES_NOT_EXIST),
+            ]
+            assert upto == 8
+            raw.expect_open()
+    # guarded() ended with a kill -9 and a restart: what was confirmed is there, in order
+    with tandem.connect(b.url) as conn:
+        cons = conn.session().create_consumer("burst")
+        got = [m.body for m in iter(lambda: cons.receive(timeout=1.0), None)]
+    assert got == [b"m0", b"m1", b"m2", b"m4", b"m5"]
+
+
 def test_ill_typed_routing_type_in_message_is_invalid_argument(brokers: Factory) -> None:
     """A SEND whose message carries routing_type 7 to a new address: INVALID_ARGUMENT, nothing created."""
     auto = {"#": {"auto_create_queues": True, "auto_create_addresses": True}}

@@ -10,6 +10,7 @@ and returns the acknowledged messages to their queues (delivery count + 1).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from ..errors import (
     ConsumerDoesNotExist,
     DuplicateId,
     IllegalState,
+    InternalError,
     InvalidArgument,
     TandemError,
     TransactionRolledBack,
@@ -29,6 +31,8 @@ from .message import Message, MessageRef
 if TYPE_CHECKING:
     from .postoffice import PostOffice
     from .queue import Queue
+
+log = logging.getLogger("tandem.session")
 
 
 class Transaction:
@@ -62,14 +66,36 @@ class ServerSession:
     # -------------------------------------------------------------- sending
     def send(self, raw: msgspec.Raw | bytes) -> bool:
         """Route one encoded message; True if a journal record was written (reply after sync)."""
+        r = self.send_run([raw])[0]
+        if r is True or r is False:
+            return r
+        raise r
+
+    def send_run(self, raws: list[msgspec.Raw | bytes]) -> list[bool | TandemError]:
+        """Route encoded messages in order: per message, True if a journal record was written
+        (reply after sync), False if not, or the error that refused it (the others go on).
+
+        One call for a producer's whole burst: the per-message work is the loop below."""
         po = self.postoffice
-        try:
-            message = Message.decode(po.ids.next(), raw)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise InvalidArgument(f"malformed message: {exc}") from None
-        if self.tx is None:
-            return po.send(message)[1]
-        return self.send_message(message)
+        next_id = po.ids.next
+        decode = Message.decode
+        send = po.send if self.tx is None else None
+        out: list[bool | TandemError] = []
+        append = out.append
+        for raw in raws:
+            try:
+                message = decode(next_id(), raw)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                append(InvalidArgument(f"malformed message: {exc}"))
+                continue
+            try:
+                append(send(message)[1] if send is not None else self.send_message(message))
+            except TandemError as exc:
+                append(exc)
+            except Exception as exc:  # a bug, not bad input: this message fails, the run goes on
+                log.exception("error routing a message to %r", message.address)
+                append(InternalError(f"internal error: {exc!r}"))
+        return out
 
     def send_message(self, message: Message, tx: Transaction | None = None) -> bool:
         """Route now, or (in a transaction: `tx`, else the session's own) at commit."""

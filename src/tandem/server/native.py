@@ -37,6 +37,7 @@ log = logging.getLogger("tandem.native")
 
 HIGH_WATER = 1 << 22  # bytes queued in the transport before we stop reading and delivering
 LOW_WATER = 1 << 20
+_SEND = p.Send
 PACKETS_PER_PASS = 128  # packets of one read handled before the loop gets a turn (see `_handle`)
 
 _encode = p.encode
@@ -206,17 +207,28 @@ class NativeConnection(asyncio.Protocol):
         handlers = _HANDLERS
         n = len(packets)
         end = start + PACKETS_PER_PASS if n - start > PACKETS_PER_PASS else n
-        for i in range(start, end):
+        i = start
+        while i < end:
             pkt = packets[i]
             if self.is_closed():
                 break
+            t = type(pkt)
+            if t is _SEND:  # a producer's burst: the SENDs of one channel go to the core as a run
+                j = i + 1
+                ch = pkt.channel
+                while j < end and type(packets[j]) is _SEND and packets[j].channel == ch:
+                    j += 1
+                self._send_run(packets, i, j)
+                i = j
+                continue
             try:
-                handlers[type(pkt)](self, pkt)
+                handlers[t](self, pkt)
             except TandemError as exc:
                 self.command_failed(pkt, exc)
             except Exception as exc:
                 log.exception("error handling %s from %s", type(pkt).__name__, self.peer)
                 self.command_failed(pkt, InternalError(f"internal error: {exc!r}"))
+            i += 1
         if self.touched:
             for s in self.touched:
                 s.end_of_batch()
@@ -331,10 +343,23 @@ class NativeConnection(asyncio.Protocol):
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_send(self, pkt: p.Send) -> None:
-        s = self.sessions.get(pkt.channel)
+        self._send_run([pkt], 0, 1)
+
+    def _send_run(self, packets: list[Any], i: int, j: int) -> None:
+        """SENDs packets[i:j], all on one channel: one session lookup, one core call; each
+        still gets its own confirmation or error, in order."""
+        s = self.sessions.get(packets[i].channel)
         if s is None:
-            raise SessionDoesNotExist(f"no session on channel {pkt.channel}")
-        s.completed(pkt.cmd, s.core.send(pkt.message))
+            for k in range(i, j):
+                self.command_failed(packets[k], SessionDoesNotExist(f"no session on channel {packets[k].channel}"))
+            return
+        results = s.core.send_run([packets[k].message for k in range(i, j)])
+        completed = s.completed
+        for k, r in zip(range(i, j), results, strict=True):
+            if r is True or r is False:
+                completed(packets[k].cmd, r)
+            else:
+                self.command_failed(packets[k], r)
 
     def on_create_consumer(self, pkt: p.CreateConsumer) -> None:
         s = self._session(pkt.channel)
