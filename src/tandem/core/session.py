@@ -64,13 +64,6 @@ class ServerSession:
         return self.tx is not None
 
     # -------------------------------------------------------------- sending
-    def send(self, raw: msgspec.Raw | bytes) -> bool:
-        """Route one encoded message; True if a journal record was written (reply after sync)."""
-        r = self.send_run([raw])[0]
-        if r is True or r is False:
-            return r
-        raise r
-
     def send_run(self, raws: list[msgspec.Raw | bytes]) -> list[bool | TandemError]:
         """Route encoded messages in order: per message, True if a journal record was written
         (reply after sync), False if not, or the error that refused it (the others go on).

@@ -342,9 +342,6 @@ class NativeConnection(asyncio.Protocol):
             s.core.close({cid: set(ids) for cid, ids in pkt.unseen.items()})
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
-    def on_send(self, pkt: p.Send) -> None:
-        self._send_run([pkt], 0, 1)
-
     def _send_run(self, packets: list[Any], i: int, j: int) -> None:
         """SENDs packets[i:j], all on one channel: one session lookup, one core call; each
         still gets its own confirmation or error, in order."""
@@ -480,7 +477,6 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.Error: NativeConnection.on_error,
     p.CreateSession: NativeConnection.on_create_session,
     p.CloseSession: NativeConnection.on_close_session,
-    p.Send: NativeConnection.on_send,
     p.CreateConsumer: NativeConnection.on_create_consumer,
     p.CloseConsumer: NativeConnection.on_close_consumer,
     p.Flow: NativeConnection.on_flow,
