@@ -582,7 +582,7 @@ class AsyncConsumer:
             self._consumed = consumed
         if session.transacted and not self.browse_only:
             session._tx_work = True
-        if auto_ack and session.ack_mode == "auto":
+        if auto_ack:
             self.auto_ack(msg)
         return msg
 

@@ -343,15 +343,8 @@ class PostOffice:
         s = queues[0].settings
         if not message.expiration and s.expiry_delay > 0:
             message.expiration = now_ms() + s.expiry_delay
-        persist = message.durable and self.storage.persistent
-        if len(queues) == 1:  # the common case, without the lists
-            q = queues[0]
-            ref = MessageRef(message, q, q.next_seq())
-            if persist and q.durable:
-                message.durable_refs = 1
-                self.storage.store_message(message, [(q.id, ref.seq)], ops)
-            return [ref]
         refs: list[MessageRef] = []
+        persist = message.durable and self.storage.persistent
         drefs: list[tuple[int, int]] = []
         for q in queues:
             ref = MessageRef(message, q, q.next_seq())

@@ -249,8 +249,7 @@ class Journal:
 
     async def stop(self) -> None:
         """Flush what is pending, then stop the threads."""
-        if self._coalesced:
-            self._drain()
+        self._drain()
         self._compact_stop.set()
         if self._compact_thread is not None:
             await asyncio.to_thread(self._compact_thread.join)
@@ -298,7 +297,9 @@ class Journal:
             self._drain()
 
     def _drain(self) -> None:
-        """Place the coalesced ADDs: one record for all of them (a BATCH: all or none)."""
+        """Place the coalesced ADDs: one record for all of them (a BATCH: all or none).
+
+        Every other operation calls this first (a no-op when nothing is coalesced)."""
         co = self._coalesced
         if not co:
             return
@@ -325,30 +326,26 @@ class Journal:
                 f.live += 1
 
     def add(self, rid: int, user_type: int, body: bytes) -> None:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.ADD, user_type, rid, body))
         self._count_op(rec.ADD, rid, f)
 
     def update(self, rid: int, user_type: int, body: bytes) -> None:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.UPDATE, user_type, rid, body))
         self._count_op(rec.UPDATE, rid, f)
 
     def delete(self, rid: int) -> None:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         f, off = self._place(rec.HEADER_SIZE)
         self._write(f, off, rec.encode(f.key, rec.DELETE, 0, rid))
         self._count_op(rec.DELETE, rid, f)
 
     def delete_many(self, rids: list[int]) -> None:
         """Delete several ids with one record."""
-        if self._coalesced:
-            self._drain()
+        self._drain()
         if len(rids) == 1:
             self.delete(rids[0])
             return
@@ -360,8 +357,7 @@ class Journal:
 
     def batch(self, ops: Iterable[rec.Op]) -> None:
         """Append several operations as one record: after a crash all or none of them exist."""
-        if self._coalesced:
-            self._drain()
+        self._drain()
         ops = list(ops)
         if not ops:
             return
@@ -381,14 +377,12 @@ class Journal:
             self._count_op(op.kind, op.id, f)
 
     def contains(self, rid: int) -> bool:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         return rid in self._index
 
     def after_durable(self, cb: Callable[[], None]) -> None:
         """Run `cb` on the loop once everything appended so far is on disk."""
-        if self._coalesced:
-            self._drain()
+        self._drain()
         if self._pending.writes:
             self._pending.callbacks.append(cb)
         elif self._inflight is not None:
@@ -398,14 +392,12 @@ class Journal:
 
     @property
     def idle(self) -> bool:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         return not self._pending.writes and self._inflight is None
 
     @property
     def pending_bytes(self) -> int:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         return self._pending.nbytes + (self._inflight.nbytes if self._inflight else 0)
 
     # ------------------------------------------------------------ placement
@@ -493,8 +485,7 @@ class Journal:
     # --------------------------------------------------------- group commit
     def _handoff(self) -> None:
         self._flush_handle = None
-        if self._coalesced:
-            self._drain()
+        self._drain()
         if self._inflight is not None or not self._pending.writes or self._writer is None:
             return
         batch = self._pending
@@ -517,7 +508,7 @@ class Journal:
             loop.call_soon_threadsafe(self._on_done, batch, err)
 
     def _on_done(self, batch: Batch, err: BaseException | None) -> None:
-        if self._coalesced and err is None:
+        if err is None:
             self._drain()  # placed while a batch is in flight: they go with the next one at once
         self._inflight = None
         if err is not None:
@@ -547,8 +538,7 @@ class Journal:
 
     def flush_sync(self) -> None:
         """Write and sync what is pending on the calling thread (CLI tools, no loop)."""
-        if self._coalesced:
-            self._drain()
+        self._drain()
         if self._writer is None or not self._pending.writes:
             return
         batch = self._pending
@@ -585,8 +575,7 @@ class Journal:
 
     def compact_online(self) -> None:
         """Freeze every current file and compact them behind the writer's back."""
-        if self._coalesced:
-            self._drain()
+        self._drain()
         if self._compacting or not self._files:
             return
         self._compacting = True
@@ -685,8 +674,7 @@ class Journal:
 
     # --------------------------------------------------------------- stats
     def stats(self) -> JournalStats:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         return JournalStats(
             files=len(self._files),
             free_files=len(self._writer.free) if self._writer else len(self._free),
@@ -698,6 +686,5 @@ class Journal:
         )
 
     def file_summaries(self) -> list[jf.JFile]:
-        if self._coalesced:
-            self._drain()
+        self._drain()
         return list(self._files.values())
