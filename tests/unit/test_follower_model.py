@@ -1,0 +1,251 @@
+"""A journal follower (the warm backup's reader) always ends in the state a cold load builds.
+
+A stateful property test: hypothesis drives a real journal with tiny files through random
+appends, updates, deletes, atomic batches, coalesced adds, rolls and online compactions,
+while a follower tails the same directory. At quiescent moments the follower's live set and
+file accounting must equal a fresh cold load's (and the model's); at a simulated crash (a
+batch half written, its last write torn) the follower finishes — as a backup taking over —
+and must equal a cold load of the same directory, then becomes the writer itself and is
+followed in turn (a failover cycle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tandem.journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord, Op
+from tandem.journal.follower import JournalFollower
+
+PREFIX = "tf"
+SETTINGS = JournalSettings(
+    file_size=4096,
+    min_files=2,
+    pool_files=2,
+    buffer_timeout_ns=0,
+    buffer_size=8192,
+    compact_min_files=3,
+    compact_percentage=40,
+)
+
+Model = dict[int, tuple[int, bytes, tuple[tuple[int, bytes], ...]]]
+
+
+def state_of(live: dict[int, LiveRecord]) -> Model:
+    return {rid: (lr.user_type, lr.body, tuple(lr.updates or ())) for rid, lr in live.items()}
+
+
+def accounting(j: Journal) -> dict[str, Any]:
+    """What the journal will write and reclaim by: per-file live/record counts, the live ids."""
+    return {
+        "files": {k: (f.live, f.records) for k, f in j._files.items()},
+        "ids": set(j._index),
+    }
+
+
+def cold(directory: Path) -> tuple[Journal, Model]:
+    """A fresh read-only load of the directory: the journal (for its accounting) and its live set."""
+    j = Journal(directory, PREFIX, SETTINGS)
+    return j, state_of(j.load(readonly=True))
+
+
+bodies = st.binary(min_size=0, max_size=700)
+
+
+class FollowedJournal(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="tandem-follow-"))
+        self.loop = asyncio.new_event_loop()
+        self.j = Journal(self.dir, PREFIX, SETTINGS)
+        self.j.load()
+        self.j.start(self.loop)
+        self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+        self.model: Model = {}  # what a load must give once everything queued is on disk
+        self.durable: Model = {}  # what is on disk for sure (after the last flush)
+        self.next_id = 1
+        self.crashes = 0
+
+    def teardown(self) -> None:
+        try:
+            if self.j._writer is not None:
+                self.loop.run_until_complete(self.j.stop())
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -------------------------------------------------------------- helpers
+    def _run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, 20))
+
+    async def _durable(self) -> None:
+        fut = self.loop.create_future()
+        self.j.after_durable(lambda: fut.done() or fut.set_result(None))
+        await fut
+        while self.j._compacting:  # let a running compaction finish its swap
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0)
+
+    def _flush(self) -> None:
+        self._run(self._durable())
+        assert self.j.failed is None
+        self.durable = dict(self.model)
+
+    def _poll(self) -> None:
+        """Poll until caught up, starting over as the broker does when the follower says so."""
+        for _ in range(50):
+            done = self.follower.poll(budget=16 * 1024)
+            if done is False:
+                self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+            elif done:
+                return
+        raise AssertionError("the follower never caught up")
+
+    def _live_ids(self) -> list[int]:
+        return sorted(self.model)
+
+    # ---------------------------------------------------------------- rules
+    @rule(body=bodies, utype=st.integers(1, 3), soon=st.booleans())
+    def add(self, body: bytes, utype: int, soon: bool) -> None:
+        rid = self.next_id
+        self.next_id += 1
+        (self.j.add_soon if soon else self.j.add)(rid, utype, body)
+        self.model[rid] = (utype, body, ())
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), body=st.binary(max_size=60))
+    def update(self, data: st.DataObject, body: bytes) -> None:
+        rid = data.draw(st.sampled_from(self._live_ids()))
+        self.j.update(rid, 7, body)
+        utype, b, ups = self.model[rid]
+        self.model[rid] = (utype, b, (*ups, (7, body)))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), many=st.booleans())
+    def delete(self, data: st.DataObject, many: bool) -> None:
+        ids = data.draw(st.lists(st.sampled_from(self._live_ids()), min_size=1, max_size=8, unique=True))
+        if many:
+            self.j.delete_many(ids)
+        else:
+            for rid in ids:
+                self.j.delete(rid)
+        for rid in ids:
+            del self.model[rid]
+
+    @rule(data=st.data(), n_add=st.integers(0, 4))
+    def transaction(self, data: st.DataObject, n_add: int) -> None:
+        ops: list[Op] = []
+        live = self._live_ids()
+        gone = set(data.draw(st.lists(st.sampled_from(live), max_size=3, unique=True))) if live else set()
+        for rid in sorted(gone):
+            ops.append(Op(DELETE, 0, rid, b""))
+        for rid in live:
+            if rid not in gone and data.draw(st.booleans()) and len(ops) < 6:
+                ops.append(Op(UPDATE, 8, rid, b"u"))
+        for _ in range(n_add):
+            ops.append(Op(ADD, 2, self.next_id, data.draw(st.binary(max_size=300))))
+            self.next_id += 1
+        self.j.batch(ops)
+        for op in ops:
+            if op.kind == DELETE:
+                del self.model[op.id]
+            elif op.kind == UPDATE:
+                utype, b, ups = self.model[op.id]
+                self.model[op.id] = (utype, b, (*ups, (op.user_type, op.body)))
+            else:
+                self.model[op.id] = (op.user_type, op.body, ())
+
+    @rule()
+    def flush(self) -> None:
+        self._flush()
+
+    @rule()
+    def compact(self) -> None:
+        self.j.compact_online()
+        self._flush()
+
+    @rule(budget=st.integers(1, 64 * 1024))
+    def poll_while_writing(self, budget: int) -> None:
+        """The writer thread may be in the middle of a batch: the follower must cope."""
+        if self.follower.poll(budget=budget) is False:
+            self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+
+    @rule()
+    def poll_and_compare(self) -> None:
+        self._flush()
+        self._poll()
+        c, loaded = cold(self.dir)
+        assert loaded == self.model
+        assert state_of(self.follower.live) == self.model
+        assert accounting(self.follower.j) == accounting(c)
+
+    @rule(data=st.data())
+    def crash_and_take_over(self, data: st.DataObject) -> None:
+        """The writer dies mid-batch; the follower finishes (takes over) and must equal a cold load."""
+        self._flush()
+        self._poll() if data.draw(st.booleans()) else None  # a follower caught up, or behind
+        # Queue more work, then write only part of its batch, the last write torn, and die.
+        for _ in range(data.draw(st.integers(1, 12))):
+            rid = self.next_id
+            self.next_id += 1
+            self.j.add(rid, 1, data.draw(st.binary(min_size=1, max_size=900)))
+        j = self.j
+        j._drain()
+        batch = j._pending
+        j._terminate(batch)
+        writer = j._writer
+        assert writer is not None
+        writer.submit(lambda: None)  # nothing in flight: the thread is idle
+        self._run(asyncio.sleep(0.01))
+        for key, size in batch.new_files.items():
+            writer._open_new(key, size)
+        writes = batch.writes[: data.draw(st.integers(0, len(batch.writes)))]
+        for i, (key, off, blob) in enumerate(writes):
+            if i == len(writes) - 1:
+                blob = blob[: data.draw(st.integers(0, len(blob)))]
+            os.pwrite(writer._fds[key], blob, off)
+        j._pending = type(batch)()
+        j._writer = None
+        writer.stop()
+        _, before = cold(self.dir)  # what a cold load sees (read-only: nothing repaired yet)
+        finished = self.follower.finish()
+        if finished is None:  # the follower could not be finished: the backup loads cold
+            successor = Journal(self.dir, PREFIX, SETTINGS)
+            loaded = state_of(successor.load())
+        else:
+            successor = self.follower.j
+            loaded = state_of(finished)
+        assert loaded == before
+        for rid, value in self.durable.items():  # nothing that was on disk for sure is lost
+            assert loaded.get(rid) == value, rid
+        after, reloaded = cold(self.dir)  # the repairs the takeover made change nothing a load sees
+        assert reloaded == loaded
+        assert accounting(successor) == accounting(after)
+        # The backup serves now: it writes where the old writer stopped, and is followed in turn.
+        self.model = dict(loaded)
+        self.durable = dict(loaded)
+        self.j = successor
+        self.j.start(self.loop)
+        self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+        self.crashes += 1
+
+    @invariant()
+    def writer_alive(self) -> None:
+        assert self.j.failed is None
+
+
+FollowedJournal.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_follower_equals_cold_load = FollowedJournal.TestCase
