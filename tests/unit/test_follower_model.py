@@ -224,6 +224,7 @@ class FollowedJournal(RuleBasedStateMachine):
             successor = self.follower.j
             loaded = state_of(finished)
         assert loaded == before
+        assert successor.corrupt == [], "a crash leaves torn tails, never damage"
         for rid, value in self.durable.items():  # nothing that was on disk for sure is lost
             assert loaded.get(rid) == value, rid
         after, reloaded = cold(self.dir)  # the repairs the takeover made change nothing a load sees

@@ -465,6 +465,56 @@ def test_torn_tail_at_every_offset_is_dropped_and_repaired(tmp_path: Path, mode:
         assert j2.torn_tail is None and j2.corrupt == [], f"offset {k}: {j2.torn_tail} {j2.corrupt}"
 
 
+@pytest.mark.parametrize("later", ["zeros", "stale"])
+def test_torn_record_in_a_file_that_is_not_the_last_is_a_torn_tail(tmp_path: Path, later: str) -> None:
+    """A kill -9 while one batch spans several files: the writer creates the new files first, then
+    writes in file order, so a torn record in an earlier file has only empty files after it (fresh
+    zeros, or a recycled file's stale records). Nothing after it was confirmed: it is a torn tail,
+    repaired, and the broker starts."""
+    rng = random.Random(11)
+    j, _ = open_sync(tmp_path)
+    d = Driver(j)
+    for i in range(1, 40):
+        d.add(i, 1, body(rng, 3000))
+    j.flush_sync()
+    before = d.m.copy()
+    first_new = 1000
+    for i in range(first_new, first_new + 40):  # one batch of 40 x 5 KiB: over three more files
+        d.add(i, 2, body(rng, 5000))
+    j.close_sync()
+    files = data_files(tmp_path)
+    batch_files = [f for f in files if any(r.id >= first_new for r in records_of(f))]
+    assert len(batch_files) >= 3
+    head = batch_files[0]
+    torn = next(r for r in records_of(head) if r.id >= first_new)
+    patch(head, torn.offset + torn.length // 2, bytes(FILE_SIZE - torn.offset - torn.length // 2))
+    for f in batch_files[1:]:  # created, never written
+        key = jf.read_header_key(f.read_bytes())
+        assert key is not None
+        if later == "zeros":
+            patch(f, jf.FILE_HEADER_SIZE, bytes(FILE_SIZE - jf.FILE_HEADER_SIZE))
+        else:  # a recycled file: records of its previous life, under an older key
+            old = rec.encode(key - (1 << jf.KEY_SHIFT), ADD, 1, 7, body(rng, 900))
+            patch(f, jf.FILE_HEADER_SIZE, old * 3 + bytes(FILE_SIZE - jf.FILE_HEADER_SIZE - 3 * len(old)))
+
+    j1, got1 = reload(tmp_path, readonly=True)
+    assert got1 == before.items() and j1.corrupt == []
+    assert j1.torn_tail is not None and head.name in j1.torn_tail
+
+    j2, live = open_sync(tmp_path)
+    assert items(live) == before.items()
+    assert j2.corrupt == [] and j2.torn_tail is not None
+    assert head.read_bytes()[torn.offset : torn.offset + rec.EOF_SIZE] == rec.encode(
+        jf.read_header_key(head.read_bytes()) or 0, rec.EOF, 0, 0
+    ), "the repaired file is sealed where its records end"
+    after = before.copy()
+    Driver(j2, after).add(5000, 3, b"\x09" * 100)
+    j2.close_sync()
+    j3, got3 = reload(tmp_path)
+    assert got3 == after.items()
+    assert j3.torn_tail is None and j3.corrupt == []
+
+
 def test_garbage_after_last_record_is_a_torn_tail(tmp_path: Path) -> None:
     """Random bytes after the last good record are ignored, reported, zeroed, and do not break later appends."""
     rng = random.Random(1)
@@ -491,8 +541,11 @@ def test_garbage_after_last_record_is_a_torn_tail(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------- corruption
-def test_crc_corruption_in_a_middle_file_drops_the_rest_of_that_file_only(tmp_path: Path) -> None:
-    """A flipped body byte in a non-last file: that file's records from there on are lost and `corrupt` names it."""
+def test_crc_corruption_in_a_middle_file_refuses_to_start_until_repaired(tmp_path: Path) -> None:
+    """A flipped body byte in a non-last file, valid records after it: damage, not a torn write.
+
+    A read-only load reports it; a start refuses; a repair keeps a copy of the file and cuts it
+    at the damage (that file's records from there on are lost), and the journal starts."""
     rng = random.Random(2)
     j, _ = open_sync(tmp_path)
     for i in range(1, 200):
@@ -507,13 +560,26 @@ def test_crc_corruption_in_a_middle_file_drops_the_rest_of_that_file_only(tmp_pa
     raw = victim.read_bytes()
     pos = hit.offset + rec.HEADER_SIZE + 17
     patch(victim, pos, bytes([raw[pos] ^ 0x10]))
+    damaged = victim.read_bytes()
 
-    j2, got = reload(tmp_path)
+    j1, got = reload(tmp_path, readonly=True)
     assert [i for i, *_ in got] == [i for i in range(1, 200) if i not in lost]
-    assert len(j2.corrupt) == 1
-    assert victim.name in j2.corrupt[0] and "CRC" in j2.corrupt[0]
-    assert j2.torn_tail is None
-    assert j2.stats().corrupt == j2.corrupt
+    assert len(j1.corrupt) == 1
+    assert victim.name in j1.corrupt[0] and "CRC" in j1.corrupt[0]
+    assert j1.torn_tail is None
+    assert j1.stats().corrupt == j1.corrupt
+
+    with pytest.raises(JournalError, match="tandem data repair"):
+        reload(tmp_path)
+    assert victim.read_bytes() == damaged  # a refused start changes nothing
+
+    j2 = Journal(tmp_path, PREFIX, settings())
+    got2 = items(j2.load(repair=True))
+    assert [i for i, *_ in got2] == [i for i in range(1, 200) if i not in lost]
+    copies = list((tmp_path / "damaged").iterdir())
+    assert len(copies) == 1 and copies[0].read_bytes() == damaged
+    j3, got3 = reload(tmp_path)
+    assert got3 == got2 and j3.corrupt == [] and j3.torn_tail is None
 
 
 def test_crc_corruption_in_last_record_of_last_file_is_a_torn_tail(tmp_path: Path) -> None:
