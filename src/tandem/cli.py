@@ -293,6 +293,8 @@ def cmd_data(args: argparse.Namespace) -> int:
 
     if args.action == "print":
         return datatool.print_data(args.dir, records=args.records, out=sys.stdout)
+    if args.action == "repair":
+        return datatool.repair_data(args.dir, out=sys.stdout)
     return datatool.compact_data(args.dir, out=sys.stdout)
 
 
@@ -395,13 +397,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--failover", action="store_true", help="leave the store live so the backup takes over")
     ad.set_defaults(func=cmd_admin)
 
-    d = sub.add_parser("data", help="inspect or compact a stopped broker's data directory")
+    d = sub.add_parser("data", help="inspect, compact or repair a stopped broker's data directory")
     ds = d.add_subparsers(dest="action", required=True)
     dp = ds.add_parser("print", help="dump journal files, record types and counts")
     dp.add_argument("dir")
     dp.add_argument("--records", action="store_true", help="print every live record")
     dc = ds.add_parser("compact", help="compact the journal of a stopped broker")
     dc.add_argument("dir")
+    dr = ds.add_parser(
+        "repair", help="cut damaged journal files at the damage (keeping a copy of each) so the broker can start"
+    )
+    dr.add_argument("dir")
     d.set_defaults(func=cmd_data)
 
     from . import perf

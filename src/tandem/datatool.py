@@ -1,8 +1,10 @@
-"""`tandem data print|compact`: look inside, or compact, a stopped broker's data directory."""
+"""`tandem data print|compact|repair`: look inside, compact or repair a stopped broker's data directory."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -71,9 +73,9 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
         for f in j.file_summaries():
             print(f"   {f.path.name}  size {f.size}  used {f.used}  records {f.records}  live {f.live}", file=out)
         for c in st.corrupt:
-            print(f"   CORRUPT {c}", file=out)
-        if j.torn_tail:
-            print(f"   torn tail (repaired on next start): {j.torn_tail}", file=out)
+            print(f"   CORRUPT {c} (the broker will not start: see `tandem data repair`)", file=out)
+        for t in j.torn_tails:
+            print(f"   torn tail (repaired on next start): {t}", file=out)
         for name, n in sorted(_raw_counts(j).items()):
             print(f"   {name:28} {n}", file=out)
         for rid, lr in live.items():
@@ -108,12 +110,37 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
     return 0
 
 
-def compact_data(directory: str, out: IO[str]) -> int:
+def repair_data(directory: str, out: IO[str]) -> int:
+    """Cut damaged journal files at the damage (a copy of each kept under `damaged/`), repair torn tails."""
     data = Path(directory)
+    with _stopped(data, "repairing"):
+        for label, j in _journals(data):
+            j.load(repair=True)
+            for c in j.corrupt:
+                print(f"{label}: damaged {c}: cut there, copy kept in {j.directory / 'damaged'}", file=out)
+            for t in j.torn_tails:
+                print(f"{label}: torn tail {t}: truncated", file=out)
+            if not j.corrupt and not j.torn_tails:
+                print(f"{label}: nothing to repair", file=out)
+    return 0
+
+
+@contextmanager
+def _stopped(data: Path, doing: str) -> Iterator[None]:
+    """Hold the store's live lock (when it has a lock file) so no broker starts meanwhile."""
     lock = LockFile(data) if (data / "server.lock").exists() else None
     try:
         if lock is not None and not lock.try_lock_live():
-            raise IllegalState(f"a broker is running on {data}: stop it before compacting")
+            raise IllegalState(f"a broker is running on {data}: stop it before {doing}")
+        yield
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def compact_data(directory: str, out: IO[str]) -> int:
+    data = Path(directory)
+    with _stopped(data, "compacting"):
         for label, j in _journals(data):
             j.load()
             before = j.stats()
@@ -123,7 +150,4 @@ def compact_data(directory: str, out: IO[str]) -> int:
                 f"{plan.copied} live records kept, {plan.dead} dropped",
                 file=out,
             )
-    finally:
-        if lock is not None:
-            lock.close()
     return 0

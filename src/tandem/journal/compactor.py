@@ -109,6 +109,7 @@ def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threadin
         nonlocal fd, chunks
         if out is None:
             return
+        chunks.append(rec.encode(out.key, rec.EOF, 0, 0))  # complete: a follower moves on at the marker
         os.pwrite(fd, b"".join(chunks), jf.FILE_HEADER_SIZE)
         os.fsync(fd)
         os.close(fd)

@@ -98,8 +98,11 @@ def list_files(directory: Path, prefix: str) -> tuple[list[tuple[int, Path]], li
         name = p.name
         if not name.startswith(prefix + "-") or not name.endswith(".tj"):
             continue
-        with open(p, "rb") as fh:
-            head = fh.read(FILE_HEADER_SIZE)
+        try:
+            with open(p, "rb") as fh:
+                head = fh.read(FILE_HEADER_SIZE)
+        except FileNotFoundError:
+            continue  # renamed or removed since the listing (a writer recycling, a compaction swap)
         retired = read_header_key(head, FREE_MAGIC)
         if retired is not None:
             top = max(top, retired)

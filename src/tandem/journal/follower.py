@@ -2,16 +2,22 @@
 
 A follower reads the same files, in the same key order, with the same record
 checks (file key, CRC) and the same replay code as `Journal.load`, only
-incrementally: each poll reads what was appended since the last one. When it
-is asked to finish — after its server took the live lock, so nobody else
-writes any more — it reads the rest and repairs a torn tail exactly as a load
-does. Its state then equals what a cold load of the store would build.
+incrementally: each poll reads what was appended since the last one. It moves
+past a file only at the file's EOF marker (every file but the newest has one, see
+`Journal._seal`): before it, the writer may still be writing. When it is asked to
+finish — after its server took the live lock, so nobody else writes any more —
+it reads every file to where its records end, sealed or not, and settles torn
+tails with the very code a load uses (`Journal.settle`). Its state then equals
+what a cold load of the store would build.
 
 Whatever it cannot follow safely makes it start over (`poll` returns False):
 a file that vanished before it was read to its end (its deletes would be
-missed), a file the writer recycled under it, or compaction output (copies of
-records already applied). A finish that meets an unfinished compaction swap
-returns None and the caller loads cold.
+missed), a file reclaimed while it still holds records the follower counts as
+live (the deletes that killed them were in a file that came and went unread),
+a file the writer recycled under it, or compaction output (copies of records
+already applied: a file with a compaction key, or a key below those already
+read, that appears after the first listing). A finish that meets an
+unfinished compaction swap returns None and the caller loads cold.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ from collections.abc import Callable
 from . import compactor
 from . import files as jf
 from . import records as rec
-from .journal import Journal, LiveRecord
+from .journal import FileEnd, Journal, LiveRecord
 
 log = logging.getLogger("tandem.journal")
 
 CHUNK = 256 * 1024
 _LEN = struct.Struct("<I")
+_OUTPUT_KEY = (1 << jf.KEY_SHIFT) - 1  # low bits of a key: only compaction outputs have any set
 
 # observer(kind, user_type, id, body, live record): called for each operation that changed the live set
 Observer = Callable[[int, int, int, bytes, LiveRecord], None]
@@ -46,7 +53,9 @@ class JournalFollower:
         self.live: dict[int, LiveRecord] = {}
         self.problem: str | None = None
         self._max_key = -1
-        self._last_end: dict[int, rec.ScanEnd] = {}
+        self._listed = False
+        self._gone: list[jf.JFile] = []  # files reclaimed while we still counted live records in them
+        self._records: dict[int, int] = {}  # records read per file key (a torn tail is one no record follows)
         self.bytes_read = 0
 
     # -------------------------------------------------------------------- poll
@@ -57,6 +66,8 @@ class JournalFollower:
         j = self.j
         if not j.directory.exists():
             return True
+        if compactor.marker_path(j.directory, j.prefix).exists():
+            return True  # a compaction swap is under way: the listing would be half old, half new
         data_files, _free, _top = jf.list_files(j.directory, j.prefix)
         present = dict(data_files)
         for key, f in list(j._files.items()):
@@ -64,17 +75,20 @@ class JournalFollower:
                 if not f.sealed:
                     return self._broken(f"{f.path.name} went away before it was read to its end")
                 del j._files[key]
+                if f.live > 0:
+                    self._gone.append(f)
         for key, path in data_files:
             if key in j._files:
                 continue
-            if key < self._max_key:
-                return self._broken(f"{path.name} appeared below the files already read (compaction output)")
+            if self._listed and (key < self._max_key or key & _OUTPUT_KEY):
+                return self._broken(f"{path.name} appeared among the files already read (compaction output)")
             try:
                 size = os.stat(path).st_size
             except FileNotFoundError:
                 continue  # recycled between listing and now: the next poll sees where it went
             j._files[key] = jf.JFile(key, path, size)
-            self._max_key = key
+            self._max_key = max(self._max_key, key)
+        self._listed = True
         spent = 0
         for f in list(j._files.values()):
             if f.sealed:
@@ -83,10 +97,19 @@ class JournalFollower:
             spent += n
             if ok is False:
                 return False
-            if not _sealed(f) or spent >= budget:
+            if not _sealed(f) or spent >= budget:  # (a call: mypy keeps `f.sealed` narrowed to False)
                 break  # an unsealed file is where the writer is: the files after it hold nothing yet
         self.bytes_read += spent
-        return None if spent >= budget else True
+        if spent >= budget:
+            return None
+        # Caught up. A file is reclaimed only once every record in it is dead, and the records that
+        # killed them were on disk before it went: if we still count live records in a file that is
+        # gone, they died in a file that came and went between two polls, unread.
+        for f in self._gone:
+            if f.live > 0:
+                return self._broken(f"{f.path.name} was reclaimed by deletes this follower never saw")
+        self._gone.clear()
+        return True
 
     def _broken(self, why: str) -> bool:
         self.problem = why
@@ -101,14 +124,13 @@ class JournalFollower:
         spent = 0
         try:
             if jf.read_header_key(os.pread(fd, jf.FILE_HEADER_SIZE, 0)) != f.key:
-                if f.sealed:
-                    return True, 0
                 return self._broken(f"{f.path.name} was recycled before it was read to its end"), 0
             pos = f.used
             while spent < budget:
-                chunk = os.pread(fd, CHUNK, pos)
-                if len(chunk) < rec.HEADER_SIZE:
+                if pos + rec.HEADER_SIZE > f.size:
+                    f.sealed = True  # no room for another record, nor for a marker
                     break
+                chunk = os.pread(fd, CHUNK, pos)
                 parsed: list[rec.Parsed] = []
                 end = rec.scan(chunk, 0, f.key, parsed)
                 if end.offset == 0 and not end.eof_marker and end.reason.startswith("bad length"):
@@ -119,9 +141,9 @@ class JournalFollower:
                         end = rec.scan(chunk, 0, f.key, parsed)
                 if parsed:
                     self._apply(parsed, f)
+                    self._records[f.key] = self._records.get(f.key, 0) + len(parsed)
                 pos += end.offset
                 spent += end.offset
-                self._last_end[f.key] = end
                 if end.eof_marker:
                     f.sealed = True
                     break
@@ -132,6 +154,22 @@ class JournalFollower:
         finally:
             os.close(fd)
         return True, spent
+
+    def _read_rest(self, f: jf.JFile) -> rec.ScanEnd:
+        """Read a file to where its records end (the writer is gone): the end a load would find."""
+        if f.sealed:
+            return rec.ScanEnd(f.used, True, True, "EOF marker")
+        with open(f.path, "rb") as fh:
+            fh.seek(f.used)
+            buf = fh.read(max(f.size - f.used, 0))
+        parsed: list[rec.Parsed] = []
+        end = rec.scan(buf, 0, f.key, parsed)
+        if parsed:
+            self._apply(parsed, f)
+            self._records[f.key] = self._records.get(f.key, 0) + len(parsed)
+        self.bytes_read += end.offset
+        f.used += end.offset
+        return rec.ScanEnd(f.used, end.clean, end.eof_marker, end.reason)
 
     def _apply(self, parsed: list[rec.Parsed], f: jf.JFile) -> None:
         j, live, observer = self.j, self.live, self.observer
@@ -155,7 +193,9 @@ class JournalFollower:
 
     # ------------------------------------------------------------------ finish
     def finish(self) -> dict[int, LiveRecord] | None:
-        """We hold the live lock now: read the rest, repair the tail; None if only a cold load will do."""
+        """We hold the live lock now: read the rest, settle the tails; None if only a cold load will do.
+
+        Raises JournalError, as a load does, if the store is damaged beyond a torn tail."""
         j = self.j
         if compactor.marker_path(j.directory, j.prefix).exists():
             return None  # the writer died in the middle of a compaction swap
@@ -165,20 +205,14 @@ class JournalFollower:
                 return None
             if done:
                 break
+        ends = [FileEnd(f, self._read_rest(f), self._records.get(f.key, 0)) for f in list(j._files.values())]
         compactor.apply_marker(j.directory, j.prefix)  # only clears stale outputs (no marker)
         for tmp in j.directory.glob(f"{j.prefix}-*.tmp"):
             tmp.unlink()
         _data, j._free, top_key = jf.list_files(j.directory, j.prefix)
         if j._files:
-            last = next(reversed(j._files.values()))
-            end = self._last_end.get(last.key)
-            j._cur = last
-            j._cur_off = last.size if last.sealed else last.used
             top_key = max(top_key, max(j._files))
-            if end is not None and not end.clean and not last.sealed:
-                j.torn_tail = f"{last.path.name}: {end.reason}"
-                log.warning("journal %s: torn tail truncated (%s)", j.prefix, end.reason)
-                j._zero_tail(last, last.used)
+        j.settle(ends, readonly=False)
         j._next_key = ((top_key >> jf.KEY_SHIFT) + 1) << jf.KEY_SHIFT
         j.directory.mkdir(parents=True, exist_ok=True)
         j._ensure_min_files()

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -46,6 +48,14 @@ class LiveRecord(msgspec.Struct, gc=False):
     body: bytes
     updates: list[tuple[int, bytes]] | None = None
     obj: Any = None
+
+
+class FileEnd(NamedTuple):
+    """Where a read of one file stopped, and how many records it found (see `Journal.settle`)."""
+
+    file: jf.JFile
+    end: rec.ScanEnd
+    records: int
 
 
 @dataclass
@@ -93,7 +103,8 @@ class Journal:
         self.failed: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
         self.corrupt: list[str] = []
-        self.torn_tail: str | None = None
+        self.torn: list[FileEnd] = []
+        self.torn_tails: list[str] = []
         self.compactions = 0
         # Compaction state
         self._compacting = False
@@ -105,11 +116,13 @@ class Journal:
         self._loaded = False
 
     # ------------------------------------------------------------------ load
-    def load(self, readonly: bool = False) -> dict[int, LiveRecord]:
+    def load(self, readonly: bool = False, repair: bool = False) -> dict[int, LiveRecord]:
         """Replay every file (start-up, blocking); returns live ids in first-append order.
 
         `readonly` (inspection tools) changes nothing on disk: no torn-tail repair,
-        no interrupted compaction finished, no files created.
+        no interrupted compaction finished, no files created. Damage that cannot be a torn
+        write (see `settle`) raises JournalError unless `repair` (`tandem data repair`) is
+        given, which keeps a copy of each damaged file and cuts it at the damage.
         """
         if not readonly:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -118,8 +131,7 @@ class Journal:
                 tmp.unlink()
         data_files, self._free, top_key = jf.list_files(self.directory, self.prefix)
         live: dict[int, LiveRecord] = {}
-        last_end: rec.ScanEnd | None = None
-        last_path: Path | None = None
+        ends: list[FileEnd] = []
         for key, path in data_files:
             with open(path, "rb") as fh:
                 buf = fh.read()
@@ -129,27 +141,91 @@ class Journal:
             del buf
             f.used = end.offset
             self._replay(parsed, f, live)
-            if last_end is not None and not last_end.clean and last_path is not None:
-                self.corrupt.append(f"{last_path.name}: {last_end.reason}")
             self._files[key] = f
-            last_end, last_path = end, path
+            ends.append(FileEnd(f, end, len(parsed)))
         if self._files:
-            last = next(reversed(self._files.values()))
-            self._cur = last
-            self._cur_off = last.size if (last_end is not None and last_end.eof_marker) else last.used
             top_key = max(top_key, max(self._files))
-            if last_end is not None and not last_end.clean:
-                self.torn_tail = f"{last.path.name}: {last_end.reason}"
-            if last_end is not None and not last_end.clean and not readonly:
-                log.warning("journal %s: torn tail truncated (%s)", self.prefix, last_end.reason)
-                self._zero_tail(last, last_end.offset)
+        self.settle(ends, readonly, repair)
         self._next_key = ((top_key >> jf.KEY_SHIFT) + 1) << jf.KEY_SHIFT
-        for msg in self.corrupt:
-            log.warning("journal %s: %s", self.prefix, msg)
         if not readonly:
             self._ensure_min_files()
         self._loaded = True
         return live
+
+    def settle(self, ends: list[FileEnd], readonly: bool, repair: bool = False) -> None:
+        """Judge where each file's records end, and where appends go next (a load and a
+        follower's finish both end here, so a backup's takeover equals a cold load).
+
+        A file that ends in its EOF marker is complete. A file that ends cleanly (zeros)
+        without one is sealed now if another file follows it: a reader that follows a live
+        journal moves past a file only at its marker. An unclean end (a bad CRC, a record
+        cut short, stale bytes) is a torn tail when no later file holds a record: the writer
+        writes a batch in file order and reports it only when all of it is on disk, so
+        nothing after such a point was ever confirmed; it is zeroed (and sealed). An unclean
+        end followed by records in a later file is damage, not a torn write: it is reported,
+        and the journal refuses to start unless asked to repair it."""
+        self.torn = []
+        self.corrupt = []
+        damaged: list[FileEnd] = []
+        later = 0
+        for fe in reversed(ends):
+            end = fe.end
+            if not end.clean:
+                (self.torn if later == 0 else damaged).append(fe)
+            later += fe.records
+        damaged.reverse()
+        self.torn.reverse()
+        self.corrupt = [f"{fe.file.path.name}: {fe.end.reason}" for fe in damaged]
+        self.torn_tails = [f"{fe.file.path.name}: {fe.end.reason}" for fe in self.torn]
+        for msg in self.corrupt:
+            log.warning("journal %s: damaged: %s", self.prefix, msg)
+        if readonly:
+            self._place_after(ends)
+            return
+        if damaged and not repair:
+            raise JournalError(
+                f"journal {self.prefix} in {self.directory} is damaged ({'; '.join(self.corrupt)}): valid records "
+                "follow the damage, so it is not a torn write. Inspect it with `tandem data print`; "
+                "`tandem data repair` keeps a copy of each damaged file and cuts it at the damage."
+            )
+        for fe in damaged:
+            kept = self._keep_copy(fe.file)
+            name, offset = fe.file.path.name, fe.end.offset
+            log.warning("journal %s: %s cut at offset %d (copy kept as %s)", self.prefix, name, offset, kept)
+        last = ends[-1].file if ends else None
+        for fe in ends:
+            f, end = fe.file, fe.end
+            if not end.clean:
+                if fe in self.torn:
+                    log.warning("journal %s: torn tail truncated (%s: %s)", self.prefix, f.path.name, end.reason)
+                self._cut(f, end.offset, seal=f is not last)
+            elif not end.eof_marker and f is not last and end.offset + rec.EOF_SIZE <= f.size:
+                self._cut(f, end.offset, seal=True)
+        self._place_after(ends)
+
+    def _place_after(self, ends: list[FileEnd]) -> None:
+        if not ends:
+            return
+        last = ends[-1]
+        self._cur = last.file
+        full = last.end.eof_marker or last.end.offset + rec.EOF_SIZE > last.file.size
+        self._cur_off = last.file.size if full else last.end.offset
+
+    @property
+    def torn_tail(self) -> str | None:
+        """The torn tails a load found (repaired unless read-only), or None."""
+        return "; ".join(self.torn_tails) if self.torn_tails else None
+
+    def _keep_copy(self, f: jf.JFile) -> Path:
+        """Copy a damaged file aside before cutting it (`tandem data repair`)."""
+        keep = self.directory / "damaged"
+        keep.mkdir(exist_ok=True)
+        dst = keep / f"{f.path.name}.{time.strftime('%Y%m%dT%H%M%S')}"
+        shutil.copyfile(f.path, dst)
+        with open(dst, "rb") as fh:
+            os.fsync(fh.fileno())
+        jf.fsync_dir(keep)
+        return dst
 
     def _replay(self, parsed: list[rec.Parsed], f: jf.JFile, live: dict[int, LiveRecord]) -> None:
         """Apply one file's records (the reload hot loop: plain ADDs are inlined)."""
@@ -203,13 +279,18 @@ class Journal:
             if live.pop(rid, None) is not None:
                 self._detach(rid)
 
-    def _zero_tail(self, f: jf.JFile, offset: int) -> None:
+    def _cut(self, f: jf.JFile, offset: int, seal: bool) -> None:
+        """Zero a file from `offset` to its end, with an EOF marker there when `seal` (synced)."""
+        tail = bytearray(f.size - offset)
+        if seal and len(tail) >= rec.EOF_SIZE:
+            tail[: rec.EOF_SIZE] = rec.encode(f.key, rec.EOF, 0, 0)
         fd = os.open(f.path, os.O_RDWR)
         try:
-            os.pwrite(fd, bytes(f.size - offset), offset)
+            os.pwrite(fd, tail, offset)
             os.fsync(fd)
         finally:
             os.close(fd)
+        f.used = offset
 
     def _ensure_min_files(self) -> None:
         have = len(self._files) + len(self._free)
@@ -411,13 +492,23 @@ class Journal:
         self._check()
         cur = self._cur
         if cur is None or self._cur_off + size + rec.EOF_SIZE > cur.size:
-            if cur is not None and self._cur_off + rec.EOF_SIZE <= cur.size:
-                self._write(cur, self._cur_off, rec.encode(cur.key, rec.EOF, 0, 0))
+            self._seal()
             cur = self._roll(size)
         off = self._cur_off
         self._cur_off = off + size
         cur.used = self._cur_off
         return cur, off
+
+    def _seal(self) -> None:
+        """End the current file with its EOF marker: appends go to a new file from now on.
+
+        Every file but the newest ends with one (placement always keeps room for it), so
+        a reader that follows the journal knows when a file is complete."""
+        cur = self._cur
+        if cur is not None:
+            if self._cur_off + rec.EOF_SIZE <= cur.size:
+                self._write(cur, self._cur_off, rec.encode(cur.key, rec.EOF, 0, 0))
+            self._cur_off = cur.size
 
     def _roll(self, size: int) -> jf.JFile:
         key = self._next_key
@@ -580,8 +671,7 @@ class Journal:
             return
         self._compacting = True
         self._freeze_key = max(self._files)
-        if self._cur is not None:
-            self._cur_off = self._cur.size  # the next append rolls to a new file
+        self._seal()  # the next append rolls to a new file
         if self._pending.writes:
             self._compact_after = self._pending
         elif self._inflight is not None:
