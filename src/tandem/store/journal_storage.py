@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -315,7 +316,16 @@ class JournalStorage:
         self.messages.delete(message_id)
 
     def after_durable(self, cb: Callable[[], None]) -> None:
-        self.messages.after_durable(cb)
+        """Run `cb` once everything stored so far is on disk, in both journals.
+
+        A message routed to a queue it auto-created depends on the bindings record: confirmed
+        before that record is durable, a crash would reload the message without its queue (and
+        drop it as an orphan). The bindings journal is idle nearly always; then this is the
+        message journal's own wait."""
+        if self.bindings.idle:
+            self.messages.after_durable(cb)
+        else:
+            self.bindings.after_durable(partial(self.messages.after_durable, cb))
 
 
 class NullStorage:
