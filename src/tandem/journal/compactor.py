@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import files as jf
 from . import records as rec
+from .faults import Faults
 
 
 @dataclass
@@ -97,7 +98,14 @@ def _live_ops(frozen: list[tuple[int, Path, int]], dead_at: dict[int, int], plan
                 i += 1
 
 
-def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threading.Event | None = None) -> bool:
+def run(
+    directory: Path,
+    prefix: str,
+    file_size: int,
+    plan: Plan,
+    stop: threading.Event | None = None,
+    faults: Faults | None = None,
+) -> bool:
     """Write the live records of the frozen files; False if stopped before the end."""
     dead_at = _last_deletes(plan.frozen)
     last_key = plan.frozen[-1][0]
@@ -110,6 +118,8 @@ def run(directory: Path, prefix: str, file_size: int, plan: Plan, stop: threadin
         if out is None:
             return
         chunks.append(rec.encode(out.key, rec.EOF, 0, 0))  # complete: a follower moves on at the marker
+        if faults is not None:
+            faults.hit("compact")
         os.pwrite(fd, b"".join(chunks), jf.FILE_HEADER_SIZE)
         os.fsync(fd)
         os.close(fd)
@@ -183,7 +193,9 @@ def apply_marker(directory: Path, prefix: str) -> bool:
     return finished
 
 
-def swap(directory: Path, prefix: str, plan: Plan) -> None:
+def swap(directory: Path, prefix: str, plan: Plan, faults: Faults | None = None) -> None:
     """Make the outputs replace the frozen files (blocking; writer thread or CLI)."""
+    if faults is not None:
+        faults.hit("rename")
     write_marker(directory, prefix, plan)
     apply_marker(directory, prefix)

@@ -25,6 +25,7 @@ from ..errors import JournalError
 from . import compactor
 from . import files as jf
 from . import records as rec
+from .faults import Faults
 from .writer import Batch, Writer
 
 log = logging.getLogger("tandem.journal")
@@ -114,6 +115,7 @@ class Journal:
         self._compact_stop = threading.Event()
         self.max_id = 0
         self._loaded = False
+        self._faults = Faults.from_env(prefix)  # tests only (journal/faults.py)
 
     # ------------------------------------------------------------------ load
     def load(self, readonly: bool = False, repair: bool = False) -> dict[int, LiveRecord]:
@@ -323,7 +325,8 @@ class Journal:
         self._writer = self._make_writer(lambda b, e: None)
 
     def _make_writer(self, done: Callable[[Batch, BaseException | None], None]) -> Writer:
-        w = Writer(self.directory, self.prefix, self.s.file_size, self.s.pool_files, self.s.datasync, self._free, done)
+        s = self.s
+        w = Writer(self.directory, self.prefix, s.file_size, s.pool_files, s.datasync, self._free, done, self._faults)
         for key, f in self._files.items():
             w.adopt(key, f.path)
         return w
@@ -689,7 +692,9 @@ class Journal:
 
         def work() -> None:
             try:
-                ok = compactor.run(self.directory, self.prefix, self.s.file_size, plan, self._compact_stop)
+                ok = compactor.run(
+                    self.directory, self.prefix, self.s.file_size, plan, self._compact_stop, self._faults
+                )
             except BaseException as exc:
                 log.error("journal %s: compaction failed: %r", self.prefix, exc)
                 ok = False
@@ -712,7 +717,7 @@ class Journal:
         def swap_job() -> None:
             for key, _p, _u in plan.frozen:
                 writer.forget(key)
-            compactor.swap(self.directory, self.prefix, plan)
+            compactor.swap(self.directory, self.prefix, plan, self._faults)
             for o in plan.outputs:
                 writer.adopt(o.key, o.final)
             if not loop.is_closed():

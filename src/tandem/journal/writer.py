@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import files as jf
+from .faults import Faults
 
 log = logging.getLogger("tandem.journal")
 
@@ -48,6 +49,7 @@ class Writer:
         datasync: bool,
         free: list[Path],
         done: Callable[[Batch, BaseException | None], None],
+        faults: Faults | None = None,
     ) -> None:
         self.directory = directory
         self.prefix = prefix
@@ -56,6 +58,7 @@ class Writer:
         self.datasync = datasync
         self.free = list(free)
         self._done = done
+        self.faults = faults
         self._fds: dict[int, int] = {}
         self._paths: dict[int, Path] = {}
         self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
@@ -121,6 +124,10 @@ class Writer:
                     log.critical("journal maintenance failed: %r", exc)
                     self.failed = exc
 
+    def _hit(self, stage: str) -> None:
+        if self.faults is not None:
+            self.faults.hit(stage)
+
     def write_batch(self, batch: Batch) -> None:
         """Create, write and sync as the batch says (runs on the writer thread).
 
@@ -149,11 +156,15 @@ class Writer:
         if pending:
             self._write_run(last_key, pending, pending_off, touched)
         for key in touched:  # without RWF_DSYNC (another OS): sync each file written
+            self._hit("sync")
             os.fdatasync(self._fds[key])
 
     def _write_run(self, key: int, buffers: list[bytes], offset: int, touched: list[int]) -> None:
         fd = self._fds[key]
+        self._hit("write")
         if self.datasync and _RWF_DSYNC:
+            self._hit("sync")
+            self._hit("dsync")
             written = os.pwritev(fd, buffers, offset, _RWF_DSYNC)
         else:
             written = os.pwritev(fd, buffers, offset)
@@ -169,6 +180,7 @@ class Writer:
                 written += n
                 data = data[n:]
             if self.datasync:
+                self._hit("sync")
                 os.fdatasync(fd)
 
     def recycle(self, batch: Batch) -> None:
@@ -178,6 +190,7 @@ class Writer:
     def _open_new(self, key: int, size: int) -> None:
         path = self.directory / jf.data_name(self.prefix, key)
         fd = -1
+        self._hit("create")
         while size == self.file_size and self.free:
             src = self.free.pop()
             if os.stat(src).st_size != size:  # left from another journal-file-size
@@ -186,6 +199,7 @@ class Writer:
             fd = os.open(src, os.O_RDWR)
             os.pwrite(fd, jf.header_bytes(key), 0)
             os.fdatasync(fd)
+            self._hit("rename")
             os.rename(src, path)
             break
         if fd < 0:
@@ -196,6 +210,7 @@ class Writer:
         self._paths[key] = path
 
     def _recycle(self, key: int, path: Path, size: int) -> None:
+        self._hit("recycle")
         fd = self._fds.pop(key, None)
         self._paths.pop(key, None)
         if fd is None:
@@ -207,6 +222,7 @@ class Writer:
                 os.pwrite(fd, jf.header_bytes(key, jf.FREE_MAGIC), 0)
                 os.fdatasync(fd)
                 dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
+                self._hit("rename")
                 os.rename(path, dst)
                 self.free.append(dst)
             else:
@@ -224,6 +240,7 @@ class Writer:
     def _spare(self) -> None:
         """Pre-create one pooled file while idle so a roll-over does not wait for zero-filling."""
         try:
+            self._hit("create")
             dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
             jf.create_zeroed(dst, self.file_size, None)
             jf.fsync_dir(self.directory)
