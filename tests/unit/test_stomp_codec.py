@@ -530,3 +530,42 @@ def test_many_small_frames_in_one_read_cost_work_linear_in_the_read(frame: bytes
     frames = parser("1.2", "ACK").feed(counting(data, tally))
     assert len(frames) == 4000
     assert tally[0] <= 6 * len(data), f"{tally[0]:,} bytes searched for a read of {len(data):,}"
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[str, bytes, list[Frame]]:
+    """Several frames in one stream: each with or without content-length, with LF or CRLF line
+    endings, heart-beats between them; bodies with NULs only where a content-length frames them."""
+    version = draw(st.sampled_from(["1.1", "1.2"]))
+    data, expected = b"", []
+    for _ in range(draw(st.integers(1, 5))):
+        command = draw(st.sampled_from(["SEND", "ACK", "SUBSCRIBE", "BEGIN"]))
+        names = st.from_regex(r"[a-z]{1,6}", fullmatch=True)
+        headers = list(dict(draw(st.lists(st.tuples(names, _header_text(version)), max_size=3))).items())
+        body = draw(st.binary(max_size=40) | st.binary(min_size=100, max_size=3000))
+        if draw(st.booleans()):  # content-length
+            wire = encode(command, headers, body, version)
+            want = Frame(command, dict(headers) | ({"content-length": str(len(body))} if body else {}), body)
+        else:
+            body = body.replace(b"\0", b"")
+            wire = encode(command, headers, b"", version)[:-1] + body + b"\0"
+            want = Frame(command, dict(headers), body)
+        if draw(st.booleans()):  # CRLF line endings (escaped header text has no raw LF)
+            head, _, rest = wire.partition(b"\n\n")
+            wire = head.replace(b"\n", b"\r\n") + b"\r\n\r\n" + rest
+        data += wire + draw(st.sampled_from([b"", b"\n", b"\r\n", b"\n\n\r\n"]))
+        expected.append(want)
+    return version, data, expected
+
+
+@given(stream=streams(), cuts=st.lists(st.integers(0, 16000), max_size=20))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_streams_of_mixed_frames_parse_the_same_in_any_chunking(
+    stream: tuple[str, bytes, list[Frame]], cuts: list[int]
+) -> None:
+    """Frames that span reads (headers, length-framed or NUL-framed bodies cut anywhere, an EOL EOL
+    split between reads) come out as when the whole stream is fed at once."""
+    version, data, expected = stream
+    assert parser(version, max_frame_size=1 << 20).feed(data) == expected
+    p = parser(version, max_frame_size=1 << 20)
+    assert [f for chunk in cut(data, cuts) for f in p.feed(chunk)] == expected
