@@ -237,3 +237,50 @@ def test_stomp_invalid_utf8_gets_an_error_frame(brokers: Factory) -> None:
             ok.close()
         good.wait_rounds(good.rounds + 10)
         assert_quiet_log(b, since, peers)
+
+
+def test_a_send_whose_body_is_text_is_refused_and_consumers_get_the_rest(brokers: Factory) -> None:
+    """A message body must be msgpack bin. One sent as text (invalid UTF-8 or not) was accepted,
+    since the broker decodes only the header, and then failed every consumer it reached: a STOMP
+    subscription's delivery raised (the message stuck, a traceback), a native client's decoder
+    dropped its connection. Now that SEND alone gets INVALID_ARGUMENT, and a STOMP subscriber
+    and a native consumer get the good messages around it."""
+    with guarded(brokers, extra_toml=STOMP_ACCEPTORS, address_settings=AUTO_CREATE) as (b, _good):
+        with Raw(b.port) as raw:
+            raw.hello()
+            raw.send(p.encode(p.CreateSession(1, 1)))
+            assert raw.next() == p.Response(1, 1, None)
+            header = [True, 4, 0, 0, None, 1]  # durable, priority, expiration, timestamp, dedup id, anycast
+            burst = []
+            for queue in ("to-stomp", "to-native"):
+                burst += [
+                    pack([queue, *header, None, b"first"]),
+                    pack([queue, *header, None, BadStr(b"\xff\xfe")]),
+                    pack([queue, *header, None, "valid text, but text"]),
+                    pack([queue, *header, None, b"second"]),
+                ]
+            raw.send(b"".join(p.encode(p.Send(1, 2 + i, msgspec.Raw(m))) for i, m in enumerate(burst)))
+            errors, upto = [], 0
+            for _ in range(30):
+                pkt = raw.next()
+                if isinstance(pkt, p.Exception_):
+                    errors.append((pkt.cmd, pkt.code))
+                elif isinstance(pkt, p.Confirm):
+                    upto = max(upto, pkt.upto)
+                if upto == 9:  # every command done (an EXCEPTION goes out at once, a CONFIRM after the sync)
+                    break
+            assert errors == [(cmd, ErrorCode.INVALID_ARGUMENT) for cmd in (3, 4, 7, 8)]
+            assert upto == 9
+        r = StompRaw(b.ports["stomp"])
+        try:
+            r.connect("1.2")
+            r.send(b"SUBSCRIBE\nid:s\ndestination:/queue/to-stomp\n\n\0")
+            assert [m.body for m in r.messages(2)] == [b"first", b"second"]
+        finally:
+            r.close()
+        with tandem.connect(b.url) as conn:
+            cons = conn.session().create_consumer("to-native")
+            got = [m.body for m in iter(lambda: cons.receive(timeout=1.0), None)]
+            assert got == [b"first", b"second"]
+            assert not conn.closed
+        assert "Traceback" not in b.log_text()

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bad_utf8 import BAD_UTF8, invalid_utf8, pack, replaced, string_paths
+from bad_utf8 import BAD_UTF8, BadStr, invalid_utf8, pack, replaced, string_paths
 from tandem.core.ids import IdGenerator
 from tandem.core.message import Message, MessageData
 from tandem.core.session import ServerSession
@@ -81,4 +82,64 @@ def test_each_bad_message_of_a_burst_gets_its_own_error() -> None:
     results, po = send_run(burst)
     assert results[0] is True and results[-1] is True
     assert all(isinstance(r, InvalidArgument) for r in results[1:-1]), results
+    assert len(po.sent) == 2
+
+
+# Field values for a message array: what a producer should send, and anything else (bad text too).
+_any = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | invalid_utf8().map(BadStr),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+_FIELDS = [
+    st.text(min_size=1, max_size=8),  # address
+    st.booleans(),  # durable
+    st.integers(-3, 12),  # priority
+    st.integers(0, 2**40),  # expiration
+    st.integers(0, 2**40),  # timestamp
+    st.none() | st.text(max_size=8),  # dedup id
+    st.integers(0, 2),  # routing type
+    st.none() | st.dictionaries(st.text(max_size=4), st.integers(-(2**63), 2**63) | st.text(max_size=4)),  # properties
+    st.binary(max_size=16),  # body
+]
+
+
+@st.composite
+def message_arrays(draw: st.DrawFn) -> list[Any]:
+    """A message as a msgpack array: each field valid, or (sometimes) any value at all, bad text included."""
+    fields = [draw(_any if draw(st.integers(0, 4)) == 0 else f) for f in _FIELDS]
+    return fields[: draw(st.integers(1, len(fields)))] + draw(st.lists(_any, max_size=2) if len(fields) == 9 else [])
+
+
+@given(array=message_arrays())
+@settings(max_examples=300, deadline=None)
+def test_a_message_the_broker_accepts_is_one_every_consumer_can_decode(array: list[Any]) -> None:
+    """The broker decodes only a message's header and keeps its bytes; a STOMP subscription and
+    the clients decode all of it (MessageData) at delivery. So whatever send_run accepts must
+    decode as MessageData, or it would fail every consumer it reaches (the body too: bytes, not text)."""
+    raw = pack(array)
+    (result,), po = send_run([raw])
+    if isinstance(result, TandemError):
+        assert isinstance(result, InvalidArgument), result
+        assert not po.sent
+    else:
+        msgspec.msgpack.decode(raw, type=MessageData)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [BadStr(b"\xff"), "text, not bytes", None, 7, [b"x"]],
+    ids=["invalid-utf8-text", "valid-text", "nil", "int", "array"],
+)
+def test_a_message_whose_body_is_not_bytes_is_refused(body: Any) -> None:
+    raw = pack(["orders", True, 4, 0, 0, None, 0, None, body])
+    results, po = send_run([GOOD, raw, GOOD])
+    assert results[0] is True and results[2] is True
+    assert isinstance(results[1], InvalidArgument), results[1]
     assert len(po.sent) == 2
