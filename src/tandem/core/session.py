@@ -77,7 +77,7 @@ class ServerSession:
         append = out.append
         for raw in raws:
             try:
-                message = decode(next_id(), raw)
+                message = decode(next_id(), raw, True)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 append(InvalidArgument(f"malformed message: {exc}"))
                 continue
