@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bad_utf8 import BadStr, invalid_utf8, pack, replaced, string_paths
 from tandem.errors import (
     ErrorCode,
     FrameTooLarge,
@@ -196,12 +197,17 @@ _scalars = (
     | st.floats(allow_nan=False)
     | st.text(max_size=20)
     | st.binary(max_size=20)
+    | invalid_utf8().map(BadStr)  # text that is not UTF-8 (packed as a str)
 )
 _values = st.recursive(
     _scalars,
     lambda inner: (
         st.lists(inner, max_size=6)
-        | st.dictionaries(st.text(max_size=8) | st.integers(-(2**63), 2**64 - 1), inner, max_size=5)
+        | st.dictionaries(
+            st.text(max_size=8) | st.integers(-(2**63), 2**64 - 1) | invalid_utf8().map(BadStr),
+            inner,
+            max_size=5,
+        )
     ),
     max_leaves=25,
 )
@@ -213,7 +219,7 @@ _tags = st.sampled_from(sorted(n.CLIENT_TAGS | n.SERVER_TAGS | {0, 8, 99})) | st
 def test_structured_payloads_decode_or_raise_protocol_error(tag: int, fields: list[Any], bare: bool) -> None:
     """Valid frames around msgpack payloads (tag + random fields): a packet that re-encodes equal, or ProtocolError."""
     array = fields if bare else [tag, *fields]
-    payload = msgspec.msgpack.encode(array)
+    payload = pack(array)
     for reader, classes, prefix in (
         (client_reader(), CLIENT_CLASSES, MAGIC),
         (server_reader(), SERVER_CLASSES, b""),
@@ -354,3 +360,73 @@ def test_error_for_picks_the_specific_class() -> None:
     assert isinstance(error_for(ErrorCode.PROTOCOL, "x"), ProtocolError)
     unknown = error_for(9999, "what")
     assert type(unknown) is TandemError and "9999" in unknown.message
+
+
+# ------------------------------------------------------------- invalid UTF-8
+def _raw_fields(packet: Any) -> list[bytes]:
+    """The still-encoded parts of a packet (a SEND's or DELIVER's message, a RANGE_RESULT's messages)."""
+    out = [bytes(v) for v in msgspec.structs.astuple(packet) if isinstance(v, msgspec.Raw)]
+    if isinstance(packet, n.RangeResult):
+        out += [bytes(m[3]) for m in packet.messages]
+    return out
+
+
+SAMPLES_WITH_TEXT = [p for p in SAMPLES if string_paths(msgspec.msgpack.decode(encode(p)[4:]))]
+
+
+@pytest.mark.parametrize("length", ["little-endian", "as-in-the-issue"])
+def test_hello_whose_user_name_is_not_utf8_is_a_protocol_error(length: str) -> None:
+    """The reproducer of issue 13 (a HELLO whose user name is the byte 0xff): a ProtocolError that
+    names the problem, not a UnicodeDecodeError (the issue wrote the length big-endian; the wire's
+    is little-endian, and 0x06000000 is simply a frame too large for this reader)."""
+    payload = bytes.fromhex("9401 01c0 a1ff")
+    if length == "little-endian":
+        with pytest.raises(ProtocolError) as info:
+            client_reader().feed(MAGIC + n.LENGTH.pack(6) + payload)
+        assert info.value.code == ErrorCode.PROTOCOL
+        assert "UTF-8" in info.value.message and "type 1" in info.value.message
+    else:
+        with pytest.raises(FrameTooLarge):
+            client_reader().feed(MAGIC + (6).to_bytes(4, "big") + payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (pack([99, BadStr(b"\xff")]), UnknownPacket),  # an unknown tag stays UNKNOWN_PACKET
+        (pack([BadStr(b"\xff"), 1]), ProtocolError),  # a tag that is bad text
+        (pack(BadStr(b"\xff")), ProtocolError),  # not even an array
+        (pack([20, 0, 1, "queue.create", {BadStr(b"\xc0\x80"): 1}]), ProtocolError),  # a MANAGE argument's name
+        (pack([20, 0, 1, "x", {"a": [[{"b": BadStr(b"\xed\xa0\x80")}]]}]), ProtocolError),  # deep in an argument
+    ],
+    ids=["unknown-tag", "tag", "bare-string", "manage-arg-name", "nested-arg"],
+)
+def test_invalid_utf8_anywhere_is_a_protocol_error(payload: bytes, error: type[ProtocolError]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        client_reader().feed(MAGIC + frame(payload))
+    assert type(info.value) is error
+
+
+@given(sample=st.sampled_from(SAMPLES_WITH_TEXT), where=st.data(), bad=invalid_utf8())
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_invalid_utf8_in_every_string_of_every_packet(sample: n.Packet, where: st.DataObject, bad: bytes) -> None:
+    """Any string of any packet (fields, map keys, nested values, and the strings inside a SEND's
+    or DELIVER's still-encoded message) made invalid UTF-8: the reader raises ProtocolError, or,
+    when the string lies in a part it leaves encoded (msgspec.Raw), hands that part on as it came."""
+    generic = msgspec.msgpack.decode(encode(sample)[4:])
+    path = where.draw(st.sampled_from(string_paths(generic)))
+    data = frame(pack(replaced(generic, path, bad)))
+    for reader, classes, prefix in (
+        (client_reader(), CLIENT_CLASSES, MAGIC),
+        (server_reader(), SERVER_CLASSES, b""),
+    ):
+        if type(sample) not in classes:
+            continue
+        try:
+            packets = reader.feed(prefix + data)
+        except ProtocolError as exc:
+            assert exc.code == ErrorCode.PROTOCOL and "UTF-8" in exc.message
+            continue
+        (got,) = packets
+        assert type(got) is type(sample)
+        assert any(bad in raw for raw in _raw_fields(got)), f"{path} of {sample!r} accepted"

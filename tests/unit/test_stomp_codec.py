@@ -441,3 +441,131 @@ def test_valid_stream_parses_the_same_in_any_chunking(cuts: list[int]) -> None:
     assert [f.command for f in expected] == ["CONNECT", "SEND", "SUBSCRIBE", "ACK", "SEND"]
     assert expected[1].headers["k"] == "a:b\\c\r\n" and expected[1].body == b"body\0with nul"
     assert feed_all(parser("1.2"), cut(VALID, cuts)) == expected
+
+
+# ------------------------------------------------------------------------------ work per frame
+# No timings: the parser's own counters (`scanned`, `copied`: bytes searched and copied for frames
+# that span reads) and the searches it makes on the bytes it is fed (CountingBytes) are counted.
+
+
+class CountingBytes(bytes):
+    """bytes that add to `tally[0]` every byte a find() or count() on them passes over."""
+
+    tally: list[int]
+
+    def _span(self, start: int | None, end: int | None) -> tuple[int, int]:
+        return (0 if start is None else start), (len(self) if end is None else min(end, len(self)))
+
+    def find(self, sub: bytes, start: int | None = None, end: int | None = None) -> int:  # type: ignore[override]
+        found = super().find(sub, start, end)
+        lo, hi = self._span(start, end)
+        self.tally[0] += max(0, (found + len(sub) if found >= 0 else hi) - lo)  # a search stops at its match
+        return found
+
+    def count(self, sub: bytes, start: int | None = None, end: int | None = None) -> int:  # type: ignore[override]
+        lo, hi = self._span(start, end)
+        self.tally[0] += max(0, hi - lo)
+        return super().count(sub, start, end)
+
+
+def counting(data: bytes, tally: list[int]) -> CountingBytes:
+    b = CountingBytes(data)
+    b.tally = tally
+    return b
+
+
+def _big_frame(kind: str, size: int) -> tuple[bytes, Frame]:
+    if kind == "content-length":
+        body = bytes(range(256)) * (size // 256)  # NULs inside: only the length frames it
+        return encode("SEND", [("destination", "/queue/big")], body, "1.2"), Frame(
+            "SEND", {"destination": "/queue/big", "content-length": str(len(body))}, body
+        )
+    if kind == "nul-terminated":
+        body = b"0123456789abcdef" * (size // 16)
+        return b"SEND\ndestination:/queue/big\n\n" + body + b"\0", Frame("SEND", {"destination": "/queue/big"}, body)
+    headers = {f"h{i:07d}": "v" * 20 for i in range(size // 30)}  # a large header block, no body
+    head = "SEND\n" + "".join(f"{k}:{v}\n" for k, v in headers.items()) + "\n"
+    return head.encode() + b"\0", Frame("SEND", headers, b"")
+
+
+@pytest.mark.parametrize("crlf", [False, True], ids=["lf", "crlf"])
+@pytest.mark.parametrize("kind", ["content-length", "nul-terminated", "large-headers"])
+def test_a_large_frame_in_small_chunks_costs_work_linear_in_its_size(kind: str, crlf: bool) -> None:
+    """A 2 MiB frame fed in 4 KiB reads (then a small frame): every byte is searched and copied a
+    bounded number of times, not once per read as when each read re-joined and re-scanned the buffer."""
+    data, expected = _big_frame(kind, 2 << 20)
+    if crlf and kind != "content-length":
+        data = data.replace(b"\n", b"\r\n")  # (the body has no EOL; a CRLF in a binary body is body)
+    elif crlf:
+        head, _, rest = data.partition(b"\n\n")
+        data = head.replace(b"\n", b"\r\n") + b"\r\n\r\n" + rest
+    data += b"\nSEND\ndestination:/queue/small\n\nsmall\0"
+    size = len(data)
+    p = parser("1.2", max_frame_size=4 << 20)
+    tally = [0]
+    chunk = 4096
+    got: list[Frame] = []
+    for i in range(0, size, chunk):
+        got += p.feed(counting(data[i : i + chunk], tally))
+    assert got == [expected, Frame("SEND", {"destination": "/queue/small"}, b"small")]
+    assert p.copied <= 3 * size, f"{p.copied:,} bytes copied for a frame of {size:,}"
+    assert p.scanned + tally[0] <= 3 * size, f"{p.scanned + tally[0]:,} bytes searched for a frame of {size:,}"
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"SEND\r\ndestination:/queue/a\r\n\r\nx\0",  # CRLF: no LF LF anywhere in the read
+        b"ACK\nid:1.2\r\n\r\n\0",  # looks like the ACK fast path's frame, is not
+        b"ACK\nid:1.2\ntransaction:t1\n\n\0",
+        b"SEND\ncontent-length:1\n\nx\0\n",
+    ],
+    ids=["crlf-send", "crlf-ack", "ack-two-headers", "content-length"],
+)
+def test_many_small_frames_in_one_read_cost_work_linear_in_the_read(frame: bytes) -> None:
+    """A read of 4,000 small frames: each search stops within a few frames of where it started,
+    instead of running to the end of the read for every frame."""
+    data = frame * 4000
+    tally = [0]
+    frames = parser("1.2", "ACK").feed(counting(data, tally))
+    assert len(frames) == 4000
+    assert tally[0] <= 6 * len(data), f"{tally[0]:,} bytes searched for a read of {len(data):,}"
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[str, bytes, list[Frame]]:
+    """Several frames in one stream: each with or without content-length, with LF or CRLF line
+    endings, heart-beats between them; bodies with NULs only where a content-length frames them."""
+    version = draw(st.sampled_from(["1.1", "1.2"]))
+    data, expected = b"", []
+    for _ in range(draw(st.integers(1, 5))):
+        command = draw(st.sampled_from(["SEND", "ACK", "SUBSCRIBE", "BEGIN"]))
+        names = st.from_regex(r"[a-z]{1,6}", fullmatch=True)
+        headers = list(dict(draw(st.lists(st.tuples(names, _header_text(version)), max_size=3))).items())
+        body = draw(st.binary(max_size=40) | st.binary(min_size=100, max_size=3000))
+        if draw(st.booleans()):  # content-length
+            wire = encode(command, headers, body, version)
+            want = Frame(command, dict(headers) | ({"content-length": str(len(body))} if body else {}), body)
+        else:
+            body = body.replace(b"\0", b"")
+            wire = encode(command, headers, b"", version)[:-1] + body + b"\0"
+            want = Frame(command, dict(headers), body)
+        if draw(st.booleans()):  # CRLF line endings (escaped header text has no raw LF)
+            head, _, rest = wire.partition(b"\n\n")
+            wire = head.replace(b"\n", b"\r\n") + b"\r\n\r\n" + rest
+        data += wire + draw(st.sampled_from([b"", b"\n", b"\r\n", b"\n\n\r\n"]))
+        expected.append(want)
+    return version, data, expected
+
+
+@given(stream=streams(), cuts=st.lists(st.integers(0, 16000), max_size=20))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_streams_of_mixed_frames_parse_the_same_in_any_chunking(
+    stream: tuple[str, bytes, list[Frame]], cuts: list[int]
+) -> None:
+    """Frames that span reads (headers, length-framed or NUL-framed bodies cut anywhere, an EOL EOL
+    split between reads) come out as when the whole stream is fed at once."""
+    version, data, expected = stream
+    assert parser(version, max_frame_size=1 << 20).feed(data) == expected
+    p = parser(version, max_frame_size=1 << 20)
+    assert [f for chunk in cut(data, cuts) for f in p.feed(chunk)] == expected

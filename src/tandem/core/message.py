@@ -67,7 +67,20 @@ class MessageHeader(msgspec.Struct, array_like=True, gc=False):
             raise ValueError(f"routing_type must be 0 (any), 1 (anycast) or 2 (multicast), got {self.routing_type}")
 
 
+def _no_body() -> memoryview:
+    return memoryview(b"")
+
+
+class SentHeader(MessageHeader):
+    """A producer's MessageHeader: also checks that the body, which the header skips, is bytes
+    (msgpack bin). Without this a body sent as text, nil or a number is accepted and stored,
+    then fails every consumer that decodes the whole message. A view, not a copy of the body."""
+
+    body: memoryview = msgspec.field(default_factory=_no_body)
+
+
 _header_decoder = msgspec.msgpack.Decoder(MessageHeader)
+_sent_decoder = msgspec.msgpack.Decoder(SentHeader)
 _data_encoder = msgspec.msgpack.Encoder()
 
 
@@ -95,9 +108,10 @@ class Message(msgspec.Struct, gc=False, eq=False):
     durable_refs: int = 0
 
     @classmethod
-    def decode(cls, mid: int, raw: msgspec.Raw | bytes) -> Message:
-        """Build from encoded MessageData; raises msgspec errors on malformed input."""
-        h = _header_decoder.decode(raw)
+    def decode(cls, mid: int, raw: msgspec.Raw | bytes, sent: bool = False) -> Message:
+        """Build from encoded MessageData; raises msgspec errors on malformed input. `sent`: just
+        received from a producer, so the body is checked too (what is stored was checked then)."""
+        h = (_sent_decoder if sent else _header_decoder).decode(raw)
         p = h.priority
         prio = 0 if p < 0 else (9 if p > 9 else p)
         return cls(mid, h.address, h.durable, prio, h.expiration, h.routing_type, h.dedup_id, h.properties, raw)

@@ -77,9 +77,12 @@ class ServerSession:
         append = out.append
         for raw in raws:
             try:
-                message = decode(next_id(), raw)
+                message = decode(next_id(), raw, True)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 append(InvalidArgument(f"malformed message: {exc}"))
+                continue
+            except UnicodeDecodeError as exc:  # msgspec's error for a str that is not UTF-8
+                append(InvalidArgument(f"malformed message: a string is not valid UTF-8 ({exc.reason})"))
                 continue
             try:
                 append(send(message)[1] if send is not None else self.send_message(message))

@@ -275,6 +275,20 @@ CLIENT_TAGS = {c.__struct_config__.tag for c in ClientPacket.__args__}
 SERVER_TAGS = {c.__struct_config__.tag for c in ServerPacket.__args__}
 
 
+class _Head(msgspec.Struct, array_like=True):
+    """A packet's tag alone (the fields after it are skipped): to name what was malformed."""
+
+    tag: Any
+
+
+_head_decoder = msgspec.msgpack.Decoder(_Head)
+
+
+def bad_text(exc: UnicodeDecodeError) -> str:
+    """The message for text that is not UTF-8 (msgpack strings must be; bytes go as bin)."""
+    return f"a string is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+
+
 class FrameReader:
     """Splits a byte stream into packets; raises ProtocolError subclasses on bad input."""
 
@@ -326,7 +340,7 @@ class FrameReader:
             pos += 4 + n
             try:
                 out.append(decode(payload))
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
                 raise self._classify(payload, exc) from None
             except RecursionError:
                 raise ProtocolError("malformed frame: nested too deeply") from None
@@ -335,15 +349,16 @@ class FrameReader:
         return out
 
     def _classify(self, payload: bytes, exc: Exception) -> ProtocolError:
+        detail = bad_text(exc) if isinstance(exc, UnicodeDecodeError) else str(exc)
         try:
-            generic = msgspec.msgpack.decode(payload)
-        except (msgspec.DecodeError, RecursionError):
-            return ProtocolError(f"malformed frame: {exc}")
-        if isinstance(generic, list) and generic and isinstance(generic[0], int):
-            if generic[0] not in self._known:
-                return UnknownPacket(f"unknown packet type {generic[0]}")
-            return ProtocolError(f"malformed packet type {generic[0]}: {exc}")
-        return ProtocolError(f"malformed frame: {exc}")
+            tag = _head_decoder.decode(payload).tag  # the rest is skipped, not decoded: it may be the bad part
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            return ProtocolError(f"malformed frame: {detail}")
+        if isinstance(tag, int):
+            if tag not in self._known:
+                return UnknownPacket(f"unknown packet type {tag}")
+            return ProtocolError(f"malformed packet type {tag}: {detail}")
+        return ProtocolError(f"malformed frame: {detail}")
 
     @property
     def buffered(self) -> int:

@@ -70,16 +70,37 @@ def escape(text: str, version: str) -> str:
     return text
 
 
+# What the buffer holds between reads (`_state`): nothing, the start of a frame whose header
+# block has not ended, a frame whose body ends at a known length, one whose body ends at a NUL,
+# or bytes held back after CONNECT (parsed once the connection has its version).
+_EMPTY, _HEAD, _LENGTH, _NUL, _HELD = range(5)
+
+
 class StompParser:
-    """Feed bytes, get frames. `version` (set once CONNECT is negotiated) decides header escaping."""
+    """Feed bytes, get frames. `version` (set once CONNECT is negotiated) decides header escaping.
+
+    A frame that spans reads costs work in proportion to its size, however it is chunked: the
+    buffer remembers how far the header end was searched, waits for a declared content-length
+    without looking at the body, and searches only new bytes for the NUL."""
 
     def __init__(self, max_frame_size: int, version: str = "1.0", commands: frozenset[str] = CLIENT_COMMANDS):
         self.max_frame_size = max_frame_size
         self.version = version
         self.commands = commands
         self._buf = bytearray()
+        self._state = _EMPTY
+        self._scan = 0  # _HEAD: bytes of the buffer already searched for the header end
+        self._need = 0  # _LENGTH: bytes of the whole frame, its NUL included
+        self._body_start = 0  # _LENGTH, _NUL: where the body starts in the buffer
+        self._command = ""
+        self._frame_headers: dict[str, str] = {}
         self.heartbeats = 0
         self.failed: ProtocolError | None = None  # bad input after good frames of the same read
+        # Work done on frames that span reads: bytes searched in the parser's own buffer and
+        # bytes copied into or out of it (searches on the bytes fed are the caller's to count).
+        # What a test counts to show that a frame costs work in proportion to its size.
+        self.scanned = 0
+        self.copied = 0
 
     def feed(self, data: bytes) -> list[Frame]:
         """Frames completed by `data`. Bad input raises a ProtocolError; when good frames came before
@@ -97,16 +118,21 @@ class StompParser:
             return out
 
     def _feed(self, data: bytes, out: list[Frame]) -> list[Frame]:
-        if self._buf:
-            self._buf += data
-            data = bytes(self._buf)  # frames are sliced out of immutable bytes, consumed once
-            self._buf.clear()
         pos = 0
+        # The first LF LF at or after `pos`, and a CR no later than the first LF CR LF (n: none in
+        # this read), kept from frame to frame: each search starts where the last one stopped, so
+        # a read of many frames is searched about once, even when none ends its headers with LF LF.
+        lf = cr = -1
+        if self._buf:
+            resumed = self._resume(data, out)
+            if resumed is None:
+                return out
+            data, pos, lf, cr = resumed
         n = len(data)
         limit = self.max_frame_size
         commands = self.commands
         plain = self.version == "1.0"  # no escaping at all
-        ack_fast = "ACK" in commands
+        ack_from = 0 if "ACK" in commands else 1 << 62  # where the ACK fast path may be tried
         # One loop, no call per frame: this runs for every frame a client sends.
         while True:
             if pos < n and (data[pos] == 10 or data[pos] == 13):  # heart-beats, EOLs after a NUL
@@ -116,7 +142,7 @@ class StompParser:
                 self.heartbeats += data.count(b"\n", start, pos)
             if pos >= n:
                 return out
-            if ack_fast and data.startswith(b"ACK\nid:", pos):
+            if pos >= ack_from and data.startswith(b"ACK\nid:", pos):
                 # One ACK per MESSAGE is most of what a consumer sends: a frame that is exactly
                 # ACK with one plain `id` header and no body is taken without the general path.
                 end = data.find(b"\n\n\0", pos + 7)
@@ -128,18 +154,29 @@ class StompParser:
                         out.append(Frame("ACK", {"id": raw_id.decode("ascii")}))
                         pos = end + 3
                         continue
+                # Not this frame's end: no fast path until past it (else each ACK-like frame
+                # before it would search and copy up to it again).
+                ack_from = end + 1 if end >= 0 else n
             # The header block ends at the first EOL EOL (either may be CRLF): C-level finds.
-            lf = data.find(b"\n\n", pos)
-            crlf = data.find(b"\n\r\n", pos, lf + 2 if lf >= 0 else n)
+            if lf < pos:
+                lf = data.find(b"\n\n", pos)
+                if lf < 0:
+                    lf = n
+            if cr < pos:
+                cr = data.find(b"\r", pos)  # a CR (one memchr); LF CR LF is looked for only after one
+                if cr < 0:
+                    cr = n
+            crlf = data.find(b"\n\r\n", cr - 1, lf + 2) if cr < lf else -1
             if crlf >= 0:
                 eol, body_start = crlf, crlf + 3
-            elif lf >= 0:
+            elif lf < n:
                 eol, body_start = lf, lf + 2
             else:
                 if n - pos > limit:
                     raise FrameTooLarge(f"frame headers exceed max-frame-size {limit}")
                 self._check_command_prefix(data, pos)
-                self._buf += data[pos:]
+                self._hold(data, pos, _HEAD)
+                self._scan = n - pos
                 return out
             head_end = eol - 1 if eol > pos and data[eol - 1] == 13 else eol
             try:
@@ -177,8 +214,9 @@ class StompParser:
                 end = body_start + length
                 if end - pos >= limit:
                     raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
-                if n <= end:  # the body is not all here yet
-                    self._buf += data[pos:]
+                if n <= end:  # the body is not all here yet: wait for it, without looking at it
+                    self._hold(data, pos, _LENGTH, command, headers, body_start)
+                    self._need = end - pos + 1
                     return out
                 if data[end] != 0:
                     raise StompError("frame body is not followed by NUL (content-length too short?)")
@@ -187,7 +225,7 @@ class StompParser:
                 if end < 0:
                     if n - pos > limit:
                         raise FrameTooLarge(f"frame exceeds max-frame-size {limit} (no NUL)")
-                    self._buf += data[pos:]
+                    self._hold(data, pos, _NUL, command, headers, body_start)
                     return out
                 if end - pos >= limit:
                     raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
@@ -196,17 +234,104 @@ class StompParser:
             if (command == "CONNECT" or command == "STOMP") and pos < n:
                 # What follows is parsed with the negotiated version: the caller
                 # sets `version` and feeds b"" to get the rest.
-                self._buf += data[pos:]
+                self._hold(data, pos, _HELD)
                 return out
 
-    def _check_command_prefix(self, data: bytes, pos: int) -> None:
+    def _hold(
+        self, data: bytes, pos: int, state: int, command: str = "", headers: dict[str, str] | None = None, body: int = 0
+    ) -> None:
+        """Keep data[pos:] (the start of a frame, or what follows CONNECT) for the next read."""
+        self._buf += memoryview(data)[pos:]
+        self.copied += len(data) - pos
+        self._state = state
+        if headers is not None:
+            self._command, self._frame_headers, self._body_start = command, headers, body - pos
+
+    def _resume(self, data: bytes, out: list[Frame]) -> tuple[bytes, int, int, int] | None:
+        """Go on with the buffered frame: None while it is still incomplete, else the bytes to
+        parse next, where to start, and where the header end lies in them if already known."""
+        buf = self._buf
+        state = self._state
+        if state == _LENGTH or state == _NUL:
+            have = len(buf)
+            if state == _LENGTH:
+                if have + len(data) < self._need:
+                    buf += data
+                    self.copied += len(data)
+                    return None
+                end = self._need - have - 1  # the NUL, in `data`
+                if data[end] != 0:
+                    raise StompError("frame body is not followed by NUL (content-length too short?)")
+            else:
+                limit = self.max_frame_size
+                end = data.find(b"\0")  # only the new bytes: the buffered ones have no NUL
+                if end < 0:
+                    if have + len(data) > limit:
+                        raise FrameTooLarge(f"frame exceeds max-frame-size {limit} (no NUL)")
+                    buf += data
+                    self.copied += len(data)
+                    return None
+                if have + end >= limit:
+                    raise FrameTooLarge(f"frame of {have + end + 1} bytes exceeds max-frame-size {limit}")
+            buf += memoryview(data)[:end]
+            with memoryview(buf) as view:
+                body = bytes(view[self._body_start :])
+            self.copied += end + len(body)
+            command = self._command
+            out.append(Frame(command, self._frame_headers, body))
+            self._clear()
+            if (command == "CONNECT" or command == "STOMP") and end + 1 < len(data):
+                self._hold(data, end + 1, _HELD)
+                return None
+            return data, end + 1, -1, -1
+        if state == _HELD:
+            whole = bytes(buf) + data
+            self._clear()
+            self.copied += len(whole)
+            self.scanned += 3 * len(whole)  # (the loop may search each byte for LF LF, LF CR LF and NUL)
+            return whole, 0, -1, -1
+        # _HEAD: search the new bytes (and the two before them: an EOL EOL may straddle reads)
+        from_ = max(self._scan - 2, 0)
+        buf += data
+        self.copied += len(data)
+        n = len(buf)
+        lf = buf.find(b"\n\n", from_)
+        lf = n if lf < 0 else lf
+        cr = buf.find(b"\r", from_)  # as in the loop: LF CR LF is looked for only after a CR
+        crlf = buf.find(b"\n\r\n", max(cr - 1, from_), lf + 2) if 0 <= cr < lf else -1
+        head = crlf + 3 if crlf >= 0 else min(lf + 2, n)  # where the header block ends (n: not yet)
+        self.scanned += min(lf + 2, n) - from_ + (cr + 1 if cr >= 0 else n) - from_
+        if 0 <= cr < lf:
+            self.scanned += head - max(cr - 1, from_)
+        if crlf < 0 and lf == n:
+            if n > self.max_frame_size:
+                raise FrameTooLarge(f"frame headers exceed max-frame-size {self.max_frame_size}")
+            self._check_command_prefix(buf, 0)
+            self._scan = n
+            return None
+        whole = bytes(buf)
+        self._clear()
+        self.copied += n
+        self.scanned += n - head  # the loop then searches the body for its NUL, at most
+        # The loop's `cr` only has to lie no later than the first LF CR LF: the one found, or
+        # (none before the LF LF) past the LF LF, where the next frame searches again.
+        return whole, 0, lf, (crlf + 1 if crlf >= 0 else lf + 1)
+
+    def _clear(self) -> None:
+        self._buf.clear()
+        self._state = _EMPTY
+        self._scan = 0
+        self._frame_headers = {}
+
+    def _check_command_prefix(self, data: bytes | bytearray, pos: int) -> None:
         """Reject at once input whose first line can never become a known command.
 
         Without this, a TLS hello or a stray text line would wait for a header end
-        that never comes, until the connection's TTL.
+        that never comes, until the connection's TTL. (Only the first 64 bytes matter:
+        no command is that long.)
         """
-        eol = data.find(b"\n", pos)
-        first = data[pos : eol if eol >= 0 else len(data)]
+        eol = data.find(b"\n", pos, pos + 64)
+        first = bytes(data[pos : eol if eol >= 0 else pos + 64])
         if first.endswith(b"\r"):
             first = first[:-1]
         try:

@@ -189,6 +189,10 @@ class NativeConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self.fatal(exc)
             return
+        except Exception as exc:  # a bug in the codec, not bad input: logged, and this client alone gets ERROR
+            log.exception("error decoding packets from %s", self.peer)
+            self.fatal(InternalError(f"internal error: {exc!r}"))
+            return
         if packets and not self.handshaken and type(packets[0]) is not p.Hello:
             self.fatal(ProtocolError(f"the first packet must be HELLO, got {type(packets[0]).__name__.upper()}"))
             return

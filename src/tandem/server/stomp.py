@@ -260,6 +260,10 @@ class StompConnection(asyncio.Protocol):
             except TandemError as exc:
                 self.error(exc.message)
                 return
+            except Exception as exc:  # a bug in the codec, not bad input: logged, and this client alone gets ERROR
+                log.exception("error parsing STOMP frames from %s", self.peer)
+                self.error(f"internal error: {exc!r}")
+                return
             self._backlog.extend(frames)
             self._run_backlog()
             # The parser stops after CONNECT so the rest is read with the negotiated version.
