@@ -38,10 +38,12 @@ class BrokerProcess:
         name: str = "test",
         extra_toml: str = "",
         address_settings: dict[str, dict[str, Any]] | None = None,
+        env: dict[str, str] | None = None,
         **settings: Any,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.env = dict(env or {})  # extra environment (e.g. the journal's fault seam) for the next start
         self.config_path = self.data_dir.parent / f"{self.data_dir.name}.toml"
         defaults: dict[str, Any] = {
             "name": name,
@@ -73,7 +75,7 @@ class BrokerProcess:
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         log = open(self.log_path, "a")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tandem", "run", "--config", str(self.config_path)],
             stdout=subprocess.PIPE,
@@ -134,6 +136,13 @@ class BrokerProcess:
                 raise RuntimeError("broker did not stop on SIGTERM") from None
         self._close_pipe()
         return self.proc.returncode
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status once the process ends by itself (raises TimeoutExpired after `timeout`)."""
+        assert self.proc is not None
+        rc = self.proc.wait(timeout)
+        self._close_pipe()
+        return rc
 
     @property
     def running(self) -> bool:

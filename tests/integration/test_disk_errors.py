@@ -1,0 +1,167 @@
+"""An I/O error anywhere in the journal stops the broker (exit status 3) and loses nothing confirmed.
+
+Errors come from the journal's fault seam (journal/faults.py, switched on through the broker's
+environment): the real code paths run, and the chosen system call fails as a full or broken
+disk would make it fail. Whatever the stage — writing or syncing a batch, creating, renaming or
+retiring a file, compacting — every client is told (IO_ERROR) instead of waiting for ever, the
+broker logs it once and exits, and a restart on a healthy disk has every confirmed message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tandem.aio as aio
+from ha_pair import Cluster
+from tandem.errors import TandemError
+from tandem.journal.faults import ENV
+
+BODY = 2000
+SENDS = 4000
+
+
+async def _traffic(url: str, sent: dict[int, str], acked: set[int], ack_sent: set[int], stop: asyncio.Event) -> None:
+    """A producer (window 64) and an acknowledging consumer, until the broker goes or SENDS are done.
+
+    `sent[i]` ends as "ok" or the error's code name: every send must come to an end."""
+
+    async def produce() -> None:
+        conn = await aio.connect(url, ha=False, reconnect_attempts=0, auto_dedup=False)
+        try:
+            prod = (await conn.create_session()).create_producer("disk", window=64)
+            for i in range(SENDS):
+                if stop.is_set():
+                    break
+                sent[i] = "pending"
+
+                def done(exc: BaseException | None, i: int = i) -> None:
+                    sent[i] = "ok" if exc is None else getattr(getattr(exc, "code", None), "name", repr(exc))
+
+                await prod.send_async(f"{i}".ljust(BODY, "."), done)
+            await prod.flush()
+        except TandemError:
+            pass
+        finally:
+            await _quietly(conn.close())
+
+    async def consume() -> None:
+        conn = await aio.connect(url, ha=False, reconnect_attempts=0)
+        try:
+            consumer = await (await conn.create_session(ack_mode="individual")).create_consumer("disk")
+            while not stop.is_set():
+                m = await consumer.receive(0.2)
+                if m is not None and int(m.text.rstrip(".")) % 4:  # keep every fourth one
+                    n = int(m.text.rstrip("."))
+                    ack_sent.add(n)
+                    await m.ack()
+                    acked.add(n)
+        except TandemError:
+            pass
+        finally:
+            await _quietly(conn.close())
+
+    await asyncio.gather(produce(), consume())
+
+
+async def _quietly(aw: Any) -> None:
+    try:
+        await aw
+    except TandemError:
+        pass
+
+
+async def _drain(url: str) -> list[int]:
+    conn = await aio.connect(url)
+    try:
+        consumer = await (await conn.create_session(ack_mode="client")).create_consumer("disk")
+        out = []
+        while (m := await consumer.receive(1.0)) is not None:
+            out.append(int(m.text.rstrip(".")))
+        return out
+    finally:
+        await conn.close()
+
+
+def _run_until_failure(url: str, proc_alive: Any) -> tuple[dict[int, str], set[int], set[int]]:
+    sent: dict[int, str] = {}
+    acked: set[int] = set()
+    ack_sent: set[int] = set()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(_traffic(url, sent, acked, ack_sent, stop))
+        deadline = time.monotonic() + 60
+        while proc_alive() and not task.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 30)  # a client left waiting for ever fails here
+
+    asyncio.run(main())
+    return sent, acked, ack_sent
+
+
+def _check(present: list[int], sent: dict[int, str], acked: set[int], ack_sent: set[int]) -> None:
+    assert len(present) == len(set(present)), "a message came back twice"
+    assert not set(present) & acked, "acknowledged messages came back"
+    confirmed = {i for i, r in sent.items() if r == "ok"}
+    missing = sorted(confirmed - ack_sent - set(present))
+    assert not missing, f"confirmed messages lost: {missing[:10]} ({len(missing)})"
+
+
+FAULTS = [  # (stage, errno, calls let through): each stage of the journal's I/O
+    ("write", "EIO", 40),
+    ("sync", "ENOSPC", 40),
+    ("create", "ENOSPC", 6),
+    ("rename", "EROFS", 2),
+    ("recycle", "EIO", 0),
+    ("compact", "ENOSPC", 0),
+]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("stage", "errno", "after"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_an_io_error_stops_the_broker_and_loses_nothing_confirmed(
+    broker_factory: Any, stage: str, errno: str, after: int
+) -> None:
+    b = broker_factory(
+        journal_file_size=64 * 1024,
+        journal_pool_files=2,
+        journal_compact_min_files=3,
+        journal_compact_percentage=60,
+        env={ENV: f"tandem-data:{stage}={errno}@{after}"},
+    )
+    b.start()
+    sent, acked, ack_sent = _run_until_failure(b.url, lambda: b.running)
+    rc = b.wait_exit(30)
+    log = b.log_text()
+    assert rc == 3, f"exit status {rc}\n{log[-3000:]}"
+    assert "injected" in log and errno in log.split("storage failure", 1)[-1][:300], log[-3000:]
+    assert log.count("storage failure") == 1, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    results = set(sent.values())
+    assert "pending" not in results, "a send never came to an end"
+    assert "ok" in results and len(results) > 1, f"no failure seen by the client: {results}"
+
+    b.env.clear()  # the disk is healthy again
+    b.start()
+    _check(asyncio.run(_drain(b.url)), sent, acked, ack_sent)
+
+
+@pytest.mark.timeout(180)
+def test_an_io_error_on_the_primary_hands_over_to_the_backup(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, 1, journal_file_size=64 * 1024)
+    c.primary.env[ENV] = "tandem-data:sync=EIO@60"
+    try:
+        c.start_all()
+        sent, acked, ack_sent = _run_until_failure(c.url_of(0), lambda: c.primary.running)
+        assert c.primary.wait_exit(30) == 3
+        c.wait_state(1, "active", timeout=20)
+        assert "ok" in set(sent.values())
+        _check(asyncio.run(_drain(c.url_of(1))), sent, acked, ack_sent)
+    finally:
+        c.kill_all()
