@@ -14,12 +14,13 @@ from typing import Any, Literal
 
 from . import __version__
 from .config import BrokerConfig, load_config
-from .errors import ConfigError, TandemError
+from .errors import ConfigError, JournalIOError, TandemError
 
 DEFAULT_URL = os.environ.get("TANDEM_URL", "tcp://127.0.0.1:61616")
 
 
 BROKER_SWITCH_INTERVAL = 0.0001  # seconds (decision 0016)
+EXIT_STORAGE_FAILURE = 3  # `tandem run` after an I/O error in the store (docs/storage.md)
 
 
 def _install_loop_policy() -> None:
@@ -106,8 +107,11 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
         print(f"  .venv/bin/tandem consumer --url {url} --destination hello --count 1")
         print("Stop with Ctrl-C.", flush=True)
     await broker.wait_stopped()
+    if isinstance(broker.failure, JournalIOError):
+        print(f"tandem: {broker.failure}", file=sys.stderr)
+        return EXIT_STORAGE_FAILURE
     if broker.failure is not None:
-        print(f"tandem: broker stopped after a storage failure: {broker.failure!r}", file=sys.stderr)
+        print(f"tandem: broker stopped: {broker.failure!r}", file=sys.stderr)
         return 1
     return 0
 

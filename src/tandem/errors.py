@@ -40,6 +40,7 @@ class ErrorCode(IntEnum):
     NOT_ACTIVE = 45
     CONFIG = 50
     JOURNAL = 51
+    IO_ERROR = 52
 
 
 class TandemError(Exception):
@@ -191,6 +192,14 @@ class ConfigError(TandemError):
 
 class JournalError(TandemError):
     code = ErrorCode.JOURNAL
+
+
+class JournalIOError(JournalError):
+    """The server's store hit an I/O error (a full or failing disk): it stopped, its backup takes over.
+
+    Whatever was not confirmed before it may or may not have been stored."""
+
+    code = ErrorCode.IO_ERROR
 
 
 _BY_CODE: dict[ErrorCode, type[TandemError]] = {}

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from ..errors import JournalError
+from ..errors import JournalError, JournalIOError
 from . import compactor
 from . import files as jf
 from . import records as rec
@@ -315,7 +315,7 @@ class Journal:
         if not self._loaded:
             self.load()
         self._loop = loop or asyncio.get_running_loop()
-        self._writer = self._make_writer(self._threadsafe_done)
+        self._writer = self._make_writer(self._threadsafe_done, self._threadsafe_fail)
         self._writer.start()
 
     def start_sync(self) -> None:
@@ -324,9 +324,13 @@ class Journal:
             self.load()
         self._writer = self._make_writer(lambda b, e: None)
 
-    def _make_writer(self, done: Callable[[Batch, BaseException | None], None]) -> Writer:
+    def _make_writer(
+        self, done: Callable[[Batch, BaseException | None], None], failed: Callable[[BaseException], None] | None = None
+    ) -> Writer:
         s = self.s
-        w = Writer(self.directory, self.prefix, s.file_size, s.pool_files, s.datasync, self._free, done, self._faults)
+        w = Writer(
+            self.directory, self.prefix, s.file_size, s.pool_files, s.datasync, self._free, done, failed, self._faults
+        )
         for key, f in self._files.items():
             w.adopt(key, f.path)
         return w
@@ -487,7 +491,7 @@ class Journal:
     # ------------------------------------------------------------ placement
     def _check(self) -> None:
         if self.failed is not None:
-            raise JournalError(f"journal {self.prefix} has failed: {self.failed!r}")
+            raise JournalIOError(f"journal {self.prefix} has failed: {self.failed}")
         if self._writer is None:
             raise JournalError(f"journal {self.prefix} is not started")
 
@@ -601,6 +605,12 @@ class Journal:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._on_done, batch, err)
 
+    def _threadsafe_fail(self, err: BaseException) -> None:
+        """An I/O error outside a batch's write (recycling, a spare file, a compaction swap)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._fail, err)
+
     def _on_done(self, batch: Batch, err: BaseException | None) -> None:
         if err is None:
             self._drain()  # placed while a batch is in flight: they go with the next one at once
@@ -625,10 +635,14 @@ class Journal:
             self._maybe_compact()
 
     def _fail(self, err: BaseException) -> None:
+        """The first I/O error ends the journal: nothing more is written or confirmed (once)."""
+        if self.failed is not None:
+            return
         self.failed = err
-        log.critical("journal %s failed, no further appends: %r", self.prefix, err)
         if self.on_failure is not None:
-            self.on_failure(err)
+            self.on_failure(err)  # the owner reports it (once) and stops
+        else:
+            log.critical("journal %s failed, no further appends: %s", self.prefix, err)
 
     def flush_sync(self) -> None:
         """Write and sync what is pending on the calling thread (CLI tools, no loop)."""
@@ -695,8 +709,8 @@ class Journal:
                 ok = compactor.run(
                     self.directory, self.prefix, self.s.file_size, plan, self._compact_stop, self._faults
                 )
-            except BaseException as exc:
-                log.error("journal %s: compaction failed: %r", self.prefix, exc)
+            except BaseException as exc:  # an I/O error, like any other, ends the journal
+                self._threadsafe_fail(exc)
                 ok = False
             if not loop.is_closed():
                 loop.call_soon_threadsafe(self._compacted, plan, ok)

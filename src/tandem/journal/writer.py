@@ -6,6 +6,7 @@ loop; this thread only performs them in order, so ordering is trivial.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -49,6 +50,7 @@ class Writer:
         datasync: bool,
         free: list[Path],
         done: Callable[[Batch, BaseException | None], None],
+        failed: Callable[[BaseException], None] | None = None,
         faults: Faults | None = None,
     ) -> None:
         self.directory = directory
@@ -58,7 +60,9 @@ class Writer:
         self.datasync = datasync
         self.free = list(free)
         self._done = done
+        self._failed = failed or (lambda exc: None)
         self.faults = faults
+        self.dsync = datasync and _RWF_DSYNC != 0  # off for good once the kernel refuses it
         self._fds: dict[int, int] = {}
         self._paths: dict[int, Path] = {}
         self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
@@ -94,35 +98,37 @@ class Writer:
 
     # -- thread ---------------------------------------------------------------
     def _run(self) -> None:
+        """Every batch is reported back, the failed ones with their error: after an I/O error at
+        any stage nothing more is written, and every later batch fails with that same error, so
+        no append waits for ever (the broker stops and a backup takes over)."""
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            if self.failed is not None:
-                continue
             if isinstance(job, Batch):
-                err: BaseException | None = None
-                try:
-                    self.write_batch(job)
-                except BaseException as exc:  # an I/O error is fatal to the journal
-                    log.critical("journal write failed: %r", exc)
-                    self.failed = err = exc
-                self._done(job, err)  # confirmations go out now; retiring dead files can wait
-                if err is None:
+                if self.failed is None:
                     try:
-                        self.recycle(job)
-                    except BaseException as exc:
-                        log.critical("journal file recycling failed: %r", exc)
+                        self.write_batch(job)
+                    except BaseException as exc:  # an I/O error is fatal to the journal
                         self.failed = exc
-                        continue
-                if err is None and not self.free and self.pool_files > 0 and self._jobs.empty():
-                    self._spare()
-            else:
+                self._done(job, self.failed)  # confirmations go out now; retiring dead files can wait
+                if self.failed is not None:
+                    continue
+                try:
+                    self.recycle(job)
+                    if not self.free and self.pool_files > 0 and self._jobs.empty():
+                        self._spare()
+                except BaseException as exc:
+                    self._fail(exc)
+            elif self.failed is None:
                 try:
                     job()
                 except BaseException as exc:
-                    log.critical("journal maintenance failed: %r", exc)
-                    self.failed = exc
+                    self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failed = exc
+        self._failed(exc)
 
     def _hit(self, stage: str) -> None:
         if self.faults is not None:
@@ -155,17 +161,26 @@ class Writer:
             pending_end = off + len(data)
         if pending:
             self._write_run(last_key, pending, pending_off, touched)
-        for key in touched:  # without RWF_DSYNC (another OS): sync each file written
+        for key in touched:  # without RWF_DSYNC (another OS, or refused): sync each file written
             self._hit("sync")
             os.fdatasync(self._fds[key])
 
     def _write_run(self, key: int, buffers: list[bytes], offset: int, touched: list[int]) -> None:
         fd = self._fds[key]
         self._hit("write")
-        if self.datasync and _RWF_DSYNC:
+        if self.dsync:
             self._hit("sync")
-            self._hit("dsync")
-            written = os.pwritev(fd, buffers, offset, _RWF_DSYNC)
+            try:
+                self._hit("dsync")
+                written = os.pwritev(fd, buffers, offset, _RWF_DSYNC)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                # Decision 0015's fallback: a kernel or filesystem without per-write O_DSYNC.
+                log.warning("journal %s: RWF_DSYNC refused (%s): writing and syncing separately", self.prefix, exc)
+                self.dsync = False
+                self._write_run(key, buffers, offset, touched)
+                return
         else:
             written = os.pwritev(fd, buffers, offset)
             if self.datasync and key not in touched:
@@ -176,7 +191,7 @@ class Writer:
             while data:
                 n = os.pwrite(fd, data, offset + written)
                 if n <= 0:
-                    raise OSError(f"journal write of {len(data)} bytes wrote nothing")
+                    raise OSError(errno.EIO, f"journal write of {len(data)} bytes wrote nothing")
                 written += n
                 data = data[n:]
             if self.datasync:
@@ -238,15 +253,15 @@ class Writer:
                 return self._free_counter
 
     def _spare(self) -> None:
-        """Pre-create one pooled file while idle so a roll-over does not wait for zero-filling."""
-        try:
-            self._hit("create")
-            dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
-            jf.create_zeroed(dst, self.file_size, None)
-            jf.fsync_dir(self.directory)
-            self.free.append(dst)
-        except OSError as exc:
-            log.warning("could not pre-create a journal file: %r", exc)
+        """Pre-create one pooled file while idle so a roll-over does not wait for zero-filling.
+
+        It fails like any other step: a disk that cannot take a spare file cannot take the next
+        roll-over either."""
+        self._hit("create")
+        dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
+        jf.create_zeroed(dst, self.file_size, None)
+        jf.fsync_dir(self.directory)
+        self.free.append(dst)
 
     def forget(self, key: int) -> None:
         """Close a file's descriptor (it is about to be replaced by compaction)."""

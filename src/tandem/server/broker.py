@@ -9,6 +9,7 @@ its activation (live-only, shared-store primary or backup, see ha/activation.py)
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import hmac
 import logging
@@ -22,7 +23,7 @@ from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
 from ..core.postoffice import PostOffice
-from ..errors import IllegalState, NotActive
+from ..errors import IllegalState, JournalIOError, NotActive, TandemError
 from ..ha.activation import Activation, make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import JournalSettings
@@ -199,7 +200,10 @@ class Broker:
         was_active = self.active
         await self.deactivate(state)
         for conn in list(self.connections):
-            conn.close()
+            try:
+                conn.close()
+            except TandemError as e:  # after a storage failure a teardown write fails; go on
+                log.debug("closing %s: %s", conn, e)
         for server in self.servers:
             try:
                 await asyncio.wait_for(server.wait_closed(), 5)
@@ -216,9 +220,28 @@ class Broker:
         await self._stopped.wait()
 
     def _storage_failed(self, err: BaseException) -> None:
-        log.critical("storage failure, stopping the broker: %r", err)
-        self.failure = err
+        """An I/O error in the store: tell every client, stop serving, leave the store to a backup.
+
+        Artemis's critical I/O error: a server never goes on with a journal it cannot write. The
+        state byte stays live, so a shared-store backup takes over at once."""
+        if self.failure is not None:
+            return
+        if isinstance(err, OSError) and err.errno is not None and err.errno in errno.errorcode:
+            what = f"{errno.errorcode[err.errno]} {err}"  # the name users search for: ENOSPC, EIO, EROFS
+        else:
+            what = str(err)
+        log.critical("storage failure: %s; stopping so that a backup takes over", what)
+        self.failure = exc = JournalIOError(
+            f"server {self.config.name!r} stopped: its store failed ({what}); "
+            "what it had not confirmed may or may not have been stored"
+        )
         asyncio.get_running_loop().create_task(self.stop(leave_state=False))
+        for conn in list(self.connections):
+            try:
+                conn.fatal(exc)
+            except TandemError as e:  # a teardown that would write: the store is gone, close anyway
+                log.debug("closing %s after the storage failure: %s", conn, e)
+                conn.close()
 
     async def _abort_start(self) -> None:
         for server in self.servers:

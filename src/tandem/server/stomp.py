@@ -314,6 +314,17 @@ class StompConnection(asyncio.Protocol):
             self._release("slice")
             self._run_backlog()
 
+    def fatal(self, exc: TandemError) -> None:
+        """The server cannot go on (its store failed): ERROR now and close; owed receipts never come."""
+        if self.closed:
+            return
+        self.failing = True
+        message = exc.message.replace("\n", " ")[:500]
+        headers = [("message", message), ("code", exc.code.name), ("content-type", "text/plain")]
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(st.encode("ERROR", headers, message.encode(), self.version))
+        self.close()
+
     def error(self, message: str, receipt: str | None = None) -> None:
         """Send ERROR and close this connection only.
 

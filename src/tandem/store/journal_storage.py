@@ -285,7 +285,8 @@ class JournalStorage:
             self.messages.delete_many(deletes)
 
     def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
-        if self.messages.contains(message.id):
+        # Advisory, and written as consumers close: a failed journal (the broker is stopping) skips it.
+        if self.messages.failed is None and self.messages.contains(message.id):
             self.messages.update(message.id, RecordType.DELIVERY_COUNT, _encode(DeliveryCountRecord(queue.id, count)))
 
     def store_dedup(
