@@ -176,3 +176,46 @@ def test_an_io_error_on_the_primary_hands_over_to_the_backup(tmp_path: Path) -> 
         _check(asyncio.run(_drain(c.url_of(1))), sent, acked, ack_sent)
     finally:
         c.kill_all()
+
+
+@pytest.mark.timeout(120)
+def test_a_kernel_without_rwf_dsync_falls_back_to_fdatasync(broker_factory: Any) -> None:
+    """EOPNOTSUPP from the RWF_DSYNC write: the journal writes and syncs separately, says so once
+    per journal, and what it confirmed survives a kill -9 (decision 0015's fallback)."""
+    b = broker_factory(env={ENV: "dsync=EOPNOTSUPP"})
+    b.start()
+
+    async def send(n: int) -> None:
+        conn = await aio.connect(b.url, ha=False, reconnect_attempts=0)
+        try:
+            prod = (await conn.create_session()).create_producer("fallback", window=64)
+            for i in range(n):
+                await prod.send_async(f"{i}".ljust(BODY, "."))
+            await prod.flush()
+        finally:
+            await conn.close()
+
+    asyncio.run(send(500))
+    asyncio.run(send(500))  # still serving after the switch
+    b.kill()
+    log = b.log_text()
+    assert "storage failure" not in log, log[-3000:]
+    warnings = [line for line in log.splitlines() if "RWF_DSYNC refused" in line]
+    assert 1 <= len(warnings) <= 2, log[-3000:]  # once per journal (messages, maybe bindings)
+    assert len({w.split("journal ", 1)[1].split(":", 1)[0] for w in warnings}) == len(warnings)
+
+    b.env.clear()
+    b.start()
+
+    async def drain() -> list[int]:
+        conn = await aio.connect(b.url)
+        try:
+            consumer = await (await conn.create_session()).create_consumer("fallback")
+            out = []
+            while (m := await consumer.receive(1.0)) is not None:
+                out.append(int(m.text.rstrip(".")))
+            return out
+        finally:
+            await conn.close()
+
+    assert sorted(asyncio.run(drain())) == sorted(list(range(500)) * 2)
