@@ -357,9 +357,10 @@ class PostOffice:
         return refs
 
     def send(self, message: Message) -> tuple[bool, bool]:
-        """Route, journal and enqueue one message; returns (routed, journaled).
+        """Route, journal and enqueue one message; returns (routed, confirm after the disk).
 
-        A message whose dedup id the address has seen is confirmed but not routed.
+        A message whose dedup id the address has seen is confirmed but not routed: once what is
+        stored so far is durable, because the original may still be on its way to the disk.
         """
         dedup_id = message.dedup_id
         if dedup_id is None:
@@ -369,7 +370,7 @@ class PostOffice:
             return bool(refs), message.durable_refs > 0
         cache = self.dedup_cache(message.address)
         if dedup_id in cache:
-            return False, False
+            return False, message.durable and self.storage.persistent
         queues = self.route(message)
         ops: list[object] = []
         refs = self._store(message, queues, ops)

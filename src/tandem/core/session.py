@@ -195,7 +195,7 @@ class ServerSession:
         po = self.postoffice
         if dedup_id is not None and po.transaction_seen(dedup_id):
             self._undo(tx)
-            return False
+            return po.storage.persistent  # "already committed" holds only once that commit is on disk
         try:
             return po.commit_transaction(tx.messages, tx.acks, dedup_id)
         except DuplicateId:

@@ -162,7 +162,9 @@ class Admin:
 
     def tx_status(self, conn: NativeConnection | None, reply: Reply, dedup_id: str) -> None:
         """Was a transaction with this dedup id committed? (A client asks after a commit lost in a failover.)"""
-        reply(self.broker.require_active().transaction_seen(dedup_id))
+        seen = self.broker.require_active().transaction_seen(dedup_id)
+        # "Committed" must hold after a crash: answer once that commit (if still in flight) is durable.
+        self.broker.storage.after_durable(lambda: reply(seen))
 
     def cluster_announce(
         self, conn: NativeConnection | None, reply: Reply, user: str, password: str, node_id: str, connector: str

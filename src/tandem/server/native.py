@@ -20,6 +20,7 @@ from ..core.consumer import Consumer
 from ..core.message import MessageRef
 from ..core.session import ServerSession
 from ..errors import (
+    DuplicateId,
     ErrorCode,
     IllegalState,
     InternalError,
@@ -390,8 +391,16 @@ class NativeConnection(asyncio.Protocol):
 
     def on_commit(self, pkt: p.Commit) -> None:
         s = self._session(pkt.channel)
-        wrote = s.core.commit(pkt.dedup_id)
+        try:
+            wrote = s.core.commit(pkt.dedup_id)
+        except DuplicateId as exc:  # says the originals are stored: only once they are durable
+            self.broker.storage.after_durable(partial(self._failed_unless_closed, pkt, exc))
+            return
         self._reply(pkt.channel, pkt.cmd, None, after_journal=wrote)
+
+    def _failed_unless_closed(self, pkt: Any, exc: TandemError) -> None:
+        if not self.closed:
+            self.command_failed(pkt, exc)
 
     def on_rollback(self, pkt: p.Rollback) -> None:
         s = self._session(pkt.channel)

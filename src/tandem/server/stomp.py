@@ -22,7 +22,7 @@ import msgspec
 from ..core.consumer import Consumer
 from ..core.message import Message, MessageData, MessageRef, RoutingType
 from ..core.session import ServerSession, Transaction
-from ..errors import TandemError
+from ..errors import DuplicateId, TandemError
 from ..protocol import stomp as st
 
 if TYPE_CHECKING:
@@ -296,7 +296,8 @@ class StompConnection(asyncio.Protocol):
                     raise st.StompError(f"{command} before CONNECT")
                 handlers[command](self, frame)
             except TandemError as exc:
-                self.error(exc.message, frame.get("receipt"))
+                # DuplicateId says the originals are stored: it waits until they are durable.
+                self.error(exc.message, frame.get("receipt"), after_disk=isinstance(exc, DuplicateId))
             except Exception as exc:
                 log.exception("error handling STOMP %s from %s", command, self.peer)
                 self.error(f"internal error: {exc!r}", frame.get("receipt"))
@@ -325,7 +326,7 @@ class StompConnection(asyncio.Protocol):
             self.transport.write(st.encode("ERROR", headers, message.encode(), self.version))
         self.close()
 
-    def error(self, message: str, receipt: str | None = None) -> None:
+    def error(self, message: str, receipt: str | None = None, after_disk: bool = False) -> None:
         """Send ERROR and close this connection only.
 
         Receipts owed for earlier frames go first (as on DISCONNECT): a client that sent good
@@ -350,7 +351,7 @@ class StompConnection(asyncio.Protocol):
                 self._flush()
                 self.close()
 
-        if self._pending_durable:
+        if self._pending_durable or after_disk:
             # Read nothing more and deliver nothing more while the receipts wait for the disk.
             self.writable = False
             self._hold("error")
