@@ -84,10 +84,10 @@ async def _quietly(aw: Any) -> None:
         pass
 
 
-async def _drain(url: str) -> list[int]:
+async def _drain(url: str, queue: str = "disk") -> list[int]:
     conn = await aio.connect(url)
     try:
-        consumer = await (await conn.create_session(ack_mode="client")).create_consumer("disk")
+        consumer = await (await conn.create_session(ack_mode="client")).create_consumer(queue)
         out = []
         while (m := await consumer.receive(1.0)) is not None:
             out.append(int(m.text.rstrip(".")))
@@ -207,15 +207,4 @@ def test_a_kernel_without_rwf_dsync_falls_back_to_fdatasync(broker_factory: Any)
     b.env.clear()
     b.start()
 
-    async def drain() -> list[int]:
-        conn = await aio.connect(b.url)
-        try:
-            consumer = await (await conn.create_session()).create_consumer("fallback")
-            out = []
-            while (m := await consumer.receive(1.0)) is not None:
-                out.append(int(m.text.rstrip(".")))
-            return out
-        finally:
-            await conn.close()
-
-    assert sorted(asyncio.run(drain())) == sorted(list(range(500)) * 2)
+    assert sorted(asyncio.run(_drain(b.url, "fallback"))) == sorted(list(range(500)) * 2)
