@@ -1278,7 +1278,8 @@ SECURE = '[[users]]\nname = "app"\npassword = "secret"\n'
 def test_login_is_checked_when_security_is_enabled(
     broker_factory: Factory, clients: Callable[..., Client], raws: Callable[[int], Raw]
 ) -> None:
-    b = stomp_broker(broker_factory, extra_toml=SECURE, security_enabled=True)
+    # (a cluster password of its own: a secured broker refuses to start with the built-in one)
+    b = stomp_broker(broker_factory, extra_toml=SECURE, security_enabled=True, cluster_password="pair-secret")
     port = b.ports["stomp"]
     for headers in ({"login": "app", "passcode": "wrong"}, {"login": "nobody", "passcode": "secret"}, {}):
         r = raws(port)

@@ -369,3 +369,27 @@ def test_every_shipped_example_config_loads(path: str) -> None:
     """README and docs point users at these files: each must start a broker as it is."""
     cfg = load_config(path)
     assert cfg.acceptors, path
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "security-enabled = true\n",  # cluster-password left at its built-in default
+        'security-enabled = true\ncluster-password = "change me"\n',
+        'security-enabled = true\ncluster-password = ""\n',
+        'security-enabled = true\ncluster-password = "   "\n',
+        'security-enabled = true\ncluster-user = "me"\n',
+    ],
+)
+def test_security_refuses_a_builtin_or_empty_cluster_password(tmp_path: Path, text: str) -> None:
+    """Anyone knows the built-in pair: with security on it would let a stranger in as the cluster user."""
+    msg, p = config_error(tmp_path, text)
+    assert "cluster-password" in msg and "cluster-user" in msg and "security-enabled" in msg
+    assert str(p) in msg
+
+
+def test_security_accepts_a_cluster_password_of_ones_own(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, 'security-enabled = true\ncluster-password = "s3cret pair"\n'))
+    assert cfg.security_enabled and cfg.cluster_password == "s3cret pair"
+    # Without security the default is harmless (every connection is accepted anyway).
+    assert load_config(write(tmp_path, "security-enabled = false\n")).cluster_password == "change me"
