@@ -22,6 +22,8 @@ MiB = 1024 * KiB
 
 DEFAULT_NATIVE_PORT = 61616
 DEFAULT_STOMP_PORT = 61613
+DEFAULT_CLUSTER_USER = "tandem.cluster"
+DEFAULT_CLUSTER_PASSWORD = "change me"  # refused with security-enabled: everyone knows it
 
 RoutingTypeName = Literal["anycast", "multicast"]
 
@@ -171,8 +173,8 @@ class BrokerConfig(_Conf, frozen=True):
     connectors: list[ConnectorConfig] = []
     connector_ref: str | None = None  # this server's connector, told to clients (default: its native acceptor)
     static_connectors: list[str] = []  # peers a waiting server announces itself to
-    cluster_user: str = "tandem.cluster"
-    cluster_password: str = "change me"
+    cluster_user: str = DEFAULT_CLUSTER_USER
+    cluster_password: str = DEFAULT_CLUSTER_PASSWORD
 
     # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
     address_settings: dict[str, AddressSettingsConfig] = {}
@@ -202,6 +204,13 @@ class BrokerConfig(_Conf, frozen=True):
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
         _check_positive(self, "lock_check_period", minimum=1)
+        if self.security_enabled and self.cluster_password.strip() in ("", DEFAULT_CLUSTER_PASSWORD):
+            # The cluster pair logs in like a user: its built-in value would let anyone in.
+            raise ValueError(
+                "`security-enabled` is true but `cluster-password` is empty or the built-in "
+                f"{DEFAULT_CLUSTER_PASSWORD!r}, so anyone could log in as `cluster-user` ({self.cluster_user!r}): "
+                "set `cluster-user` and `cluster-password` to a pair of your own (the same on both servers of a pair)"
+            )
         _check_positive(self, "stomp_prefetch_count", minimum=0)
         known = {c.name for c in self.connectors}
         for c in self.connectors:
