@@ -393,3 +393,16 @@ def test_security_accepts_a_cluster_password_of_ones_own(tmp_path: Path) -> None
     assert cfg.security_enabled and cfg.cluster_password == "s3cret pair"
     # Without security the default is harmless (every connection is accepted anyway).
     assert load_config(write(tmp_path, "security-enabled = false\n")).cluster_password == "change me"
+
+
+def test_connection_limit_keys() -> None:
+    """`handshake-timeout` and `connection-ttl-max` (see tests/integration/test_connection_limits.py)."""
+    cfg = load_config(None)
+    assert cfg.handshake_timeout == 10_000
+    assert cfg.connection_ttl <= cfg.connection_ttl_max
+    cfg = load_config(None, handshake_timeout=300, connection_ttl=1000, connection_ttl_max=1000)
+    assert (cfg.handshake_timeout, cfg.connection_ttl_max) == (300, 1000)
+    with pytest.raises(ConfigError, match="connection-ttl-max"):
+        load_config(None, connection_ttl=60_000, connection_ttl_max=30_000)
+    with pytest.raises(ConfigError, match="handshake-timeout"):
+        load_config(None, handshake_timeout=0)
