@@ -22,6 +22,8 @@ MiB = 1024 * KiB
 
 DEFAULT_NATIVE_PORT = 61616
 DEFAULT_STOMP_PORT = 61613
+# Before its handshake is accepted a connection may send frames of this size at most (decision 0021).
+HANDSHAKE_FRAME_LIMIT = 64 * KiB
 DEFAULT_CLUSTER_USER = "tandem.cluster"
 DEFAULT_CLUSTER_PASSWORD = "change me"  # refused with security-enabled: everyone knows it
 
@@ -151,7 +153,9 @@ class BrokerConfig(_Conf, frozen=True):
     max_frame_size: int = 100 * MiB
     connection_ttl: int = 60_000
     connection_ttl_override: int = -1
+    connection_ttl_max: int = 300_000  # the longest TTL (or heart-beat) a client may ask for
     connection_check_period: int = 2_000
+    handshake_timeout: int = 10_000  # for HELLO or CONNECT to be accepted (Artemis's, in seconds there)
 
     # Journal (DESIGN.md §4).
     journal_file_size: int = 10 * MiB
@@ -193,6 +197,13 @@ class BrokerConfig(_Conf, frozen=True):
         _check_positive(self, "max_frame_size", minimum=1 * KiB)
         _check_positive(self, "connection_ttl", minimum=100)
         _check_positive(self, "connection_check_period", minimum=10)
+        _check_positive(self, "connection_ttl_max", minimum=100)
+        _check_positive(self, "handshake_timeout", minimum=100)
+        if self.connection_ttl > self.connection_ttl_max:
+            raise ValueError(
+                f"`connection-ttl` ({self.connection_ttl}) must not exceed "
+                f"`connection-ttl-max` ({self.connection_ttl_max})"
+            )
         _check_positive(self, "message_expiry_scan_period", minimum=-1)
         from .core.settings import check_pattern
 

@@ -1370,7 +1370,7 @@ BAD_INPUT: list[tuple[str, str | None, bytes, str | None]] = [
     ("undefined-escape-1.2", "1.2", b"SEND\n" + DEST + b"k:a\\tb\n\nx\0", "escape"),
     ("cr-escape-in-1.1", "1.1", b"SEND\n" + DEST + b"k:a\\rb\n\nx\0", "escape"),
     ("bad-content-length", "1.2", b"SEND\n" + DEST + b"content-length:ten\n\nx\0", "content-length"),
-    ("negative-content-length", "1.2", b"SEND\n" + DEST + b"content-length:-3\n\nx\0", "negative"),
+    ("negative-content-length", "1.2", b"SEND\n" + DEST + b"content-length:-3\n\nx\0", "ASCII digits"),
     ("missing-nul-after-content-length", "1.2", b"SEND\n" + DEST + b"content-length:3\n\nabcdef\0", "NUL"),
     ("oversize-declared-content-length", "1.2", b"SEND\n" + DEST + b"content-length:100000\n\n", "max-frame-size"),
     ("oversize-body", "1.2", b"SEND\n" + DEST + b"\n" + b"x" * (SHARED_MAX_FRAME + 500), "max-frame-size"),

@@ -434,9 +434,9 @@ class Broker:
             raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
         return self.postoffice
 
-    def authenticate(self, username: str | None, password: str | None) -> bool:
+    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> bool:
         """With `security-enabled`, only configured users (the cluster user too, for announcements)."""
-        return self.authenticator.check(username, password)
+        return self.authenticator.check(username, password, peer)
 
     def own_connector(self) -> str:
         cfg = self.config
