@@ -22,6 +22,10 @@ MiB = 1024 * KiB
 
 DEFAULT_NATIVE_PORT = 61616
 DEFAULT_STOMP_PORT = 61613
+# Before its handshake is accepted a connection may send frames of this size at most (decision 0021).
+HANDSHAKE_FRAME_LIMIT = 64 * KiB
+DEFAULT_CLUSTER_USER = "tandem.cluster"
+DEFAULT_CLUSTER_PASSWORD = "change me"  # refused with security-enabled: everyone knows it
 
 RoutingTypeName = Literal["anycast", "multicast"]
 
@@ -149,7 +153,9 @@ class BrokerConfig(_Conf, frozen=True):
     max_frame_size: int = 100 * MiB
     connection_ttl: int = 60_000
     connection_ttl_override: int = -1
+    connection_ttl_max: int = 300_000  # the longest TTL (or heart-beat) a client may ask for
     connection_check_period: int = 2_000
+    handshake_timeout: int = 10_000  # for HELLO or CONNECT to be accepted (Artemis's, in seconds there)
 
     # Journal (DESIGN.md §4).
     journal_file_size: int = 10 * MiB
@@ -171,8 +177,8 @@ class BrokerConfig(_Conf, frozen=True):
     connectors: list[ConnectorConfig] = []
     connector_ref: str | None = None  # this server's connector, told to clients (default: its native acceptor)
     static_connectors: list[str] = []  # peers a waiting server announces itself to
-    cluster_user: str = "tandem.cluster"
-    cluster_password: str = "change me"
+    cluster_user: str = DEFAULT_CLUSTER_USER
+    cluster_password: str = DEFAULT_CLUSTER_PASSWORD
 
     # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
     address_settings: dict[str, AddressSettingsConfig] = {}
@@ -191,6 +197,13 @@ class BrokerConfig(_Conf, frozen=True):
         _check_positive(self, "max_frame_size", minimum=1 * KiB)
         _check_positive(self, "connection_ttl", minimum=100)
         _check_positive(self, "connection_check_period", minimum=10)
+        _check_positive(self, "connection_ttl_max", minimum=100)
+        _check_positive(self, "handshake_timeout", minimum=100)
+        if self.connection_ttl > self.connection_ttl_max:
+            raise ValueError(
+                f"`connection-ttl` ({self.connection_ttl}) must not exceed "
+                f"`connection-ttl-max` ({self.connection_ttl_max})"
+            )
         _check_positive(self, "message_expiry_scan_period", minimum=-1)
         from .core.settings import check_pattern
 
@@ -202,6 +215,13 @@ class BrokerConfig(_Conf, frozen=True):
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
         _check_positive(self, "lock_check_period", minimum=1)
+        if self.security_enabled and self.cluster_password.strip() in ("", DEFAULT_CLUSTER_PASSWORD):
+            # The cluster pair logs in like a user: its built-in value would let anyone in.
+            raise ValueError(
+                "`security-enabled` is true but `cluster-password` is empty or the built-in "
+                f"{DEFAULT_CLUSTER_PASSWORD!r}, so anyone could log in as `cluster-user` ({self.cluster_user!r}): "
+                "set `cluster-user` and `cluster-password` to a pair of your own (the same on both servers of a pair)"
+            )
         _check_positive(self, "stomp_prefetch_count", minimum=0)
         known = {c.name for c in self.connectors}
         for c in self.connectors:

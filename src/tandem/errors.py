@@ -202,6 +202,25 @@ class JournalIOError(JournalError):
     code = ErrorCode.IO_ERROR
 
 
+MAX_ERROR_TEXT = 1000  # characters of an error message sent to a client or logged
+
+
+def clip(text: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """`text` cut in the middle to about `limit` characters, so that a client's 1 MB name is not
+    sent back or logged whole; its start and its end (what went wrong) stay."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 4
+    head = limit - tail
+    return f"{text[:head]}...[{len(text) - limit} characters left out]...{text[-tail:]}"
+
+
+def wire_text(exc: TandemError) -> str:
+    """The message sent to a client for `exc`, clipped; a DuplicateId's is whole (the client reads
+    the refused dedup ids back from it, and they are the client's own, bounded by its frame)."""
+    return exc.message if isinstance(exc, DuplicateId) else clip(exc.message)
+
+
 _BY_CODE: dict[ErrorCode, type[TandemError]] = {}
 for _cls in list(globals().values()):
     if isinstance(_cls, type) and issubclass(_cls, TandemError) and _cls is not TandemError:

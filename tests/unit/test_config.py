@@ -28,7 +28,9 @@ persistence-enabled = false
 max-frame-size = 2097152
 connection-ttl = 30000
 connection-ttl-override = 45000
+connection-ttl-max = 120000
 connection-check-period = 500
+handshake-timeout = 5000
 journal-file-size = 1048576
 journal-min-files = 3
 journal-pool-files = 4
@@ -174,7 +176,9 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         max_frame_size=2 * 1024 * 1024,
         connection_ttl=30_000,
         connection_ttl_override=45_000,
+        connection_ttl_max=120_000,
         connection_check_period=500,
+        handshake_timeout=5000,
         journal_file_size=1024 * 1024,
         journal_min_files=3,
         journal_pool_files=4,
@@ -369,3 +373,40 @@ def test_every_shipped_example_config_loads(path: str) -> None:
     """README and docs point users at these files: each must start a broker as it is."""
     cfg = load_config(path)
     assert cfg.acceptors, path
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "security-enabled = true\n",  # cluster-password left at its built-in default
+        'security-enabled = true\ncluster-password = "change me"\n',
+        'security-enabled = true\ncluster-password = ""\n',
+        'security-enabled = true\ncluster-password = "   "\n',
+        'security-enabled = true\ncluster-user = "me"\n',
+    ],
+)
+def test_security_refuses_a_builtin_or_empty_cluster_password(tmp_path: Path, text: str) -> None:
+    """Anyone knows the built-in pair: with security on it would let a stranger in as the cluster user."""
+    msg, p = config_error(tmp_path, text)
+    assert "cluster-password" in msg and "cluster-user" in msg and "security-enabled" in msg
+    assert str(p) in msg
+
+
+def test_security_accepts_a_cluster_password_of_ones_own(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, 'security-enabled = true\ncluster-password = "s3cret pair"\n'))
+    assert cfg.security_enabled and cfg.cluster_password == "s3cret pair"
+    # Without security the default is harmless (every connection is accepted anyway).
+    assert load_config(write(tmp_path, "security-enabled = false\n")).cluster_password == "change me"
+
+
+def test_connection_limit_keys() -> None:
+    """`handshake-timeout` and `connection-ttl-max` (see tests/integration/test_connection_limits.py)."""
+    cfg = load_config(None)
+    assert cfg.handshake_timeout == 10_000
+    assert cfg.connection_ttl <= cfg.connection_ttl_max
+    cfg = load_config(None, handshake_timeout=300, connection_ttl=1000, connection_ttl_max=1000)
+    assert (cfg.handshake_timeout, cfg.connection_ttl_max) == (300, 1000)
+    with pytest.raises(ConfigError, match="connection-ttl-max"):
+        load_config(None, connection_ttl=60_000, connection_ttl_max=30_000)
+    with pytest.raises(ConfigError, match="handshake-timeout"):
+        load_config(None, handshake_timeout=0)

@@ -263,6 +263,20 @@ def test_frame_too_large_is_raised_as_soon_as_the_length_is_seen() -> None:
         client_reader(1000).feed(MAGIC + encode(n.Ping()) + n.LENGTH.pack(2**32 - 1))
 
 
+def test_first_frame_limit_applies_to_the_first_frame_only() -> None:
+    """A server holds a client's first frame (its HELLO) to a small limit, whatever follows in the same read."""
+    r = FrameReader(ClientPacket, 1 << 20, expect_magic=True, first_frame_limit=1024)
+    with pytest.raises(FrameTooLarge, match="1024, the limit before the handshake"):
+        r.feed(MAGIC + n.LENGTH.pack(1025))
+    r = FrameReader(ClientPacket, 1 << 20, expect_magic=True, first_frame_limit=1024)
+    big = encode(n.Manage(0, 1, "x", {"pad": "y" * 5000}))
+    assert [type(x) for x in r.feed(MAGIC + encode(n.Hello(1)) + big)] == [n.Hello, n.Manage]
+    r = FrameReader(ClientPacket, 1 << 20, expect_magic=True, first_frame_limit=1024)
+    assert r.feed(MAGIC + encode(n.Hello(1))[:3]) == []
+    assert r.feed(encode(n.Hello(1))[3:] + big[:10]) != []
+    assert type(r.feed(big[10:])[0]) is n.Manage
+
+
 def test_zero_length_frame_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolError) as info:
         server_reader().feed(n.LENGTH.pack(0))

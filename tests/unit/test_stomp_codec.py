@@ -14,6 +14,7 @@ from tandem.protocol.stomp import (
     Frame,
     StompError,
     StompParser,
+    ascii_int,
     encode,
     escape,
     negotiate,
@@ -277,7 +278,10 @@ BAD_FRAMES: list[tuple[str, bytes, str]] = [
     ("1.2", b"SEND\nno colon here\n\n\0", "without ':'"),
     ("1.2", b"SEND\nk:\xff\xfe\n\n\0", "UTF-8"),
     ("1.2", b"SEND\ncontent-length:abc\n\n\0", "content-length"),
-    ("1.2", b"SEND\ncontent-length:-1\n\n\0", "negative"),
+    ("1.2", b"SEND\ncontent-length:-1\n\n\0", "ASCII digits"),
+    ("1.2", "SEND\ncontent-length:\u0663\n\n\0".encode(), "ASCII digits"),  # int() reads it as 3
+    ("1.2", b"SEND\ncontent-length:+3\n\nabc\0", "ASCII digits"),
+    ("1.2", b"SEND\ncontent-length: 3\n\nabc\0", "ASCII digits"),
     ("1.2", b"SEND\ncontent-length:2\n\nabc\0", "not followed by NUL"),
     ("1.2", b"SEND\ncontent-length:0\n\nx", "not followed by NUL"),
     ("1.2", b"SEND\nk:a\\tb\n\n\0", "escape"),
@@ -327,6 +331,30 @@ def test_frame_too_large() -> None:
         parser(max_frame_size=limit).feed(over)
     with pytest.raises(FrameTooLarge):
         parser(max_frame_size=limit).feed(b"SEND\ncontent-length:%d\n\n" % (limit - 24) + b"y" * (limit - 24) + b"\0")
+
+
+def test_first_frame_limit_holds_until_connect() -> None:
+    """Before CONNECT a server holds frames to a small limit; after it, max-frame-size applies."""
+    p = StompParser(1 << 20, "1.0", CLIENT_COMMANDS, first_frame_limit=1024)
+    with pytest.raises(FrameTooLarge, match="1024 bytes, the limit before CONNECT"):
+        p.feed(b"CONNECT\nhost:" + b"x" * 2000)
+    p = StompParser(1 << 20, "1.0", CLIENT_COMMANDS, first_frame_limit=1024)
+    with pytest.raises(FrameTooLarge, match="before CONNECT"):
+        p.feed(b"SEND\ncontent-length:5000\n\n")  # any first frame
+    p = StompParser(1 << 20, "1.0", CLIENT_COMMANDS, first_frame_limit=1024)
+    big = b"SEND\ncontent-length:5000\n\n" + b"y" * 5000 + b"\0"
+    assert [f.command for f in p.feed(b"CONNECT\nhost:x\n\n\0" + big)] == ["CONNECT"]  # the rest is held
+    p.version = "1.2"
+    assert p.feed(b"")[0].body == b"y" * 5000
+    p = StompParser(1 << 20, "1.0", CLIENT_COMMANDS, first_frame_limit=1024)
+    for chunk in (b"CONN", b"ECT\nhost:x\n\n", b"\0"):  # a CONNECT that spans reads lifts it too
+        p.feed(chunk)
+    assert p.feed(big)[0].body == b"y" * 5000
+
+
+def test_ascii_int() -> None:
+    assert [ascii_int(t) for t in ("0", "17", "007")] == [0, 17, 7]
+    assert [ascii_int(t) for t in ("", "-1", "+1", " 1", "1 ", "1.0", "\u0663", "\uff13", "9" * 5000)] == [None] * 9
 
 
 def test_frame_exactly_at_the_limit_is_accepted() -> None:

@@ -292,15 +292,20 @@ def bad_text(exc: UnicodeDecodeError) -> str:
 class FrameReader:
     """Splits a byte stream into packets; raises ProtocolError subclasses on bad input."""
 
-    __slots__ = ("_buf", "_decoder", "_known", "_need", "_need_magic", "max_frame_size")
+    __slots__ = ("_buf", "_decoder", "_first_limit", "_known", "_need", "_need_magic", "_started", "max_frame_size")
 
-    def __init__(self, packet_type: Any, max_frame_size: int, expect_magic: bool) -> None:
+    def __init__(
+        self, packet_type: Any, max_frame_size: int, expect_magic: bool, first_frame_limit: int | None = None
+    ) -> None:
         self._buf = bytearray()
         self._decoder = msgspec.msgpack.Decoder(packet_type)
         self._known = CLIENT_TAGS if packet_type is ClientPacket else SERVER_TAGS
         self._need_magic = expect_magic
         self._need = 0  # bytes the buffered partial frame needs before it is worth parsing
         self.max_frame_size = max_frame_size
+        # The first frame (a server's HELLO, from a client not logged in yet) may be held to less.
+        self._first_limit = min(first_frame_limit or max_frame_size, max_frame_size)
+        self._started = False
 
     def feed(self, data: bytes) -> list[Any]:
         buf = self._buf
@@ -326,11 +331,14 @@ class FrameReader:
         end = len(data)
         unpack = LENGTH.unpack_from
         decode = self._decoder.decode
-        limit = self.max_frame_size
+        full = self.max_frame_size
+        limit = full if self._started else self._first_limit
         while end - pos >= 4:
             (n,) = unpack(data, pos)
             if n > limit:
-                raise FrameTooLarge(f"frame of {n} bytes exceeds max-frame-size {limit}")
+                if limit == full:
+                    raise FrameTooLarge(f"frame of {n} bytes exceeds max-frame-size {limit}")
+                raise FrameTooLarge(f"frame of {n} bytes exceeds {limit}, the limit before the handshake")
             if n == 0:
                 raise ProtocolError("empty frame")
             if end - pos - 4 < n:
@@ -344,6 +352,9 @@ class FrameReader:
                 raise self._classify(payload, exc) from None
             except RecursionError:
                 raise ProtocolError("malformed frame: nested too deeply") from None
+            limit = full
+        if out:
+            self._started = True
         if pos < end:
             buf += data[pos:] if pos else data
         return out

@@ -81,10 +81,20 @@ class StompParser:
 
     A frame that spans reads costs work in proportion to its size, however it is chunked: the
     buffer remembers how far the header end was searched, waits for a declared content-length
-    without looking at the body, and searches only new bytes for the NUL."""
+    without looking at the body, and searches only new bytes for the NUL.
 
-    def __init__(self, max_frame_size: int, version: str = "1.0", commands: frozenset[str] = CLIENT_COMMANDS):
+    `first_frame_limit` holds frames to less than `max_frame_size` until a CONNECT (or STOMP)
+    frame has been parsed: a server's limit for clients that have not logged in."""
+
+    def __init__(
+        self,
+        max_frame_size: int,
+        version: str = "1.0",
+        commands: frozenset[str] = CLIENT_COMMANDS,
+        first_frame_limit: int | None = None,
+    ):
         self.max_frame_size = max_frame_size
+        self.limit = min(first_frame_limit or max_frame_size, max_frame_size)  # in force now
         self.version = version
         self.commands = commands
         self._buf = bytearray()
@@ -129,7 +139,7 @@ class StompParser:
                 return out
             data, pos, lf, cr = resumed
         n = len(data)
-        limit = self.max_frame_size
+        limit = self.limit
         commands = self.commands
         plain = self.version == "1.0"  # no escaping at all
         ack_from = 0 if "ACK" in commands else 1 << 62  # where the ACK fast path may be tried
@@ -173,7 +183,7 @@ class StompParser:
                 eol, body_start = lf, lf + 2
             else:
                 if n - pos > limit:
-                    raise FrameTooLarge(f"frame headers exceed max-frame-size {limit}")
+                    raise FrameTooLarge(f"frame headers exceed {self._named(limit)}")
                 self._check_command_prefix(data, pos)
                 self._hold(data, pos, _HEAD)
                 self._scan = n - pos
@@ -205,15 +215,12 @@ class StompParser:
                 headers = self._headers(command, lines, escaped)
             length_text = headers.get("content-length")
             if length_text is not None:
-                try:
-                    length = int(length_text)
-                except ValueError:
-                    raise StompError(f"content-length is not a number: {length_text[:20]!r}") from None
-                if length < 0:
-                    raise StompError("content-length is negative")
+                length = ascii_int(length_text)
+                if length is None:
+                    raise StompError(f"content-length must be ASCII digits, got {length_text[:20]!r}")
                 end = body_start + length
                 if end - pos >= limit:
-                    raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
+                    raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds {self._named(limit)}")
                 if n <= end:  # the body is not all here yet: wait for it, without looking at it
                     self._hold(data, pos, _LENGTH, command, headers, body_start)
                     self._need = end - pos + 1
@@ -224,18 +231,20 @@ class StompParser:
                 end = data.find(b"\0", body_start)
                 if end < 0:
                     if n - pos > limit:
-                        raise FrameTooLarge(f"frame exceeds max-frame-size {limit} (no NUL)")
+                        raise FrameTooLarge(f"frame exceeds {self._named(limit)} (no NUL)")
                     self._hold(data, pos, _NUL, command, headers, body_start)
                     return out
                 if end - pos >= limit:
-                    raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds max-frame-size {limit}")
+                    raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds {self._named(limit)}")
             out.append(Frame(command, headers, data[body_start:end]))
             pos = end + 1
-            if (command == "CONNECT" or command == "STOMP") and pos < n:
-                # What follows is parsed with the negotiated version: the caller
-                # sets `version` and feeds b"" to get the rest.
-                self._hold(data, pos, _HELD)
-                return out
+            if command == "CONNECT" or command == "STOMP":
+                self.limit = limit = self.max_frame_size
+                if pos < n:
+                    # What follows is parsed with the negotiated version: the caller
+                    # sets `version` and feeds b"" to get the rest.
+                    self._hold(data, pos, _HELD)
+                    return out
 
     def _hold(
         self, data: bytes, pos: int, state: int, command: str = "", headers: dict[str, str] | None = None, body: int = 0
@@ -263,16 +272,16 @@ class StompParser:
                 if data[end] != 0:
                     raise StompError("frame body is not followed by NUL (content-length too short?)")
             else:
-                limit = self.max_frame_size
+                limit = self.limit
                 end = data.find(b"\0")  # only the new bytes: the buffered ones have no NUL
                 if end < 0:
                     if have + len(data) > limit:
-                        raise FrameTooLarge(f"frame exceeds max-frame-size {limit} (no NUL)")
+                        raise FrameTooLarge(f"frame exceeds {self._named(limit)} (no NUL)")
                     buf += data
                     self.copied += len(data)
                     return None
                 if have + end >= limit:
-                    raise FrameTooLarge(f"frame of {have + end + 1} bytes exceeds max-frame-size {limit}")
+                    raise FrameTooLarge(f"frame of {have + end + 1} bytes exceeds {self._named(limit)}")
             buf += memoryview(data)[:end]
             with memoryview(buf) as view:
                 body = bytes(view[self._body_start :])
@@ -280,9 +289,11 @@ class StompParser:
             command = self._command
             out.append(Frame(command, self._frame_headers, body))
             self._clear()
-            if (command == "CONNECT" or command == "STOMP") and end + 1 < len(data):
-                self._hold(data, end + 1, _HELD)
-                return None
+            if command == "CONNECT" or command == "STOMP":
+                self.limit = self.max_frame_size
+                if end + 1 < len(data):
+                    self._hold(data, end + 1, _HELD)
+                    return None
             return data, end + 1, -1, -1
         if state == _HELD:
             whole = bytes(buf) + data
@@ -304,8 +315,8 @@ class StompParser:
         if 0 <= cr < lf:
             self.scanned += head - max(cr - 1, from_)
         if crlf < 0 and lf == n:
-            if n > self.max_frame_size:
-                raise FrameTooLarge(f"frame headers exceed max-frame-size {self.max_frame_size}")
+            if n > self.limit:
+                raise FrameTooLarge(f"frame headers exceed {self._named(self.limit)}")
             self._check_command_prefix(buf, 0)
             self._scan = n
             return None
@@ -316,6 +327,16 @@ class StompParser:
         # The loop's `cr` only has to lie no later than the first LF CR LF: the one found, or
         # (none before the LF LF) past the LF LF, where the next frame searches again.
         return whole, 0, lf, (crlf + 1 if crlf >= 0 else lf + 1)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a frame not complete yet."""
+        return len(self._buf)
+
+    def _named(self, limit: int) -> str:
+        if limit == self.max_frame_size:
+            return f"max-frame-size {limit}"
+        return f"{limit} bytes, the limit before CONNECT"
 
     def _clear(self) -> None:
         self._buf.clear()
@@ -357,6 +378,16 @@ class StompParser:
             if name not in headers:  # the first of repeated headers wins
                 headers[name] = value
         return headers
+
+
+def ascii_int(text: str) -> int | None:
+    """A header's number: ASCII digits only (`int` would also take '+5', ' 5' or '٣'); None if not one."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts
+        return None
 
 
 def encode(command: str, headers: list[tuple[str, str]], body: bytes = b"", version: str = "1.2") -> bytes:

@@ -12,6 +12,7 @@ import msgspec
 
 from ..core.message import RoutingType
 from ..errors import InvalidArgument, QueueDoesNotExist, Unauthorized
+from .security import is_cluster_pair
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -172,7 +173,7 @@ class Admin:
         """A waiting server of the same store tells us where it is; we pass it on to clients."""
         self.broker.require_active()
         cfg = self.broker.config
-        if user != cfg.cluster_user or password != cfg.cluster_password:
+        if not is_cluster_pair(cfg, user, password):
             raise Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
         if node_id != self.broker.node_id:
             raise InvalidArgument(f"cluster.announce: node {node_id} is not this store's node {self.broker.node_id}")

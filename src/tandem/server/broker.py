@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
-import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
 from .admin import Admin
 from .native import NativeConnection
+from .security import Authenticator
 
 log = logging.getLogger("tandem.broker")
 
@@ -61,6 +61,7 @@ class Broker:
         self.storage: JournalStorage | NullStorage = NullStorage()
         self.postoffice: PostOffice
         self.admin = Admin(self)
+        self.authenticator = Authenticator(config)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
@@ -433,14 +434,9 @@ class Broker:
             raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
         return self.postoffice
 
-    def authenticate(self, username: str | None, password: str | None) -> bool:
+    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> bool:
         """With `security-enabled`, only configured users (the cluster user too, for announcements)."""
-        cfg = self.config
-        if not cfg.security_enabled:
-            return True
-        if username == cfg.cluster_user and password == cfg.cluster_password:
-            return True
-        return any(u.name == username and hmac.compare_digest(u.password, password or "") for u in cfg.users)
+        return self.authenticator.check(username, password, peer)
 
     def own_connector(self) -> str:
         cfg = self.config

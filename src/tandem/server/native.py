@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
+from ..config import HANDSHAKE_FRAME_LIMIT
 from ..core.consumer import Consumer
 from ..core.message import MessageRef
 from ..core.session import ServerSession
@@ -28,6 +29,8 @@ from ..errors import (
     SessionDoesNotExist,
     TandemError,
     Unauthorized,
+    clip,
+    wire_text,
 )
 from ..protocol import native as p
 
@@ -97,7 +100,7 @@ class NativeSession:
     def consumer_closed(self, consumer: Consumer, error: TandemError) -> None:
         self.core.forget_consumer(consumer)
         if not self.conn.closed:
-            self.conn.write(_encode(p.ConsumerClosed(self.channel, consumer.id, int(error.code), error.message)))
+            self.conn.write(_encode(p.ConsumerClosed(self.channel, consumer.id, int(error.code), wire_text(error))))
 
 
 class NativeConnection(asyncio.Protocol):
@@ -106,7 +109,9 @@ class NativeConnection(asyncio.Protocol):
         self.acceptor = acceptor
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.reader = p.FrameReader(p.ClientPacket, broker.config.max_frame_size, expect_magic=True)
+        self.reader = p.FrameReader(
+            p.ClientPacket, broker.config.max_frame_size, expect_magic=True, first_frame_limit=HANDSHAKE_FRAME_LIMIT
+        )
         self.sessions: dict[int, NativeSession] = {}
         self.touched: list[NativeSession] = []
         self._rest: tuple[list[Any], int] | None = None  # packets of a read not handled yet
@@ -122,6 +127,8 @@ class NativeConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
+        self.opened_at = self.last_received  # the handshake must be done by handshake-timeout after this
+        self.partial_since: float | None = None  # when the packet not complete yet began to arrive
         self.ttl_ms = broker.config.effective_ttl_ms
 
     # ----------------------------------------------------------- transport
@@ -184,7 +191,7 @@ class NativeConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.last_received = self.loop.time()
+        self.last_received = now = self.loop.time()
         try:
             packets = self.reader.feed(data)
         except ProtocolError as exc:
@@ -194,6 +201,10 @@ class NativeConnection(asyncio.Protocol):
             log.exception("error decoding packets from %s", self.peer)
             self.fatal(InternalError(f"internal error: {exc!r}"))
             return
+        if not self.reader.buffered:
+            self.partial_since = None
+        elif packets or self.partial_since is None:  # a new packet began in this read
+            self.partial_since = now
         if packets and not self.handshaken and type(packets[0]) is not p.Hello:
             self.fatal(ProtocolError(f"the first packet must be HELLO, got {type(packets[0]).__name__.upper()}"))
             return
@@ -263,14 +274,15 @@ class NativeConnection(asyncio.Protocol):
         if channel is None or cmd is None or not self.handshaken:
             self.fatal(exc)
             return
-        self.send(p.Exception_(channel, cmd, int(exc.code), exc.message))
+        self.send(p.Exception_(channel, cmd, int(exc.code), wire_text(exc)))
 
     def fatal(self, exc: TandemError) -> None:
         """Report a connection-level error, then close only this connection."""
         if self.closed:
             return
-        log.info("closing connection from %s: %s", self.peer, exc)
-        self.send(p.error_packet(exc.code, exc.message))
+        text = wire_text(exc)
+        log.info("closing connection from %s: [%s] %s", self.peer, exc.code.name, clip(text))
+        self.send(p.error_packet(exc.code, text))
         self._flush()
         self.close()
 
@@ -307,7 +319,7 @@ class NativeConnection(asyncio.Protocol):
         if self.handshaken:
             raise ProtocolError("HELLO sent twice")
         p.check_version(pkt)
-        if not self.broker.authenticate(pkt.username, pkt.password):
+        if not self.broker.authenticate(pkt.username, pkt.password, self.peer):
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
         self.handshaken = True
         self.client_id = pkt.client_id
@@ -316,7 +328,7 @@ class NativeConnection(asyncio.Protocol):
         if cfg.connection_ttl_override > 0:
             self.ttl_ms = cfg.connection_ttl_override
         elif pkt.connection_ttl > 0:
-            self.ttl_ms = pkt.connection_ttl
+            self.ttl_ms = min(pkt.connection_ttl, cfg.connection_ttl_max)  # a client cannot pick "never"
         self.send(p.HelloOk(p.PROTOCOL_VERSION, cfg.name, b.node_id, self.ttl_ms, b.topology(), b.active))
 
     def on_ping(self, pkt: p.Ping) -> None:
@@ -470,14 +482,31 @@ class NativeConnection(asyncio.Protocol):
         self._send_after(self.broker.storage.after_bindings_durable, p.Response(channel, cmd, result))
 
     # ---------------------------------------------------------- liveness
+    @property
+    def frame_deadline_ms(self) -> int:
+        """A packet must arrive whole within this: the connection's TTL, or the broker's if longer."""
+        return max(self.ttl_ms, self.broker.config.effective_ttl_ms)
+
     def check_alive(self, now: float) -> None:
-        """Close a connection silent for longer than its TTL; ping one we have not written to lately."""
+        """Close a connection silent for longer than its TTL, not logged in by handshake-timeout, or
+        with a packet not complete within its TTL; ping one we have not written to lately."""
         if self.closed:
             return
         ttl = self.ttl_ms / 1000
         ping_every = max(ttl / 4, 0.05)
+        cfg = self.broker.config
         if now - self.last_received > ttl:
             self.fatal(TandemError(f"no packet for {ttl:.1f}s (connection-ttl)", ErrorCode.CONNECTION_LOST))
+        elif not self.handshaken and (now - self.opened_at) * 1000 > cfg.handshake_timeout:
+            self.fatal(ProtocolError(f"no HELLO accepted within handshake-timeout ({cfg.handshake_timeout} ms)"))
+        elif self.partial_since is not None and (now - self.partial_since) * 1000 > self.frame_deadline_ms:
+            # Each byte resets the silence check above: a client trickling bytes must not hold a packet open.
+            self.fatal(
+                ProtocolError(
+                    f"a packet begun {now - self.partial_since:.1f}s ago is not complete: "
+                    f"a packet must arrive within the connection's TTL ({self.frame_deadline_ms} ms)"
+                )
+            )
         elif self.handshaken and now - self.last_sent > ping_every:
             self.send(p.Ping())
 

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
+from ..config import HANDSHAKE_FRAME_LIMIT
 from ..core.consumer import Consumer
 from ..core.message import Message, MessageData, MessageRef, RoutingType
 from ..core.session import ServerSession, Transaction
-from ..errors import DuplicateId, TandemError
+from ..errors import DuplicateId, TandemError, clip
 from ..protocol import stomp as st
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ LOW_WATER = 1 << 20
 # window; handled in one go, its journal batch could only start syncing after the last frame,
 # and handling and syncing would take turns. In slices, one slice syncs while the next is handled.
 FRAMES_PER_PASS = 128
+MAX_TRANSACTIONS = 100  # open (begun, not committed or aborted) transactions per connection
 ACK_MODES = ("auto", "client", "client-individual")
 # headers that are part of the frame, not of the message
 _FRAME_HEADERS = frozenset(
@@ -152,7 +154,7 @@ class StompConnection(asyncio.Protocol):
         self.acceptor = acceptor
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.parser = st.StompParser(broker.config.max_frame_size)
+        self.parser = st.StompParser(broker.config.max_frame_size, first_frame_limit=HANDSHAKE_FRAME_LIMIT)
         self.version = "1.0"
         self.connected = False
         self.closed = False
@@ -171,6 +173,8 @@ class StompConnection(asyncio.Protocol):
         self._receipts_durable = False
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
+        self.opened_at = self.last_received  # CONNECT must be accepted by handshake-timeout after this
+        self.partial_since: float | None = None  # when the frame not complete yet began to arrive
         self.ttl_ms = broker.config.effective_ttl_ms
         self.send_beat_ms = 0  # how often we must send something (the client asked)
         self._beat_timer: asyncio.TimerHandle | None = None
@@ -253,7 +257,7 @@ class StompConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self.failing:
             return
-        self.last_received = self.loop.time()
+        self.last_received = now = self.loop.time()
         while True:
             try:
                 frames = self.parser.feed(data)
@@ -264,6 +268,10 @@ class StompConnection(asyncio.Protocol):
                 log.exception("error parsing STOMP frames from %s", self.peer)
                 self.error(f"internal error: {exc!r}")
                 return
+            if not self.parser.buffered:
+                self.partial_since = None
+            elif frames or self.partial_since is None:  # a new frame began in this read
+                self.partial_since = now
             self._backlog.extend(frames)
             self._run_backlog()
             # The parser stops after CONNECT so the rest is read with the negotiated version.
@@ -320,7 +328,7 @@ class StompConnection(asyncio.Protocol):
         if self.closed:
             return
         self.failing = True
-        message = exc.message.replace("\n", " ")[:500]
+        message = clip(exc.message.replace("\n", " "), 500)
         headers = [("message", message), ("code", exc.code.name), ("content-type", "text/plain")]
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(st.encode("ERROR", headers, message.encode(), self.version))
@@ -337,8 +345,9 @@ class StompConnection(asyncio.Protocol):
         self.failing = True
         if self._acked:
             self._flush_acks()  # ACKs before the bad frame stand
+        message = clip(message)  # a client's 1 MB name is not sent back whole
         log.info("STOMP error for %s: %s", self.peer, message)
-        headers = [("message", message.replace("\n", " ")[:500]), ("content-type", "text/plain")]
+        headers = [("message", clip(message.replace("\n", " "), 500)), ("content-type", "text/plain")]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
         frame = st.encode("ERROR", headers, message.encode(), self.version)
@@ -389,13 +398,27 @@ class StompConnection(asyncio.Protocol):
         self.temp_queues.clear()
 
     def check_alive(self, now: float) -> None:
-        """Close a client silent past its heart-beat (or TTL); beat if we owe one."""
+        """Close a client silent past its heart-beat (or TTL), not connected by handshake-timeout, or
+        with a frame not complete within its TTL; beat if we owe one."""
         if self.closed:
             return
         if "full" in self._held:
             self.last_received = now  # we stopped reading, not the client: its beats wait unread
+            if self.partial_since is not None:
+                self.partial_since = now
+        cfg = self.broker.config
+        frame_ms = max(self.ttl_ms, cfg.effective_ttl_ms)  # the connection's TTL, or the broker's if longer
         if now - self.last_received > self.ttl_ms / 1000:
             self.error(f"no frame or heart-beat for {self.ttl_ms / 1000:.1f}s")
+        elif not self.connected and (now - self.opened_at) * 1000 > cfg.handshake_timeout:
+            # Bytes before CONNECT (stray EOLs too) do not count: only an accepted CONNECT does.
+            self.error(f"no CONNECT accepted within handshake-timeout ({cfg.handshake_timeout} ms)")
+        elif self.partial_since is not None and (now - self.partial_since) * 1000 > frame_ms:
+            # Each byte resets the silence check above: a client trickling bytes must not hold a frame open.
+            self.error(
+                f"a frame begun {now - self.partial_since:.1f}s ago is not complete: "
+                f"a frame must arrive within the connection's TTL ({frame_ms} ms)"
+            )
         elif self.send_beat_ms and (now - self.last_sent) * 1000 >= self.send_beat_ms / 2:
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.write(b"\n")
@@ -444,19 +467,20 @@ class StompConnection(asyncio.Protocol):
         self.version = version
         self.parser.version = version
         b = self.broker
-        if not b.authenticate(frame.get("login"), frame.get("passcode")):
+        if not b.authenticate(frame.get("login"), frame.get("passcode"), self.peer):
             raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
         po = b.require_active()
         self.client_id = frame.get("client-id")
         cx, cy = 0, 0
         beat = frame.get("heart-beat")
         if beat and version != "1.0":
-            try:
-                cx, cy = (int(x) for x in beat.split(","))
-            except ValueError:
-                raise st.StompError(f"bad heart-beat header {beat!r}") from None
-            if cx < 0 or cy < 0:
-                raise st.StompError(f"bad heart-beat header {beat!r}")
+            values = [v for v in (st.ascii_int(x.strip()) for x in beat.split(",")) if v is not None]
+            if len(values) != 2 or beat.count(",") != 1:
+                raise st.StompError(f"bad heart-beat header {beat!r}: two numbers (ms) expected, like 10000,10000")
+            cx, cy = values
+        # Beats slower than half of connection-ttl-max are not waited for: the client cannot pick "never".
+        cap = b.config.connection_ttl_max // 2
+        cx, cy = min(cx, cap), min(cy, cap)
         if cx > 0:
             self.ttl_ms = max(cx * 2, 500)  # tolerate one late beat
         self.send_beat_ms = max(cy, 100) if cy > 0 else 0
@@ -499,20 +523,20 @@ class StompConnection(asyncio.Protocol):
             bye()
 
     # ---------------------------------------------------------------- send
-    def _address(self, destination: str | None) -> tuple[str, RoutingType]:
+    def _address(self, destination: str | None, command: str = "SEND") -> tuple[str, RoutingType]:
         """(address, routing type) of a destination header; remembered (every SEND asks)."""
         if destination:
             known = self._destinations.get(destination)
             if known is not None:
                 return known
-        found = self._parse_destination(destination)
+        found = self._parse_destination(destination, command)
         if destination and len(self._destinations) < 256:
             self._destinations[destination] = found
         return found
 
-    def _parse_destination(self, destination: str | None) -> tuple[str, RoutingType]:
+    def _parse_destination(self, destination: str | None, command: str) -> tuple[str, RoutingType]:
         if not destination:
-            raise st.StompError("SEND needs a destination header")
+            raise st.StompError(f"{command} needs a destination header")
         if destination.startswith("/queue/"):
             name, rt = destination[7:], RoutingType.ANYCAST
         elif destination.startswith("/topic/"):
@@ -597,7 +621,7 @@ class StompConnection(asyncio.Protocol):
     def on_subscribe(self, frame: st.Frame) -> None:
         assert self.session is not None
         destination = frame.get("destination")
-        address, rt = self._address(destination)
+        address, rt = self._address(destination, "SUBSCRIBE")
         sid = frame.get("id") or (destination if self.version == "1.0" else None)
         if sid is None:
             raise st.StompError("SUBSCRIBE needs an id header")
@@ -756,6 +780,10 @@ class StompConnection(asyncio.Protocol):
             raise st.StompError("BEGIN needs a transaction header")
         if name in self.transactions:
             raise st.StompError(f"transaction {name!r} is already open")
+        if len(self.transactions) >= MAX_TRANSACTIONS:
+            raise st.StompError(
+                f"too many open transactions: at most {MAX_TRANSACTIONS} per connection (COMMIT or ABORT one first)"
+            )
         self.transactions[name] = Transaction()
         self._receipt(frame)
 
