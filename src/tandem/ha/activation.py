@@ -4,11 +4,18 @@ An activation decides *when* its broker may serve, from the node manager's locks
 and state byte; the broker does the serving (`activate`) and the stepping down
 (`deactivate`). The live lock is the only licence to serve: whoever holds it is
 the one active server of the shared store, so two never serve at once.
+
+Each activation is a small state machine: `step()` does at most one node-manager
+operation (one lock or state-byte access, the unit a crash can fall between) and
+returns what the broker should do next. `run()` drives it; the pair's model test
+(tests/unit/test_ha_model.py) drives the same `step()`s of two servers
+interleaved, with a crash possible between any two of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from typing import TYPE_CHECKING
 
@@ -21,99 +28,203 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.ha")
 
 
+class Act(enum.Enum):
+    """What a step asks of the broker."""
+
+    PAUSE = "pause"  # wait lock-check-period, then step again
+    WAITING = "waiting"  # report "waiting" (for a lock another server holds)
+    ANNOUNCE = "announce"  # tell the active server where we are
+    PASSIVE = "passive"  # report "passive", announce, follow the store (a warm backup)
+    SERVE = "serve"  # load the store and serve clients
+    STEP_DOWN = "step-down"  # stop serving (clients fail over), keep the process
+    STOP = "stop"  # stop the server
+
+
+DONE = "done"
+
+
 class Activation:
     role = "live-only"
 
     def __init__(self, broker: Broker, nm: NodeManager) -> None:
         self.broker = broker
         self.nm = nm
-        self.poll = broker.config.lock_check_period / 1000
+        cfg = broker.config
+        self.poll = cfg.lock_check_period / 1000
+        self.failover_on_shutdown = cfg.failover_on_shutdown
+        self.pc = "start"
 
-    async def run(self) -> None:
+    def step(self) -> Act | None:
+        """One step of the state machine: at most one node-manager operation."""
         raise NotImplementedError
 
-    def stop_state(self, failover: bool) -> bytes | None:
+    def go(self, pc: str, act: Act | None = None) -> Act | None:
+        self.pc = pc
+        return act
+
+    async def advance(self) -> bool:
+        """Step until a step pauses (True) or the activation is over (False)."""
+        while self.pc != DONE:
+            act = self.step()
+            if act is Act.PAUSE:
+                return True
+            if act is not None:
+                await self._do(act)
+        return False
+
+    async def run(self) -> None:
+        while await self.advance():  # noqa: ASYNC110 - a file lock has no event to await
+            await asyncio.sleep(self.poll)
+
+    async def _do(self, act: Act) -> None:
+        b = self.broker
+        if act is Act.WAITING:
+            b.ha_state = "waiting"
+        elif act is Act.ANNOUNCE:
+            b.start_announcing()
+        elif act is Act.PASSIVE:
+            b.ha_state = "passive"
+            b.start_announcing()
+            await b.start_following()
+        elif act is Act.SERVE:
+            await b.stop_announcing()
+            await b.activate()
+        elif act is Act.STEP_DOWN:
+            await b.deactivate()
+        elif act is Act.STOP:
+            await b.stop(leave_state=False)
+
+    def stop_state(self, failover: bool) -> bytes:
         """State to leave on a stop: P (clean, no failover) or L (let a backup take over)."""
-        return LIVE if failover or self.broker.config.failover_on_shutdown else PAUSED
+        return LIVE if failover or self.failover_on_shutdown else PAUSED
+
+    def release(self, state: bytes | None) -> None:
+        """The broker stopped serving: leave `state` (if any) and let go of every lock."""
+        if state is not None:
+            self.nm.set_state(state)
+        self.nm.close()
 
 
 class LiveOnlyActivation(Activation):
-    async def run(self) -> None:
-        if not self.nm.try_live():
-            raise IllegalState(
-                f"data directory {self.broker.config.data_path} is in use by another running broker "
-                "(its server.lock is held)"
-            )
-        self.nm.set_state(LIVE)
-        await self.broker.activate()
+    def step(self) -> Act | None:
+        nm = self.nm
+        match self.pc:
+            case "start":
+                if not nm.try_live():
+                    raise IllegalState(
+                        f"data directory {self.broker.config.data_path} is in use by another running broker "
+                        "(its server.lock is held)"
+                    )
+                return self.go("mark")
+            case "mark":
+                nm.set_state(LIVE)
+                return self.go("serve")
+            case "serve":
+                return self.go(DONE, Act.SERVE)
+        raise AssertionError(self.pc)
 
-    def stop_state(self, failover: bool) -> bytes | None:
+    def stop_state(self, failover: bool) -> bytes:
         return PAUSED
 
 
 class SharedStorePrimaryActivation(Activation):
     role = "primary"
 
-    async def run(self) -> None:
-        b = self.broker
-        if self.nm.live_held_elsewhere():
-            # Our backup is serving: ask for failback and wait for it to step down.
-            log.warning("the backup is active; requesting failback")
-            self.nm.set_state(FAILBACK)
-        b.ha_state = "waiting"
-        b.start_announcing()
-        await self.nm.wait_live(self.poll)
-        self.nm.set_state(LIVE)
-        await b.stop_announcing()
-        await b.activate()
+    def step(self) -> Act | None:
+        nm = self.nm
+        match self.pc:
+            case "start":
+                if nm.live_held_elsewhere():
+                    # Our backup is serving: ask for failback and wait for it to step down.
+                    log.warning("the backup is active; requesting failback")
+                    return self.go("request")
+                return self.go("waiting")
+            case "request":
+                nm.set_state(FAILBACK)
+                return self.go("waiting")
+            case "waiting":
+                return self.go("announce", Act.WAITING)
+            case "announce":
+                return self.go("lock", Act.ANNOUNCE)
+            case "lock":
+                if nm.try_live():
+                    return self.go("mark")
+                return Act.PAUSE
+            case "mark":
+                nm.set_state(LIVE)
+                return self.go("serve")
+            case "serve":
+                return self.go(DONE, Act.SERVE)
+        raise AssertionError(self.pc)
 
 
 class SharedStoreBackupActivation(Activation):
     role = "backup"
 
-    async def run(self) -> None:
-        b = self.broker
-        cfg = b.config
-        while True:
-            b.ha_state = "waiting"
-            await self.nm.wait_backup(self.poll)
-            b.ha_state = "passive"
-            b.start_announcing()
-            await b.start_following()
-            await self._await_primary_failure()
-            self.nm.set_state(LIVE)
-            self.nm.release_backup()  # the next backup may queue up now
-            await b.stop_announcing()
-            log.warning("primary is gone: backup activating", extra={"node_id": self.nm.node_id})
-            await b.activate()
-            if not cfg.allow_failback:
-                return
-            if not await self._await_failback_request():
-                return  # stopped meanwhile
-            log.warning("primary asks for failback: backup stepping down")
-            await b.deactivate(state=None)  # leave F: the primary takes the live lock and writes L
-            if not cfg.restart_backup:
-                await b.stop(leave_state=False)
-                return
+    def __init__(self, broker: Broker, nm: NodeManager) -> None:
+        super().__init__(broker, nm)
+        cfg = broker.config
+        self.allow_failback = cfg.allow_failback
+        self.restart_backup = cfg.restart_backup
 
-    async def _await_primary_failure(self) -> None:
-        """Hold the live lock only when the primary crashed (state L), or stopped with failover."""
-        while True:
-            await self.nm.wait_live(self.poll)
-            state = self.nm.state()
-            if state == LIVE or (state == PAUSED and self.broker.config.failover_on_shutdown):
-                return
-            # P: a clean stop; N: never started; F: the primary itself is coming back.
-            self.nm.release_live()
-            await asyncio.sleep(self.poll)
-
-    async def _await_failback_request(self) -> bool:
-        """True once the primary asks for failback; False if we stopped serving first."""
-        while self.broker.active:
-            if self.nm.state() == FAILBACK:
-                return True
-            await asyncio.sleep(self.poll)
-        return False
+    def step(self) -> Act | None:
+        nm = self.nm
+        match self.pc:
+            case "start":
+                return self.go("queue", Act.WAITING)
+            # Take the backup lock (first in line), but never while a primary asks for failback.
+            case "queue":
+                if nm.state() == FAILBACK:
+                    return Act.PAUSE
+                return self.go("queue-lock")
+            case "queue-lock":
+                if nm.try_backup():
+                    return self.go("queue-recheck")
+                return self.go("queue", Act.PAUSE)
+            case "queue-recheck":
+                if nm.state() == FAILBACK:
+                    return self.go("queue-leave")
+                return self.go("passive")
+            case "queue-leave":
+                nm.release_backup()
+                return self.go("queue", Act.PAUSE)
+            case "passive":
+                return self.go("poll", Act.PASSIVE)
+            # Hold the live lock only when the primary crashed (state L), or stopped with failover.
+            case "poll":
+                if nm.try_live():
+                    return self.go("check")
+                return Act.PAUSE
+            case "check":
+                state = nm.state()
+                if state == LIVE or (state == PAUSED and self.failover_on_shutdown):
+                    return self.go("take")
+                # P: a clean stop; N: never started; F: the primary itself is coming back.
+                return self.go("give")
+            case "give":
+                nm.release_live()
+                return self.go("poll", Act.PAUSE)
+            case "take":
+                nm.set_state(LIVE)
+                return self.go("unqueue")
+            case "unqueue":
+                nm.release_backup()  # the next backup may queue up now
+                log.warning("primary is gone: backup activating", extra={"node_id": nm.node_id})
+                return self.go("live", Act.SERVE)
+            case "live":
+                if not self.allow_failback:
+                    return self.go(DONE)
+                if nm.state() == FAILBACK:
+                    log.warning("primary asks for failback: backup stepping down")
+                    # Leave F: the primary takes the live lock and writes L.
+                    return self.go("stepped-down", Act.STEP_DOWN)
+                return Act.PAUSE
+            case "stepped-down":
+                nm.release_live()
+                return self.go("start" if self.restart_backup else "stop")
+            case "stop":
+                return self.go(DONE, Act.STOP)
+        raise AssertionError(self.pc)
 
 
 def make_activation(broker: Broker, nm: NodeManager) -> Activation:
@@ -125,4 +236,4 @@ def make_activation(broker: Broker, nm: NodeManager) -> Activation:
     return LiveOnlyActivation(broker, nm)
 
 
-__all__ = ["NOT_STARTED", "Activation", "make_activation"]
+__all__ = ["DONE", "NOT_STARTED", "Act", "Activation", "make_activation"]

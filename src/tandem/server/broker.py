@@ -109,13 +109,12 @@ class Broker:
         self.started_at = time.time()
         try:
             if cfg.ha_policy == "live-only":
-                await self.activation.run()  # fails fast if the store is in use
+                await self.activation.advance()  # serves now, or fails fast if the store is in use
             await self._listen()
         except BaseException:
             await self._abort_start()
             raise
-        if cfg.ha_policy != "live-only":
-            self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
+        self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
 
     async def _run_activation(self) -> None:
@@ -157,8 +156,10 @@ class Broker:
             if isinstance(conn, NativeConnection):
                 conn.send(p.Activated(self.topology()))
 
-    async def deactivate(self, state: bytes | None) -> None:
-        """Stop serving: clients are disconnected (they fail over), the journal is closed, the lock released."""
+    async def deactivate(self) -> None:
+        """Stop serving: clients are disconnected (they fail over), the journal is closed.
+
+        The locks are the activation's: it lets go of the live lock once this returns."""
         if not self.active:
             return
         self.active = False
@@ -167,11 +168,6 @@ class Broker:
             conn.close()
         await self.storage.stop()
         self.storage = NullStorage()
-        nm = self.node_manager
-        if nm is not None:
-            if state is not None:
-                nm.set_state(state)
-            nm.release_live()
 
     async def stop(self, failover: bool = False, leave_state: bool = True) -> None:
         """Stop for good; `failover` leaves the store marked live so a backup takes over.
@@ -194,11 +190,13 @@ class Broker:
         await self._stop_following()
         for server in self.servers:
             server.close()
-        state = None
-        if leave_state and self.activation is not None:
-            state = self.activation.stop_state(failover)
         was_active = self.active
-        await self.deactivate(state)
+        await self.deactivate()
+        if self.activation is not None:
+            state = self.activation.stop_state(failover) if leave_state and was_active else None
+            self.activation.release(state)
+        elif self.node_manager is not None:
+            self.node_manager.close()
         for conn in list(self.connections):
             try:
                 conn.close()
@@ -209,10 +207,6 @@ class Broker:
                 await asyncio.wait_for(server.wait_closed(), 5)
             except TimeoutError:
                 pass
-        if self.node_manager is not None:
-            if not was_active:
-                self.node_manager.release_backup()
-            self.node_manager.close()
         self.ha_state = "stopped"
         self._stopped.set()
 
