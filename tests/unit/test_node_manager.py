@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tandem.config import load_config
+from tandem.errors import NotActive
 from tandem.ha.lockfile import FAILBACK, LIVE, NOT_STARTED, PAUSED
 from tandem.ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from tandem.server.broker import Broker
@@ -122,5 +123,22 @@ def test_live_only_refuses_a_store_in_use() -> None:
         with pytest.raises(Exception, match="in use"):
             await second.start()
         await first.stop()
+
+    asyncio.run(main())
+
+
+def test_a_live_broker_that_loses_its_lock_stops_serving() -> None:
+    """Within a lock-check-period or so; as when a network file system lets the lock go."""
+
+    async def main() -> None:
+        store = SharedStore()
+        broker = Broker(_config("a", "live-only"), InMemoryNodeManager(store))
+        await broker.start()
+        assert broker.active
+        store.live = object()  # another server holds the live lock now
+        await _until(lambda: not broker.active)
+        await asyncio.wait_for(broker.wait_stopped(), 5)
+        assert isinstance(broker.failure, NotActive), broker.failure
+        assert store.state == LIVE, "a server that lost its lock writes nothing more"
 
     asyncio.run(main())
