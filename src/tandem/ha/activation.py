@@ -38,6 +38,7 @@ class Act(enum.Enum):
     SERVE = "serve"  # load the store and serve clients
     STEP_DOWN = "step-down"  # stop serving (clients fail over), keep the process
     STOP = "stop"  # stop the server
+    LOST = "lost"  # the live lock is lost: stop at once, write nothing more
 
 
 DONE = "done"
@@ -53,6 +54,7 @@ class Activation:
         self.poll = cfg.lock_check_period / 1000
         self.failover_on_shutdown = cfg.failover_on_shutdown
         self.pc = "start"
+        self.lost_reason = ""
 
     def step(self) -> Act | None:
         """One step of the state machine: at most one node-manager operation."""
@@ -61,6 +63,15 @@ class Activation:
     def go(self, pc: str, act: Act | None = None) -> Act | None:
         self.pc = pc
         return act
+
+    def _lock_lost(self) -> bool:
+        """While serving, every lock-check-period: is the live lock still ours?"""
+        reason = self.nm.live_lock_lost()
+        if reason is None:
+            return False
+        self.lost_reason = reason
+        self.pc = DONE
+        return True
 
     async def advance(self) -> bool:
         """Step until a step pauses (True) or the activation is over (False)."""
@@ -93,6 +104,8 @@ class Activation:
             await b.deactivate()
         elif act is Act.STOP:
             await b.stop(leave_state=False)
+        elif act is Act.LOST:
+            b.lock_lost(self.lost_reason)
 
     def stop_state(self, failover: bool) -> bytes:
         """State to leave on a stop: P (clean, no failover) or L (let a backup take over)."""
@@ -120,7 +133,9 @@ class LiveOnlyActivation(Activation):
                 nm.set_state(LIVE)
                 return self.go("serve")
             case "serve":
-                return self.go(DONE, Act.SERVE)
+                return self.go("live", Act.SERVE)
+            case "live":
+                return Act.LOST if self._lock_lost() else Act.PAUSE
         raise AssertionError(self.pc)
 
     def stop_state(self, failover: bool) -> bytes:
@@ -128,20 +143,22 @@ class LiveOnlyActivation(Activation):
 
 
 class SharedStorePrimaryActivation(Activation):
+    """Waits for the live lock; while a backup serves in its place (state L), asks for failback (F).
+
+    It keeps asking: a backup may take over after the primary's first look (the store was
+    still free) or write L over its F (both read L, then the backup wrote it). The primary
+    lock, held from the start until L is written, tells a backup whether an F still stands.
+    """
+
     role = "primary"
 
     def step(self) -> Act | None:
         nm = self.nm
         match self.pc:
             case "start":
-                if nm.live_held_elsewhere():
-                    # Our backup is serving: ask for failback and wait for it to step down.
-                    log.warning("the backup is active; requesting failback")
-                    return self.go("request")
-                return self.go("waiting")
-            case "request":
-                nm.set_state(FAILBACK)
-                return self.go("waiting")
+                if nm.try_primary():
+                    return self.go("waiting")
+                return Act.PAUSE  # another primary of this store is starting
             case "waiting":
                 return self.go("announce", Act.WAITING)
             case "announce":
@@ -149,12 +166,25 @@ class SharedStorePrimaryActivation(Activation):
             case "lock":
                 if nm.try_live():
                     return self.go("mark")
-                return Act.PAUSE
+                return self.go("ask")
+            case "ask":
+                # L: a backup serves (or is taking over): ask it to step down. F: asked already.
+                # P or N: a backup holds the lock only to look at the state; it lets go.
+                if nm.state() == LIVE:
+                    return self.go("request")
+                return self.go("lock", Act.PAUSE)
+            case "request":
+                log.warning("the backup is active; requesting failback")
+                nm.set_state(FAILBACK)
+                return self.go("lock", Act.PAUSE)
             case "mark":
                 nm.set_state(LIVE)
-                return self.go("serve")
-            case "serve":
-                return self.go(DONE, Act.SERVE)
+                return self.go("unclaim")
+            case "unclaim":
+                nm.release_primary()
+                return self.go("live", Act.SERVE)
+            case "live":
+                return Act.LOST if self._lock_lost() else Act.PAUSE
         raise AssertionError(self.pc)
 
 
@@ -172,17 +202,25 @@ class SharedStoreBackupActivation(Activation):
         match self.pc:
             case "start":
                 return self.go("queue", Act.WAITING)
-            # Take the backup lock (first in line), but never while a primary asks for failback.
+            # Take the backup lock (first in line), but never while a live primary asks for failback.
             case "queue":
                 if nm.state() == FAILBACK:
-                    return Act.PAUSE
+                    return self.go("queue-primary")
                 return self.go("queue-lock")
+            case "queue-primary":
+                if nm.primary_waiting():
+                    return self.go("queue", Act.PAUSE)
+                return self.go("queue-lock")  # F from a primary that died asking
             case "queue-lock":
                 if nm.try_backup():
                     return self.go("queue-recheck")
                 return self.go("queue", Act.PAUSE)
             case "queue-recheck":
                 if nm.state() == FAILBACK:
+                    return self.go("queue-recheck-primary")
+                return self.go("passive")
+            case "queue-recheck-primary":
+                if nm.primary_waiting():
                     return self.go("queue-leave")
                 return self.go("passive")
             case "queue-leave":
@@ -190,7 +228,8 @@ class SharedStoreBackupActivation(Activation):
                 return self.go("queue", Act.PAUSE)
             case "passive":
                 return self.go("poll", Act.PASSIVE)
-            # Hold the live lock only when the primary crashed (state L), or stopped with failover.
+            # Hold the live lock only when the primary crashed (state L), or stopped with failover,
+            # or asked for failback (F) and died before it was live.
             case "poll":
                 if nm.try_live():
                     return self.go("check")
@@ -199,8 +238,15 @@ class SharedStoreBackupActivation(Activation):
                 state = nm.state()
                 if state == LIVE or (state == PAUSED and self.failover_on_shutdown):
                     return self.go("take")
-                # P: a clean stop; N: never started; F: the primary itself is coming back.
+                if state == FAILBACK:
+                    return self.go("check-primary")
+                # P: a clean stop; N: never started.
                 return self.go("give")
+            case "check-primary":
+                if nm.primary_waiting():
+                    return self.go("give")  # the primary is coming back: it takes the lock
+                log.warning("the primary asked for failback and is gone")
+                return self.go("take")
             case "give":
                 nm.release_live()
                 return self.go("poll", Act.PAUSE)
@@ -212,13 +258,21 @@ class SharedStoreBackupActivation(Activation):
                 log.warning("primary is gone: backup activating", extra={"node_id": nm.node_id})
                 return self.go("live", Act.SERVE)
             case "live":
-                if not self.allow_failback:
-                    return self.go(DONE)
+                if self._lock_lost():
+                    return Act.LOST
+                if self.allow_failback:
+                    return self.go("failback")
+                return Act.PAUSE
+            case "failback":
                 if nm.state() == FAILBACK:
+                    return self.go("failback-primary")
+                return self.go("live", Act.PAUSE)
+            case "failback-primary":
+                if nm.primary_waiting():
                     log.warning("primary asks for failback: backup stepping down")
                     # Leave F: the primary takes the live lock and writes L.
                     return self.go("stepped-down", Act.STEP_DOWN)
-                return Act.PAUSE
+                return self.go("live", Act.PAUSE)  # the primary that asked died: serve on
             case "stepped-down":
                 nm.release_live()
                 return self.go("start" if self.restart_backup else "stop")

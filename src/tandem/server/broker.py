@@ -23,7 +23,7 @@ from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
 from ..core.postoffice import PostOffice
-from ..errors import IllegalState, JournalIOError, NotActive, TandemError
+from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
 from ..ha.activation import Activation, make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import JournalSettings
@@ -225,16 +225,35 @@ class Broker:
         else:
             what = str(err)
         log.critical("storage failure: %s; stopping so that a backup takes over", what)
-        self.failure = exc = JournalIOError(
-            f"server {self.config.name!r} stopped: its store failed ({what}); "
-            "what it had not confirmed may or may not have been stored"
+        self._fail_stop(
+            JournalIOError(
+                f"server {self.config.name!r} stopped: its store failed ({what}); "
+                "what it had not confirmed may or may not have been stored"
+            )
         )
+
+    def lock_lost(self, reason: str) -> None:
+        """Our live lock no longer guards the store: another server may serve it now. Stop at once
+        and write nothing more to it — no journal record, no state byte (Artemis's lock monitor)."""
+        if self.failure is not None:
+            return
+        log.critical("lost its live lock (%s): stopping now, writing nothing more to the store", reason)
+        exc = LockLost(
+            f"server {self.config.name!r} lost its live lock ({reason}) and stopped: "
+            "another server may be serving its store"
+        )
+        self.storage.halt(exc)
+        self._fail_stop(exc)
+
+    def _fail_stop(self, exc: TandemError) -> None:
+        """Tell every client why, and stop without touching the state byte."""
+        self.failure = exc
         asyncio.get_running_loop().create_task(self.stop(leave_state=False))
         for conn in list(self.connections):
             try:
                 conn.fatal(exc)
             except TandemError as e:  # a teardown that would write: the store is gone, close anyway
-                log.debug("closing %s after the storage failure: %s", conn, e)
+                log.debug("closing %s after %s: %s", conn, exc.code.name, e)
                 conn.close()
 
     async def _abort_start(self) -> None:
