@@ -1,9 +1,10 @@
 """Activations: the life of a server under each HA policy, one class each (as Artemis's activations).
 
 An activation decides *when* its broker may serve, from the node manager's locks
-and state byte; the broker does the serving (`activate`) and the stepping down
-(`deactivate`). The live lock is the only licence to serve: whoever holds it is
-the one active server of the shared store, so two never serve at once.
+and state byte; the broker does the serving and the stepping down, called
+through `ActivationHost` (ha/host.py) — ha/ never imports the broker. The live
+lock is the only licence to serve: whoever holds it is the one active server of
+the shared store, so two never serve at once.
 
 Each activation is a small state machine: `step()` does at most one node-manager
 operation (one lock or state-byte access, the unit a crash can fall between) and
@@ -17,13 +18,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import TYPE_CHECKING
 
 from ..errors import IllegalState
+from .announcer import announce
+from .host import ActivationHost
 from .node_manager import FAILBACK, LIVE, NOT_STARTED, PAUSED, NodeManager
-
-if TYPE_CHECKING:
-    from ..server.broker import Broker
 
 log = logging.getLogger("tandem.ha")
 
@@ -34,7 +33,7 @@ class Act(enum.Enum):
     PAUSE = "pause"  # wait lock-check-period, then step again
     WAITING = "waiting"  # report "waiting" (for a lock another server holds)
     ANNOUNCE = "announce"  # tell the active server where we are
-    PASSIVE = "passive"  # report "passive", announce, follow the store (a warm backup)
+    PASSIVE = "passive"  # follow the store (a warm backup) and announce
     SERVE = "serve"  # load the store and serve clients
     STEP_DOWN = "step-down"  # stop serving (clients fail over), keep the process
     STOP = "stop"  # stop the server
@@ -43,18 +42,27 @@ class Act(enum.Enum):
 
 DONE = "done"
 
+ANNOUNCER_STOP_TIMEOUT = 2.0  # s; activation never waits long on a link to a server that is gone
+
 
 class Activation:
+    """The broker's activation interface (its `Activation` Protocol), common to every mode."""
+
     role = "live-only"
 
-    def __init__(self, broker: Broker, nm: NodeManager) -> None:
-        self.broker = broker
+    def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
+        self.host = host
         self.nm = nm
-        cfg = broker.config
+        cfg = host.config
         self.poll = cfg.lock_check_period / 1000
         self.failover_on_shutdown = cfg.failover_on_shutdown
         self.pc = "start"
         self.lost_reason = ""
+        self._announcer: asyncio.Task[None] | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.nm.node_id
 
     def step(self) -> Act | None:
         """One step of the state machine: at most one node-manager operation."""
@@ -73,6 +81,9 @@ class Activation:
         self.pc = DONE
         return True
 
+    async def start(self) -> None:
+        """What must happen before the broker listens (live-only: serve, or refuse a store in use)."""
+
     async def advance(self) -> bool:
         """Step until a step pauses (True) or the activation is over (False)."""
         while self.pc != DONE:
@@ -84,31 +95,47 @@ class Activation:
         return False
 
     async def run(self) -> None:
-        while await self.advance():  # noqa: ASYNC110 - a file lock has no event to await
-            await asyncio.sleep(self.poll)
+        """The rest of the server's life, as a task its broker owns (cancelled on stop)."""
+        try:
+            while await self.advance():  # noqa: ASYNC110 - a file lock has no event to await
+                await asyncio.sleep(self.poll)
+        finally:
+            await self._stop_announcing()
 
     async def _do(self, act: Act) -> None:
-        b = self.broker
+        host = self.host
         if act is Act.WAITING:
-            b.ha_state = "waiting"
+            host.report("waiting")
         elif act is Act.ANNOUNCE:
-            b.start_announcing()
+            self._start_announcing()
         elif act is Act.PASSIVE:
-            b.ha_state = "passive"
-            b.start_announcing()
-            await b.start_following()
+            self._start_announcing()
+            await host.start_backup()
         elif act is Act.SERVE:
-            await b.stop_announcing()
-            await b.activate()
+            await self._stop_announcing()
+            await host.start_live()
         elif act is Act.STEP_DOWN:
-            await b.deactivate()
+            await host.stop_live()
         elif act is Act.STOP:
-            await b.stop(leave_state=False)
+            await host.stop(leave_state=False)
         elif act is Act.LOST:
-            b.lock_lost(self.lost_reason)
+            host.lock_lost(self.lost_reason)
+
+    def _start_announcing(self) -> None:
+        """While waiting, tell the active server of our connector (it tells its clients)."""
+        if self._announcer is None and self.host.config.static_connectors:
+            self._announcer = asyncio.create_task(announce(self.host, self.nm.node_id), name="announcer")
+
+    async def _stop_announcing(self) -> None:
+        task, self._announcer = self._announcer, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=ANNOUNCER_STOP_TIMEOUT)
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: it ended on its own, nothing to report
 
     def stop_state(self, failover: bool) -> bytes:
-        """State to leave on a stop: P (clean, no failover) or L (let a backup take over)."""
+        """State to leave on a stop: P (clean, no failover) or L (fail over: let a backup take over)."""
         return LIVE if failover or self.failover_on_shutdown else PAUSED
 
     def release(self, state: bytes | None) -> None:
@@ -119,13 +146,16 @@ class Activation:
 
 
 class LiveOnlyActivation(Activation):
+    async def start(self) -> None:
+        await self.advance()
+
     def step(self) -> Act | None:
         nm = self.nm
         match self.pc:
             case "start":
                 if not nm.try_live():
                     raise IllegalState(
-                        f"data directory {self.broker.config.data_path} is in use by another running broker "
+                        f"data directory {self.host.config.data_path} is in use by another running broker "
                         "(its server.lock is held)"
                     )
                 return self.go("mark")
@@ -191,9 +221,9 @@ class SharedStorePrimaryActivation(Activation):
 class SharedStoreBackupActivation(Activation):
     role = "backup"
 
-    def __init__(self, broker: Broker, nm: NodeManager) -> None:
-        super().__init__(broker, nm)
-        cfg = broker.config
+    def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
+        super().__init__(host, nm)
+        cfg = host.config
         self.allow_failback = cfg.allow_failback
         self.restart_backup = cfg.restart_backup
 
@@ -281,13 +311,14 @@ class SharedStoreBackupActivation(Activation):
         raise AssertionError(self.pc)
 
 
-def make_activation(broker: Broker, nm: NodeManager) -> Activation:
-    policy = broker.config.ha_policy
+def make_activation(host: ActivationHost, nm: NodeManager) -> Activation:
+    """The activation for the host's `ha-policy` (a new mode is a new class here, and a line)."""
+    policy = host.config.ha_policy
     if policy == "shared-store-primary":
-        return SharedStorePrimaryActivation(broker, nm)
+        return SharedStorePrimaryActivation(host, nm)
     if policy == "shared-store-backup":
-        return SharedStoreBackupActivation(broker, nm)
-    return LiveOnlyActivation(broker, nm)
+        return SharedStoreBackupActivation(host, nm)
+    return LiveOnlyActivation(host, nm)
 
 
 __all__ = ["DONE", "NOT_STARTED", "Act", "Activation", "make_activation"]

@@ -14,7 +14,7 @@ from ..core.message import RoutingType
 from ..errors import InvalidArgument, QueueDoesNotExist, Unauthorized
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from .context import BrokerContext
     from .native import NativeConnection
 
 Reply = Callable[[Any], None]
@@ -37,7 +37,7 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 class Admin:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._ops: dict[str, Callable[..., Any]] = {
             "queue.create": self.queue_create,

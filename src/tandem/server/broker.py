@@ -4,6 +4,11 @@ The acceptors listen from start to stop so that management (status, stop) and
 clients waiting for a backup to take over can connect at any time. Whether
 the broker *serves* — holds the journal and the post office — is decided by
 its activation (live-only, shared-store primary or backup, see ha/activation.py).
+
+The broker is the one module that knows its parts. It sees its activation through
+`Activation` below and is seen by it through ha/host.py's `ActivationHost`; its
+connections and management operations see it through server/context.py's
+`BrokerContext`. None of them imports this module.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from .. import __version__
 from ..config import BrokerConfig, parse_host_port
@@ -24,7 +29,7 @@ from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
 from ..core.postoffice import PostOffice
 from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
-from ..ha.activation import Activation, make_activation
+from ..ha.activation import make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import JournalSettings
 from ..protocol import native as p
@@ -46,6 +51,29 @@ def journal_settings(cfg: BrokerConfig) -> JournalSettings:
         compact_min_files=cfg.journal_compact_min_files,
         datasync=cfg.journal_datasync,
     )
+
+
+class Activation(Protocol):
+    """The broker's side of its HA mode: ha/activation.py implements it, one class per mode."""
+
+    @property
+    def role(self) -> str: ...
+
+    async def start(self) -> None:
+        """Before the broker listens: a live-only server serves now, or refuses a store in use."""
+        ...
+
+    async def run(self) -> None:
+        """The rest of its life (waiting, passive, live), as a task the broker owns and cancels on stop."""
+        ...
+
+    def stop_state(self, failover: bool) -> bytes:
+        """What a stop of the serving server leaves in the store: fail over (L) or not (P)."""
+        ...
+
+    def release(self, state: bytes | None) -> None:
+        """The broker stopped serving: leave `state` (if any), let go of every lock."""
+        ...
 
 
 def _compile_filter(text: str) -> Any:
@@ -77,7 +105,6 @@ class Broker:
         self.backups: dict[NativeConnection, str] = {}  # waiting servers that announced themselves
         self.failure: BaseException | None = None
         self._activation_task: asyncio.Task[None] | None = None
-        self._announcer: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._follower: Any = None
         self._housekeeper: asyncio.Task[None] | None = None
@@ -108,8 +135,7 @@ class Broker:
         self.activation = make_activation(self, self.node_manager)
         self.started_at = time.time()
         try:
-            if cfg.ha_policy == "live-only":
-                await self.activation.advance()  # serves now, or fails fast if the store is in use
+            await self.activation.start()
             await self._listen()
         except BaseException:
             await self._abort_start()
@@ -128,7 +154,10 @@ class Broker:
             self.failure = exc
             asyncio.get_running_loop().create_task(self.stop())
 
-    async def activate(self) -> None:
+    def report(self, state: str) -> None:
+        self.ha_state = state
+
+    async def start_live(self) -> None:
         """Load the journal and serve (we hold the live lock)."""
         t0 = time.monotonic()
         cfg = self.config
@@ -156,7 +185,7 @@ class Broker:
             if isinstance(conn, NativeConnection):
                 conn.send(p.Activated(self.topology()))
 
-    async def deactivate(self) -> None:
+    async def stop_live(self) -> None:
         """Stop serving: clients are disconnected (they fail over), the journal is closed.
 
         The locks are the activation's: it lets go of the live lock once this returns."""
@@ -186,12 +215,11 @@ class Broker:
                     await task
                 except (asyncio.CancelledError, Exception):
                     pass
-        await self.stop_announcing()
         await self._stop_following()
         for server in self.servers:
             server.close()
         was_active = self.active
-        await self.deactivate()
+        await self.stop_live()
         if self.activation is not None:
             state = self.activation.stop_state(failover) if leave_state and was_active else None
             self.activation.release(state)
@@ -266,25 +294,10 @@ class Broker:
                 self.node_manager.close()
             self._stopped.set()
 
-    # ------------------------------------------------------------ announcing
-    def start_announcing(self) -> None:
-        """While waiting, tell the active server of our connector (it tells its clients)."""
-        if self._announcer is None and self.config.static_connectors:
-            from ..ha.announcer import announce
-
-            self._announcer = asyncio.create_task(announce(self), name="announcer")
-
-    async def stop_announcing(self) -> None:
-        task, self._announcer = self._announcer, None
-        if task is not None:
-            task.cancel()
-            # Bounded: activation must never wait on a link to a server that is gone.
-            await asyncio.wait([task], timeout=2.0)
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: it ended on its own, nothing to report
-
-    async def start_following(self) -> None:
-        """While passive, read the store as the active server writes it (a warm backup, store/follower.py)."""
+    # ------------------------------------------------------------- following
+    async def start_backup(self) -> None:
+        """Passive: read the store as the active server writes it (a warm backup, store/follower.py)."""
+        self.ha_state = "passive"
         if self.config.persistence_enabled and self._follow_task is None:
             self._follow_task = asyncio.create_task(self._follow(), name="follower")
 
