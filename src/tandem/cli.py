@@ -14,13 +14,14 @@ from typing import Any, Literal
 
 from . import __version__
 from .config import BrokerConfig, load_config
-from .errors import ConfigError, JournalIOError, TandemError
+from .errors import ConfigError, JournalIOError, LockLost, TandemError
 
 DEFAULT_URL = os.environ.get("TANDEM_URL", "tcp://127.0.0.1:61616")
 
 
 BROKER_SWITCH_INTERVAL = 0.0001  # seconds (decision 0016)
 EXIT_STORAGE_FAILURE = 3  # `tandem run` after an I/O error in the store (docs/storage.md)
+EXIT_LOCK_LOST = 4  # `tandem run` after losing its live lock (docs/ha.md)
 
 
 def _install_loop_policy() -> None:
@@ -110,6 +111,9 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
     if isinstance(broker.failure, JournalIOError):
         print(f"tandem: {broker.failure}", file=sys.stderr)
         return EXIT_STORAGE_FAILURE
+    if isinstance(broker.failure, LockLost):
+        print(f"tandem: {broker.failure}", file=sys.stderr)
+        return EXIT_LOCK_LOST
     if broker.failure is not None:
         print(f"tandem: broker stopped: {broker.failure!r}", file=sys.stderr)
         return 1

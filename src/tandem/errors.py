@@ -186,6 +186,10 @@ class NotActive(TandemError):
     code = ErrorCode.NOT_ACTIVE
 
 
+class LockLost(NotActive):
+    """The server lost its live lock (its lock file went, or another server holds it): it stopped."""
+
+
 class ConfigError(TandemError):
     code = ErrorCode.CONFIG
 

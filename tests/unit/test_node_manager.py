@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tandem.config import load_config
+from tandem.errors import NotActive
+from tandem.ha.activation import Act, make_activation
 from tandem.ha.lockfile import FAILBACK, LIVE, NOT_STARTED, PAUSED
 from tandem.ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from tandem.server.broker import Broker
@@ -48,20 +51,22 @@ def test_file_lock_state_and_id_survive_reopening(tmp_path: Path) -> None:
     b.close()
 
 
-def test_backup_never_takes_the_backup_lock_during_failback(tmp_path: Path) -> None:
-    store = SharedStore()
-    a, b = InMemoryNodeManager(store), InMemoryNodeManager(store)
-    a.set_state(FAILBACK)
-
-    async def main() -> bool:
-        task = asyncio.create_task(b.wait_backup(0.01))
-        await asyncio.sleep(0.1)
-        waited = not task.done()
-        a.set_state(LIVE)
-        await asyncio.wait_for(task, 2)
-        return waited
-
-    assert asyncio.run(main())
+def test_backup_never_queues_while_a_live_primary_asks_for_failback(tmp_path: Path) -> None:
+    """F stands while the primary that wrote it holds the primary lock; once it dies, the backup goes on."""
+    primary, other = FileNodeManager(tmp_path), FileNodeManager(tmp_path)
+    assert primary.try_primary() and not other.try_primary() and other.primary_waiting()
+    primary.set_state(FAILBACK)
+    backup = make_activation(SimpleNamespace(config=_config("b", "shared-store-backup")), other)  # type: ignore[arg-type]
+    for _ in range(20):
+        backup.step()  # the broker's side of each step is not needed here
+    assert backup.pc.startswith("queue") and not other.has_backup
+    primary.close()  # a kill -9: its locks go, its F stays
+    assert not other.primary_waiting()
+    for _ in range(20):
+        if backup.step() is Act.SERVE:
+            break
+    assert backup.pc == "live" and other.state() == LIVE, "the F of a dead primary is void: the backup serves"
+    other.close()
 
 
 def _config(name: str, policy: str, **extra: Any) -> Any:
@@ -122,5 +127,22 @@ def test_live_only_refuses_a_store_in_use() -> None:
         with pytest.raises(Exception, match="in use"):
             await second.start()
         await first.stop()
+
+    asyncio.run(main())
+
+
+def test_a_live_broker_that_loses_its_lock_stops_serving() -> None:
+    """Within a lock-check-period or so; as when a network file system lets the lock go."""
+
+    async def main() -> None:
+        store = SharedStore()
+        broker = Broker(_config("a", "live-only"), InMemoryNodeManager(store))
+        await broker.start()
+        assert broker.active
+        store.live = object()  # another server holds the live lock now
+        await _until(lambda: not broker.active)
+        await asyncio.wait_for(broker.wait_stopped(), 5)
+        assert isinstance(broker.failure, NotActive), broker.failure
+        assert store.state == LIVE, "a server that lost its lock writes nothing more"
 
     asyncio.run(main())

@@ -1,128 +1,324 @@
 """Activations: the life of a server under each HA policy, one class each (as Artemis's activations).
 
 An activation decides *when* its broker may serve, from the node manager's locks
-and state byte; the broker does the serving (`activate`) and the stepping down
-(`deactivate`). The live lock is the only licence to serve: whoever holds it is
-the one active server of the shared store, so two never serve at once.
+and state byte; the broker does the serving and the stepping down, called
+through `ActivationHost` (ha/host.py) — ha/ never imports the broker. The live
+lock is the only licence to serve: whoever holds it is the one active server of
+the shared store, so two never serve at once.
+
+Each activation is a small state machine: `step()` does at most one node-manager
+operation (one lock or state-byte access, the unit a crash can fall between) and
+returns what the broker should do next. `run()` drives it; the pair's model test
+(tests/unit/test_ha_model.py) drives the same `step()`s of two servers
+interleaved, with a crash possible between any two of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-from typing import TYPE_CHECKING
 
 from ..errors import IllegalState
+from .announcer import announce
+from .host import ActivationHost
 from .node_manager import FAILBACK, LIVE, NOT_STARTED, PAUSED, NodeManager
-
-if TYPE_CHECKING:
-    from ..server.broker import Broker
 
 log = logging.getLogger("tandem.ha")
 
 
+class Act(enum.Enum):
+    """What a step asks of the broker."""
+
+    PAUSE = "pause"  # wait lock-check-period, then step again
+    WAITING = "waiting"  # report "waiting" (for a lock another server holds)
+    ANNOUNCE = "announce"  # tell the active server where we are
+    PASSIVE = "passive"  # follow the store (a warm backup) and announce
+    SERVE = "serve"  # load the store and serve clients
+    STEP_DOWN = "step-down"  # stop serving (clients fail over), keep the process
+    STOP = "stop"  # stop the server
+    LOST = "lost"  # the live lock is lost: stop at once, write nothing more
+
+
+DONE = "done"
+
+ANNOUNCER_STOP_TIMEOUT = 2.0  # s; activation never waits long on a link to a server that is gone
+
+
 class Activation:
+    """The broker's activation interface (its `Activation` Protocol), common to every mode."""
+
     role = "live-only"
 
-    def __init__(self, broker: Broker, nm: NodeManager) -> None:
-        self.broker = broker
+    def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
+        self.host = host
         self.nm = nm
-        self.poll = broker.config.lock_check_period / 1000
+        cfg = host.config
+        self.poll = cfg.lock_check_period / 1000
+        self.failover_on_shutdown = cfg.failover_on_shutdown
+        self.pc = "start"
+        self.lost_reason = ""
+        self._announcer: asyncio.Task[None] | None = None
 
-    async def run(self) -> None:
+    @property
+    def node_id(self) -> str:
+        return self.nm.node_id
+
+    def step(self) -> Act | None:
+        """One step of the state machine: at most one node-manager operation."""
         raise NotImplementedError
 
-    def stop_state(self, failover: bool) -> bytes | None:
-        """State to leave on a stop: P (clean, no failover) or L (let a backup take over)."""
-        return LIVE if failover or self.broker.config.failover_on_shutdown else PAUSED
+    def go(self, pc: str, act: Act | None = None) -> Act | None:
+        self.pc = pc
+        return act
+
+    def _lock_lost(self) -> bool:
+        """While serving, every lock-check-period: is the live lock still ours?"""
+        reason = self.nm.live_lock_lost()
+        if reason is None:
+            return False
+        self.lost_reason = reason
+        self.pc = DONE
+        return True
+
+    async def start(self) -> None:
+        """What must happen before the broker listens (live-only: serve, or refuse a store in use)."""
+
+    async def advance(self) -> bool:
+        """Step until a step pauses (True) or the activation is over (False)."""
+        while self.pc != DONE:
+            act = self.step()
+            if act is Act.PAUSE:
+                return True
+            if act is not None:
+                await self._do(act)
+        return False
+
+    async def run(self) -> None:
+        """The rest of the server's life, as a task its broker owns (cancelled on stop)."""
+        try:
+            while await self.advance():  # noqa: ASYNC110 - a file lock has no event to await
+                await asyncio.sleep(self.poll)
+        finally:
+            await self._stop_announcing()
+
+    async def _do(self, act: Act) -> None:
+        host = self.host
+        if act is Act.WAITING:
+            host.report("waiting")
+        elif act is Act.ANNOUNCE:
+            self._start_announcing()
+        elif act is Act.PASSIVE:
+            self._start_announcing()
+            await host.start_backup()
+        elif act is Act.SERVE:
+            await self._stop_announcing()
+            await host.start_live()
+        elif act is Act.STEP_DOWN:
+            await host.stop_live()
+        elif act is Act.STOP:
+            await host.stop(leave_state=False)
+        elif act is Act.LOST:
+            host.lock_lost(self.lost_reason)
+
+    def _start_announcing(self) -> None:
+        """While waiting, tell the active server of our connector (it tells its clients)."""
+        if self._announcer is None and self.host.config.static_connectors:
+            self._announcer = asyncio.create_task(announce(self.host, self.nm.node_id), name="announcer")
+
+    async def _stop_announcing(self) -> None:
+        task, self._announcer = self._announcer, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=ANNOUNCER_STOP_TIMEOUT)
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: it ended on its own, nothing to report
+
+    def stop_state(self, failover: bool) -> bytes:
+        """State to leave on a stop: P (clean, no failover) or L (fail over: let a backup take over)."""
+        return LIVE if failover or self.failover_on_shutdown else PAUSED
+
+    def release(self, state: bytes | None) -> None:
+        """The broker stopped serving: leave `state` (if any) and let go of every lock."""
+        if state is not None:
+            self.nm.set_state(state)
+        self.nm.close()
 
 
 class LiveOnlyActivation(Activation):
-    async def run(self) -> None:
-        if not self.nm.try_live():
-            raise IllegalState(
-                f"data directory {self.broker.config.data_path} is in use by another running broker "
-                "(its server.lock is held)"
-            )
-        self.nm.set_state(LIVE)
-        await self.broker.activate()
+    async def start(self) -> None:
+        await self.advance()
 
-    def stop_state(self, failover: bool) -> bytes | None:
+    def step(self) -> Act | None:
+        nm = self.nm
+        match self.pc:
+            case "start":
+                if not nm.try_live():
+                    raise IllegalState(
+                        f"data directory {self.host.config.data_path} is in use by another running broker "
+                        "(its server.lock is held)"
+                    )
+                return self.go("mark")
+            case "mark":
+                nm.set_state(LIVE)
+                return self.go("serve")
+            case "serve":
+                return self.go("live", Act.SERVE)
+            case "live":
+                return Act.LOST if self._lock_lost() else Act.PAUSE
+        raise AssertionError(self.pc)
+
+    def stop_state(self, failover: bool) -> bytes:
         return PAUSED
 
 
 class SharedStorePrimaryActivation(Activation):
+    """Waits for the live lock; while a backup serves in its place (state L), asks for failback (F).
+
+    It keeps asking: a backup may take over after the primary's first look (the store was
+    still free) or write L over its F (both read L, then the backup wrote it). The primary
+    lock, held from the start until L is written, tells a backup whether an F still stands.
+    """
+
     role = "primary"
 
-    async def run(self) -> None:
-        b = self.broker
-        if self.nm.live_held_elsewhere():
-            # Our backup is serving: ask for failback and wait for it to step down.
-            log.warning("the backup is active; requesting failback")
-            self.nm.set_state(FAILBACK)
-        b.ha_state = "waiting"
-        b.start_announcing()
-        await self.nm.wait_live(self.poll)
-        self.nm.set_state(LIVE)
-        await b.stop_announcing()
-        await b.activate()
+    def step(self) -> Act | None:
+        nm = self.nm
+        match self.pc:
+            case "start":
+                if nm.try_primary():
+                    return self.go("waiting")
+                return Act.PAUSE  # another primary of this store is starting
+            case "waiting":
+                return self.go("announce", Act.WAITING)
+            case "announce":
+                return self.go("lock", Act.ANNOUNCE)
+            case "lock":
+                if nm.try_live():
+                    return self.go("mark")
+                return self.go("ask")
+            case "ask":
+                # L: a backup serves (or is taking over): ask it to step down. F: asked already.
+                # P or N: a backup holds the lock only to look at the state; it lets go.
+                if nm.state() == LIVE:
+                    return self.go("request")
+                return self.go("lock", Act.PAUSE)
+            case "request":
+                log.warning("the backup is active; requesting failback")
+                nm.set_state(FAILBACK)
+                return self.go("lock", Act.PAUSE)
+            case "mark":
+                nm.set_state(LIVE)
+                return self.go("unclaim")
+            case "unclaim":
+                nm.release_primary()
+                return self.go("live", Act.SERVE)
+            case "live":
+                return Act.LOST if self._lock_lost() else Act.PAUSE
+        raise AssertionError(self.pc)
 
 
 class SharedStoreBackupActivation(Activation):
     role = "backup"
 
-    async def run(self) -> None:
-        b = self.broker
-        cfg = b.config
-        while True:
-            b.ha_state = "waiting"
-            await self.nm.wait_backup(self.poll)
-            b.ha_state = "passive"
-            b.start_announcing()
-            await b.start_following()
-            await self._await_primary_failure()
-            self.nm.set_state(LIVE)
-            self.nm.release_backup()  # the next backup may queue up now
-            await b.stop_announcing()
-            log.warning("primary is gone: backup activating", extra={"node_id": self.nm.node_id})
-            await b.activate()
-            if not cfg.allow_failback:
-                return
-            if not await self._await_failback_request():
-                return  # stopped meanwhile
-            log.warning("primary asks for failback: backup stepping down")
-            await b.deactivate(state=None)  # leave F: the primary takes the live lock and writes L
-            if not cfg.restart_backup:
-                await b.stop(leave_state=False)
-                return
+    def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
+        super().__init__(host, nm)
+        cfg = host.config
+        self.allow_failback = cfg.allow_failback
+        self.restart_backup = cfg.restart_backup
 
-    async def _await_primary_failure(self) -> None:
-        """Hold the live lock only when the primary crashed (state L), or stopped with failover."""
-        while True:
-            await self.nm.wait_live(self.poll)
-            state = self.nm.state()
-            if state == LIVE or (state == PAUSED and self.broker.config.failover_on_shutdown):
-                return
-            # P: a clean stop; N: never started; F: the primary itself is coming back.
-            self.nm.release_live()
-            await asyncio.sleep(self.poll)
+    def step(self) -> Act | None:
+        nm = self.nm
+        match self.pc:
+            case "start":
+                return self.go("queue", Act.WAITING)
+            # Take the backup lock (first in line), but never while a live primary asks for failback.
+            case "queue":
+                if nm.state() == FAILBACK:
+                    return self.go("queue-primary")
+                return self.go("queue-lock")
+            case "queue-primary":
+                if nm.primary_waiting():
+                    return self.go("queue", Act.PAUSE)
+                return self.go("queue-lock")  # F from a primary that died asking
+            case "queue-lock":
+                if nm.try_backup():
+                    return self.go("queue-recheck")
+                return self.go("queue", Act.PAUSE)
+            case "queue-recheck":
+                if nm.state() == FAILBACK:
+                    return self.go("queue-recheck-primary")
+                return self.go("passive")
+            case "queue-recheck-primary":
+                if nm.primary_waiting():
+                    return self.go("queue-leave")
+                return self.go("passive")
+            case "queue-leave":
+                nm.release_backup()
+                return self.go("queue", Act.PAUSE)
+            case "passive":
+                return self.go("poll", Act.PASSIVE)
+            # Hold the live lock only when the primary crashed (state L), or stopped with failover,
+            # or asked for failback (F) and died before it was live.
+            case "poll":
+                if nm.try_live():
+                    return self.go("check")
+                return Act.PAUSE
+            case "check":
+                state = nm.state()
+                if state == LIVE or (state == PAUSED and self.failover_on_shutdown):
+                    return self.go("take")
+                if state == FAILBACK:
+                    return self.go("check-primary")
+                # P: a clean stop; N: never started.
+                return self.go("give")
+            case "check-primary":
+                if nm.primary_waiting():
+                    return self.go("give")  # the primary is coming back: it takes the lock
+                log.warning("the primary asked for failback and is gone")
+                return self.go("take")
+            case "give":
+                nm.release_live()
+                return self.go("poll", Act.PAUSE)
+            case "take":
+                nm.set_state(LIVE)
+                return self.go("unqueue")
+            case "unqueue":
+                nm.release_backup()  # the next backup may queue up now
+                log.warning("primary is gone: backup activating", extra={"node_id": nm.node_id})
+                return self.go("live", Act.SERVE)
+            case "live":
+                if self._lock_lost():
+                    return Act.LOST
+                if self.allow_failback:
+                    return self.go("failback")
+                return Act.PAUSE
+            case "failback":
+                if nm.state() == FAILBACK:
+                    return self.go("failback-primary")
+                return self.go("live", Act.PAUSE)
+            case "failback-primary":
+                if nm.primary_waiting():
+                    log.warning("primary asks for failback: backup stepping down")
+                    # Leave F: the primary takes the live lock and writes L.
+                    return self.go("stepped-down", Act.STEP_DOWN)
+                return self.go("live", Act.PAUSE)  # the primary that asked died: serve on
+            case "stepped-down":
+                nm.release_live()
+                return self.go("start" if self.restart_backup else "stop")
+            case "stop":
+                return self.go(DONE, Act.STOP)
+        raise AssertionError(self.pc)
 
-    async def _await_failback_request(self) -> bool:
-        """True once the primary asks for failback; False if we stopped serving first."""
-        while self.broker.active:
-            if self.nm.state() == FAILBACK:
-                return True
-            await asyncio.sleep(self.poll)
-        return False
 
-
-def make_activation(broker: Broker, nm: NodeManager) -> Activation:
-    policy = broker.config.ha_policy
+def make_activation(host: ActivationHost, nm: NodeManager) -> Activation:
+    """The activation for the host's `ha-policy` (a new mode is a new class here, and a line)."""
+    policy = host.config.ha_policy
     if policy == "shared-store-primary":
-        return SharedStorePrimaryActivation(broker, nm)
+        return SharedStorePrimaryActivation(host, nm)
     if policy == "shared-store-backup":
-        return SharedStoreBackupActivation(broker, nm)
-    return LiveOnlyActivation(broker, nm)
+        return SharedStoreBackupActivation(host, nm)
+    return LiveOnlyActivation(host, nm)
 
 
-__all__ = ["NOT_STARTED", "Activation", "make_activation"]
+__all__ = ["DONE", "NOT_STARTED", "Act", "Activation", "make_activation"]

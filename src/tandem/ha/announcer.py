@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from ..errors import TandemError
-
-if TYPE_CHECKING:
-    from ..server.broker import Broker
+from .host import ActivationHost
 
 log = logging.getLogger("tandem.ha")
 
 RETRY = 0.5
 
 
-async def announce(broker: Broker) -> None:
+async def announce(host: ActivationHost, node_id: str) -> None:
     from ..client.connection import AsyncConnection
 
-    cfg = broker.config
+    cfg = host.config
     urls = [cfg.connector_url(n) for n in cfg.static_connectors]
     while True:
-        me = broker.own_connector()
+        me = host.own_connector()
         for url in urls:
             if url == me:
                 continue
@@ -49,7 +46,7 @@ async def announce(broker: Broker) -> None:
                     "cluster.announce",
                     user=cfg.cluster_user,
                     password=cfg.cluster_password,
-                    node_id=broker.node_id,
+                    node_id=node_id,
                     connector=me,
                 )
                 log.info("announced to the active server", extra={"peer": url, "connector": me})

@@ -4,6 +4,9 @@
     byte 1      live lock (byte-range lock, held by the active server)
     byte 2      backup lock (held by the backup first in line)
     bytes 3-18  node id (16 bytes, created on first start and kept)
+    byte 19     primary lock (a lock only, past the file's end): held by a primary from its
+                start until it has written L, so a failback request (F) stands only while
+                the primary that wrote it is alive
 
 Locks are Linux open-file-description (OFD) locks: they belong to an open file,
 not to a process, so two brokers in one process exclude each other for real.
@@ -24,6 +27,7 @@ BACKUP_POS = 2
 ID_POS = 3
 ID_LEN = 16
 FILE_SIZE = ID_POS + ID_LEN
+PRIMARY_POS = FILE_SIZE
 
 NOT_STARTED = b"N"
 LIVE = b"L"
@@ -92,6 +96,31 @@ class LockFile:
 
     def unlock_backup(self) -> None:
         self._unlock(BACKUP_POS)
+
+    def try_lock_primary(self) -> bool:
+        return self._lock(PRIMARY_POS, wait=False)
+
+    def unlock_primary(self) -> None:
+        self._unlock(PRIMARY_POS)
+
+    def live_lock_lost(self) -> str | None:
+        """Why our live lock no longer guards the store (None while it does).
+
+        The lock belongs to the file we opened: if that file was removed or replaced, a
+        server opening `server.lock` now locks another file; on a network file system the
+        server may also have given the lock to another client (then re-asserting it fails)."""
+        try:
+            on_disk = os.stat(self.path)
+            mine = os.fstat(self.fd)
+            if (on_disk.st_dev, on_disk.st_ino) != (mine.st_dev, mine.st_ino):
+                return f"{self.path} was replaced by another file"
+            if not self._lock(LIVE_POS, wait=False):  # a no-op for the holder
+                return "another server holds the live lock"
+        except FileNotFoundError:
+            return f"{self.path} was removed"
+        except OSError as exc:
+            return f"{self.path} cannot be checked: {exc}"
+        return None
 
     def is_locked(self, pos: int) -> bool:
         """True if another open description holds the lock at `pos`."""

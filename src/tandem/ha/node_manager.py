@@ -2,19 +2,19 @@
 
 Two implementations behind one interface: `FileNodeManager` over `server.lock`
 (byte-range OFD locks, so brokers in one process exclude each other too) and
-`InMemoryNodeManager` for unit tests. Waiting is polling with a short period:
-a lock wait must be cancellable, and a thread blocked in fcntl cannot be.
+`InMemoryNodeManager` for unit tests. Every operation is one non-blocking lock
+or state access: the activations poll (a lock wait must be cancellable, and a
+thread blocked in fcntl cannot be), and the pair's model test interleaves them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from .lockfile import FAILBACK, LIVE, NOT_STARTED, PAUSED, LockFile
+from .lockfile import FAILBACK, LIVE, LIVE_POS, NOT_STARTED, PAUSED, PRIMARY_POS, LockFile
 
 __all__ = [
     "FAILBACK",
@@ -46,8 +46,23 @@ class NodeManager(ABC):
     def release_backup(self) -> None: ...
 
     @abstractmethod
+    def try_primary(self) -> bool:
+        """The primary lock: held by a primary from its start until it has written L."""
+
+    @abstractmethod
+    def release_primary(self) -> None: ...
+
+    @abstractmethod
+    def primary_waiting(self) -> bool:
+        """True if another server holds the primary lock: a primary is alive and not yet live."""
+
+    @abstractmethod
     def live_held_elsewhere(self) -> bool:
         """True if another server holds the live lock right now."""
+
+    @abstractmethod
+    def live_lock_lost(self) -> str | None:
+        """Why the live lock we took no longer guards the store; None while it does."""
 
     @abstractmethod
     def state(self) -> bytes: ...
@@ -58,19 +73,6 @@ class NodeManager(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    async def wait_live(self, poll: float) -> None:
-        while not self.try_live():  # noqa: ASYNC110 - a file lock has no event to await
-            await asyncio.sleep(poll)
-
-    async def wait_backup(self, poll: float) -> None:
-        """Take the backup lock, but never while a primary is asking for failback."""
-        while True:
-            if self.state() != FAILBACK and self.try_backup():
-                if self.state() != FAILBACK:
-                    return
-                self.release_backup()
-            await asyncio.sleep(poll)
-
 
 class FileNodeManager(NodeManager):
     def __init__(self, directory: Path) -> None:
@@ -78,6 +80,7 @@ class FileNodeManager(NodeManager):
         self.node_id = self._lock.node_id()
         self.has_live = False
         self.has_backup = False
+        self.has_primary = False
 
     def try_live(self) -> bool:
         if not self.has_live:
@@ -99,8 +102,26 @@ class FileNodeManager(NodeManager):
             self._lock.unlock_backup()
             self.has_backup = False
 
+    def try_primary(self) -> bool:
+        if not self.has_primary:
+            self.has_primary = self._lock.try_lock_primary()
+        return self.has_primary
+
+    def release_primary(self) -> None:
+        if self.has_primary:
+            self._lock.unlock_primary()
+            self.has_primary = False
+
+    def primary_waiting(self) -> bool:
+        return not self.has_primary and self._lock.is_locked(PRIMARY_POS)
+
     def live_held_elsewhere(self) -> bool:
-        return not self.has_live and self._lock.is_locked(1)
+        return not self.has_live and self._lock.is_locked(LIVE_POS)
+
+    def live_lock_lost(self) -> str | None:
+        if not self.has_live:
+            return "the live lock was released"
+        return self._lock.live_lock_lost()
 
     def state(self) -> bytes:
         return self._lock.read_state()
@@ -119,6 +140,7 @@ class SharedStore:
         self.mutex = threading.Lock()
         self.live: object | None = None
         self.backup: object | None = None
+        self.primary: object | None = None
         self.state = NOT_STARTED
         self.node_id = str(uuid.uuid4())
 
@@ -155,9 +177,22 @@ class InMemoryNodeManager(NodeManager):
     def release_backup(self) -> None:
         self._give("backup")
 
+    def try_primary(self) -> bool:
+        return self._take("primary")
+
+    def release_primary(self) -> None:
+        self._give("primary")
+
+    def primary_waiting(self) -> bool:
+        holder = self._store.primary
+        return holder is not None and holder is not self
+
     def live_held_elsewhere(self) -> bool:
         holder = self._store.live
         return holder is not None and holder is not self
+
+    def live_lock_lost(self) -> str | None:
+        return None if self._store.live is self else "another server holds the live lock"
 
     def state(self) -> bytes:
         return self._store.state
@@ -169,3 +204,4 @@ class InMemoryNodeManager(NodeManager):
         """Like a process dying: every lock this server holds goes."""
         self.release_live()
         self.release_backup()
+        self.release_primary()

@@ -634,6 +634,11 @@ class Journal:
         if not self._compacting:
             self._maybe_compact()
 
+    def halt(self, err: BaseException) -> None:
+        """Stop writing, as after an I/O error, for a reason the owner reports itself."""
+        if self.failed is None:
+            self.failed = err
+
     def _fail(self, err: BaseException) -> None:
         """The first I/O error ends the journal: nothing more is written or confirmed (once)."""
         if self.failed is not None:

@@ -15,7 +15,7 @@ from ..errors import InvalidArgument, QueueDoesNotExist, Unauthorized
 from .security import is_cluster_pair
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from .context import BrokerContext
     from .native import NativeConnection
 
 Reply = Callable[[Any], None]
@@ -38,7 +38,7 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 class Admin:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._ops: dict[str, Callable[..., Any]] = {
             "queue.create": self.queue_create,

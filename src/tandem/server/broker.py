@@ -4,6 +4,11 @@ The acceptors listen from start to stop so that management (status, stop) and
 clients waiting for a backup to take over can connect at any time. Whether
 the broker *serves* — holds the journal and the post office — is decided by
 its activation (live-only, shared-store primary or backup, see ha/activation.py).
+
+The broker is the one module that knows its parts. It sees its activation through
+`Activation` below and is seen by it through ha/host.py's `ActivationHost`; its
+connections and management operations see it through server/context.py's
+`BrokerContext`. None of them imports this module.
 """
 
 from __future__ import annotations
@@ -15,15 +20,15 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from .. import __version__
 from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
 from ..core.postoffice import PostOffice
-from ..errors import IllegalState, JournalIOError, NotActive, TandemError
-from ..ha.activation import Activation, make_activation
+from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
+from ..ha.activation import make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import JournalSettings
 from ..protocol import native as p
@@ -46,6 +51,29 @@ def journal_settings(cfg: BrokerConfig) -> JournalSettings:
         compact_min_files=cfg.journal_compact_min_files,
         datasync=cfg.journal_datasync,
     )
+
+
+class Activation(Protocol):
+    """The broker's side of its HA mode: ha/activation.py implements it, one class per mode."""
+
+    @property
+    def role(self) -> str: ...
+
+    async def start(self) -> None:
+        """Before the broker listens: a live-only server serves now, or refuses a store in use."""
+        ...
+
+    async def run(self) -> None:
+        """The rest of its life (waiting, passive, live), as a task the broker owns and cancels on stop."""
+        ...
+
+    def stop_state(self, failover: bool) -> bytes:
+        """What a stop of the serving server leaves in the store: fail over (L) or not (P)."""
+        ...
+
+    def release(self, state: bytes | None) -> None:
+        """The broker stopped serving: leave `state` (if any), let go of every lock."""
+        ...
 
 
 def _compile_filter(text: str) -> Any:
@@ -78,7 +106,6 @@ class Broker:
         self.backups: dict[NativeConnection, str] = {}  # waiting servers that announced themselves
         self.failure: BaseException | None = None
         self._activation_task: asyncio.Task[None] | None = None
-        self._announcer: asyncio.Task[None] | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._follower: Any = None
         self._housekeeper: asyncio.Task[None] | None = None
@@ -109,14 +136,12 @@ class Broker:
         self.activation = make_activation(self, self.node_manager)
         self.started_at = time.time()
         try:
-            if cfg.ha_policy == "live-only":
-                await self.activation.run()  # fails fast if the store is in use
+            await self.activation.start()
             await self._listen()
         except BaseException:
             await self._abort_start()
             raise
-        if cfg.ha_policy != "live-only":
-            self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
+        self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
 
     async def _run_activation(self) -> None:
@@ -130,7 +155,10 @@ class Broker:
             self.failure = exc
             asyncio.get_running_loop().create_task(self.stop())
 
-    async def activate(self) -> None:
+    def report(self, state: str) -> None:
+        self.ha_state = state
+
+    async def start_live(self) -> None:
         """Load the journal and serve (we hold the live lock)."""
         t0 = time.monotonic()
         cfg = self.config
@@ -158,8 +186,10 @@ class Broker:
             if isinstance(conn, NativeConnection):
                 conn.send(p.Activated(self.topology()))
 
-    async def deactivate(self, state: bytes | None) -> None:
-        """Stop serving: clients are disconnected (they fail over), the journal is closed, the lock released."""
+    async def stop_live(self) -> None:
+        """Stop serving: clients are disconnected (they fail over), the journal is closed.
+
+        The locks are the activation's: it lets go of the live lock once this returns."""
         if not self.active:
             return
         self.active = False
@@ -168,11 +198,6 @@ class Broker:
             conn.close()
         await self.storage.stop()
         self.storage = NullStorage()
-        nm = self.node_manager
-        if nm is not None:
-            if state is not None:
-                nm.set_state(state)
-            nm.release_live()
 
     async def stop(self, failover: bool = False, leave_state: bool = True) -> None:
         """Stop for good; `failover` leaves the store marked live so a backup takes over.
@@ -191,15 +216,16 @@ class Broker:
                     await task
                 except (asyncio.CancelledError, Exception):
                     pass
-        await self.stop_announcing()
         await self._stop_following()
         for server in self.servers:
             server.close()
-        state = None
-        if leave_state and self.activation is not None:
-            state = self.activation.stop_state(failover)
         was_active = self.active
-        await self.deactivate(state)
+        await self.stop_live()
+        if self.activation is not None:
+            state = self.activation.stop_state(failover) if leave_state and was_active else None
+            self.activation.release(state)
+        elif self.node_manager is not None:
+            self.node_manager.close()
         for conn in list(self.connections):
             try:
                 conn.close()
@@ -210,10 +236,6 @@ class Broker:
                 await asyncio.wait_for(server.wait_closed(), 5)
             except TimeoutError:
                 pass
-        if self.node_manager is not None:
-            if not was_active:
-                self.node_manager.release_backup()
-            self.node_manager.close()
         self.ha_state = "stopped"
         self._stopped.set()
 
@@ -232,16 +254,35 @@ class Broker:
         else:
             what = str(err)
         log.critical("storage failure: %s; stopping so that a backup takes over", what)
-        self.failure = exc = JournalIOError(
-            f"server {self.config.name!r} stopped: its store failed ({what}); "
-            "what it had not confirmed may or may not have been stored"
+        self._fail_stop(
+            JournalIOError(
+                f"server {self.config.name!r} stopped: its store failed ({what}); "
+                "what it had not confirmed may or may not have been stored"
+            )
         )
+
+    def lock_lost(self, reason: str) -> None:
+        """Our live lock no longer guards the store: another server may serve it now. Stop at once
+        and write nothing more to it — no journal record, no state byte (Artemis's lock monitor)."""
+        if self.failure is not None:
+            return
+        log.critical("lost its live lock (%s): stopping now, writing nothing more to the store", reason)
+        exc = LockLost(
+            f"server {self.config.name!r} lost its live lock ({reason}) and stopped: "
+            "another server may be serving its store"
+        )
+        self.storage.halt(exc)
+        self._fail_stop(exc)
+
+    def _fail_stop(self, exc: TandemError) -> None:
+        """Tell every client why, and stop without touching the state byte."""
+        self.failure = exc
         asyncio.get_running_loop().create_task(self.stop(leave_state=False))
         for conn in list(self.connections):
             try:
                 conn.fatal(exc)
             except TandemError as e:  # a teardown that would write: the store is gone, close anyway
-                log.debug("closing %s after the storage failure: %s", conn, e)
+                log.debug("closing %s after %s: %s", conn, exc.code.name, e)
                 conn.close()
 
     async def _abort_start(self) -> None:
@@ -254,25 +295,10 @@ class Broker:
                 self.node_manager.close()
             self._stopped.set()
 
-    # ------------------------------------------------------------ announcing
-    def start_announcing(self) -> None:
-        """While waiting, tell the active server of our connector (it tells its clients)."""
-        if self._announcer is None and self.config.static_connectors:
-            from ..ha.announcer import announce
-
-            self._announcer = asyncio.create_task(announce(self), name="announcer")
-
-    async def stop_announcing(self) -> None:
-        task, self._announcer = self._announcer, None
-        if task is not None:
-            task.cancel()
-            # Bounded: activation must never wait on a link to a server that is gone.
-            await asyncio.wait([task], timeout=2.0)
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: it ended on its own, nothing to report
-
-    async def start_following(self) -> None:
-        """While passive, read the store as the active server writes it (a warm backup, store/follower.py)."""
+    # ------------------------------------------------------------- following
+    async def start_backup(self) -> None:
+        """Passive: read the store as the active server writes it (a warm backup, store/follower.py)."""
+        self.ha_state = "passive"
         if self.config.persistence_enabled and self._follow_task is None:
             self._follow_task = asyncio.create_task(self._follow(), name="follower")
 

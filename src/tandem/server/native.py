@@ -35,7 +35,7 @@ from ..errors import (
 from ..protocol import native as p
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from .context import BrokerContext
 
 log = logging.getLogger("tandem.native")
 
@@ -104,7 +104,7 @@ class NativeSession:
 
 
 class NativeConnection(asyncio.Protocol):
-    def __init__(self, broker: Broker, acceptor: str) -> None:
+    def __init__(self, broker: BrokerContext, acceptor: str) -> None:
         self.broker = broker
         self.acceptor = acceptor
         self.loop = asyncio.get_running_loop()

@@ -27,7 +27,7 @@ from ..errors import DuplicateId, TandemError, clip
 from ..protocol import stomp as st
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from .context import BrokerContext
 
 log = logging.getLogger("tandem.stomp")
 
@@ -149,7 +149,7 @@ def _text(value: Any) -> str:
 
 
 class StompConnection(asyncio.Protocol):
-    def __init__(self, broker: Broker, acceptor: str) -> None:
+    def __init__(self, broker: BrokerContext, acceptor: str) -> None:
         self.broker = broker
         self.acceptor = acceptor
         self.loop = asyncio.get_running_loop()

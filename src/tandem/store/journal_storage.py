@@ -192,6 +192,11 @@ class JournalStorage:
         self.bindings.on_failure = handler
         self.messages.on_failure = handler
 
+    def halt(self, err: BaseException) -> None:
+        """Write nothing more from now on (the store is no longer ours); what is pending is never confirmed."""
+        self.messages.halt(err)
+        self.bindings.halt(err)
+
     # -------------------------------------------------------------- bindings
     def store_address(self, address: Address) -> None:
         body = _encode(AddressRecord(address.name, sorted(int(r) for r in address.routing_types), address.auto_created))
@@ -344,6 +349,9 @@ class NullStorage:
         pass
 
     def set_failure_handler(self, handler: Callable[[BaseException], None]) -> None:
+        pass
+
+    def halt(self, err: BaseException) -> None:
         pass
 
     def store_address(self, address: Address) -> None:
