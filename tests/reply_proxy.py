@@ -2,7 +2,8 @@
 
 Both directions are read frame by frame (4-byte length, then a msgpack packet) and passed on
 unchanged, except the answer (RESPONSE or EXCEPTION) to the first COMMIT(s) the client sends:
-the broker did the commit, the client never hears of it. `on_drop` runs at that moment (a test
+the broker did the commit, the client never hears of it (or, with `lose="request"`, the COMMIT
+itself: the client cannot tell the two apart). `on_drop` runs at that moment (a test
 kills the broker there). The client's connection stays open while the broker's does (its
 commit call times out) and ends when the broker's ends (the client sees it fail). The proxy
 runs its own event loop on a thread, so blocking and asyncio clients use it alike.
@@ -34,7 +35,11 @@ async def _frame(reader: asyncio.StreamReader) -> bytes:
 class CommitReplyDropper:
     """Proxy to `127.0.0.1:upstream_port`; `port` is where clients connect."""
 
-    def __init__(self, upstream_port: int, drops: int = 1, on_drop: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, upstream_port: int, drops: int = 1, on_drop: Callable[[], None] | None = None, lose: str = "answer"
+    ) -> None:
+        assert lose in ("answer", "request")
+        self.lose = lose  # "request": the COMMIT itself never reaches the broker
         self.upstream_port = upstream_port
         self.drops = drops  # how many commit answers to lose (the first ones)
         self.on_drop = on_drop
@@ -95,6 +100,12 @@ class CommitReplyDropper:
                 pkt = _client_packet(frame[4:])
                 if type(pkt) is p.Commit:
                     self.commits_seen += 1
+                    if self.lose == "request" and self.drops > 0:
+                        self.drops -= 1
+                        if self.on_drop is not None:
+                            self.on_drop()
+                        self.dropped.set()
+                        continue
                     if len(commits) < self.drops:
                         commits.add((pkt.channel, pkt.cmd))
                 swriter.write(frame)

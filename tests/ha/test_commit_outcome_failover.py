@@ -21,6 +21,7 @@ import tandem
 import tandem.aio as aio
 from ha_pair import Cluster
 from reply_proxy import CommitReplyDropper
+from tandem.errors import TransactionOutcomeUnknown
 
 N = 5
 ORDERS = [f"order-{i}" for i in range(N)]
@@ -126,3 +127,34 @@ def test_kill9_between_commit_and_answer_blocking(pair: Cluster) -> None:
             assert tx.retry_commit() is False
             assert conn.server == f"127.0.0.1:{c.ports[1]}"
     _check(exc, asyncio.run(_drain(c.url_of(1), "orders")))
+
+
+@pytest.mark.timeout(60)
+def test_kill9_before_the_commit_reached_the_primary(pair: Cluster) -> None:
+    """The COMMIT never reached the primary: the same error (the client cannot tell), and
+    `retry_commit()` with nothing redone answers True (applied: the first attempt was not, and
+    can no longer be, since its id is used); the work done again then commits once."""
+    c = pair
+
+    async def main() -> None:
+        with CommitReplyDropper(c.ports[0], on_drop=c.primary.kill, lose="request") as proxy:
+            conn = await aio.connect(proxy.url, retry_interval=50)
+            tx = await conn.create_session(transacted=True)
+            producer = tx.create_producer("orders")
+            for body in ORDERS:
+                await producer.send(body)
+            exc: BaseException | None = None
+            try:
+                await tx.commit()
+            except Exception as e:
+                exc = e
+            assert proxy.dropped.is_set() and not c.primary.running
+            assert _outcome_unknown(exc), f"got {exc!r}"
+            assert await tx.retry_commit() is True  # an empty commit under the id: the first did not go through
+            for body in ORDERS:
+                await producer.send(body)
+            await tx.commit()
+            await conn.close()
+
+    asyncio.run(main())
+    _check(TransactionOutcomeUnknown(), asyncio.run(_drain(c.url_of(1), "orders")))

@@ -101,3 +101,38 @@ def test_lost_commit_answer_blocking(broker: BrokerProcess) -> None:
     got = asyncio.run(_drain(broker.url, "orders"))
     assert got.count("after") == 1
     _assert_once([g for g in got if g != "after"])
+
+
+def test_lost_commit_answer_of_a_consuming_transaction(broker: BrokerProcess) -> None:
+    """A consumer cannot do the same work again (the next receive brings other messages):
+    `retry_commit()` with nothing redone tells it the first attempt went through."""
+
+    async def main() -> None:
+        conn = await aio.connect(broker.url)
+        producer = (await conn.create_session()).create_producer("inbox")
+        for body in ORDERS:
+            await producer.send(body)
+        await conn.close()
+        with CommitReplyDropper(broker.port) as proxy:
+            conn = await aio.connect(proxy.url, call_timeout=1500)
+            tx = await conn.create_session(transacted=True)
+            consumer = await tx.create_consumer("inbox")
+            got = [m.text for m in [await consumer.receive(5) for _ in range(2)] if m is not None]
+            assert got == ORDERS[:2]
+            try:
+                await tx.commit()
+            except Exception as e:
+                _assert_outcome_unknown(e)
+            else:
+                raise AssertionError("commit returned though its answer was lost")
+            assert tx.unresolved_commit is not None
+            assert await tx.retry_commit() is False  # the first attempt was committed
+            assert tx.unresolved_commit is None
+            rest = [m.text for m in [await consumer.receive(5) for _ in range(N - 2)] if m is not None]
+            await tx.commit()
+            assert rest == ORDERS[2:]
+            assert await consumer.receive(0.3) is None
+            await conn.close()
+
+    asyncio.run(main())
+    assert asyncio.run(_drain(broker.url, "inbox")) == []

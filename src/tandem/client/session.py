@@ -5,8 +5,9 @@ After a failover a session is recreated on the new server with its consumers
 old server and not acknowledged come again from the new one; acknowledging an
 old delivery does nothing (it would ack the wrong thing). A transaction that
 had work when the connection failed can only be rolled back; a commit that was
-in flight is resolved by asking the new server whether its transaction id
-was committed.
+in flight has an unknown outcome (TransactionOutcomeUnknown): the application
+does the work again and `retry_commit()` commits it under the same transaction
+id, which the broker answers "already committed" if the first one went through.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..errors import (
     IllegalState,
     InvalidArgument,
     TandemError,
+    TransactionOutcomeUnknown,
     TransactionRolledBack,
     Unblocked,
 )
@@ -86,6 +88,7 @@ class AsyncSession:
         self._tx_ids = itertools.count(1)
         self._tx_work = False  # the open transaction has sent or acknowledged something
         self._rollback_only = False
+        self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
         self._resend: list[Pending] = []
         self.closed = False
 
@@ -212,45 +215,77 @@ class AsyncSession:
         """Commit the transaction: every send and ack since the last commit, atomically and durably.
 
         With `dedup_id`, committing an id the broker has already committed does nothing and
-        succeeds (safe to retry). Raises DuplicateId or TransactionRolledBack (work undone).
+        succeeds (safe to retry). Raises DuplicateId or TransactionRolledBack (work undone), or
+        TransactionOutcomeUnknown when the commit was sent and its answer lost (see `retry_commit`).
         """
         self._check()
         if not self.transacted:
             raise IllegalState("commit() needs a transacted session")
-        for c in self.consumers.values():
-            c._emit_pending()  # automatic acks belong to this transaction
+        if dedup_id is None and self.conn.options.auto_dedup:
+            dedup_id = f"{self.conn.client_uuid}:tx:{self.channel.id}:{next(self._tx_ids)}"
+        await self._commit(dedup_id)
+
+    async def retry_commit(self) -> bool:
+        """Commit the work, done again, of a commit that raised TransactionOutcomeUnknown, under its id.
+
+        True: this commit applied the work. False: the broker had committed the first attempt, so
+        this one changed nothing (its sends are dropped, its acknowledged messages come again).
+        It can raise TransactionOutcomeUnknown again: do the work again and call it again.
+        """
+        self._check()
+        dedup_id = self.unresolved_commit
+        if dedup_id is None:
+            raise IllegalState(
+                "retry_commit() follows a commit that raised TransactionOutcomeUnknown and had a "
+                "transaction id (commit(dedup_id=...) or auto_dedup)"
+            )
+        already = await self._commit(dedup_id)
+        self.unresolved_commit = None
+        return not already
+
+    async def _commit(self, dedup_id: str | None) -> bool:
+        """COMMIT under `dedup_id`; True if the broker had already committed that id (nothing applied)."""
         conn = self.conn
         ch = self.channel
+        if not conn.ready:
+            try:
+                await conn.wait_ready()
+            except TandemError:
+                if not self._rollback_only:
+                    raise  # nothing sent, nothing lost: the transaction stays open
+                self._tx_done()  # the work died with the old connection's session
+                raise TransactionRolledBack(
+                    "the connection failed during this transaction and is not back: it was rolled back; retry it"
+                ) from None
+        for c in self.consumers.values():
+            c._emit_pending()  # automatic acks belong to this transaction (or to the rollback below)
         if self._rollback_only:
             # Work done on the new server since the failover belongs to the lost transaction: undo it too.
-            self._tx_done()
-            await conn.call(ch, lambda cmd: p.Rollback(ch.id, cmd))
+            try:
+                await conn._call_now(ch, lambda cmd: p.Rollback(ch.id, cmd))
+            except TandemError:
+                pass  # still rollback-only: the next commit or rollback undoes it
+            else:
+                self._tx_done()
             raise TransactionRolledBack(
                 "the connection failed over during this transaction: it was rolled back; retry it"
             )
-        if dedup_id is None and conn.options.auto_dedup:
-            dedup_id = f"{conn.client_uuid}:tx:{self.channel.id}:{next(self._tx_ids)}"
+        conn.check_open()  # from here on the COMMIT is written: a lost answer leaves the outcome unknown
         try:
-            await conn.call(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
-        except Unblocked:
-            # In flight when the server failed: ask the new one whether it was committed.
+            result = await conn._call_now(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
+        except (ConnectionLost, CallTimeout) as exc:
             self._tx_done()
-            if dedup_id is not None and await self._committed(dedup_id):
-                return
-            raise TransactionRolledBack(
-                "the connection failed while committing and the transaction was not committed; retry it"
+            self.unresolved_commit = dedup_id
+            how = "retry it with retry_commit()" if dedup_id is not None else "it has no transaction id to retry under"
+            raise TransactionOutcomeUnknown(
+                f"the commit was sent but its answer was lost ({exc.message}): it may have been applied; {how}",
+                dedup_id=dedup_id,
             ) from None
         except TandemError:
             self._tx_done()  # the server rolled it back
             raise
         self._tx_done()
-
-    async def _committed(self, dedup_id: str) -> bool:
-        try:
-            await self.conn.wait_ready()
-            return bool(await self.conn.manage("tx.status", dedup_id=dedup_id))
-        except TandemError:
-            return False
+        return result is True
 
     async def rollback(self) -> None:
         """Undo the transaction: sends are dropped, acknowledged messages come back (delivery count + 1)."""

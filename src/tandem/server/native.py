@@ -389,9 +389,12 @@ class NativeConnection(asyncio.Protocol):
         s.completed(pkt.cmd, False)
 
     def on_commit(self, pkt: p.Commit) -> None:
+        """Answers True when `dedup_id` was already committed (a retry after a lost answer): only
+        once that first commit is on disk, so "already committed" never outlives a crash."""
         s = self._session(pkt.channel)
+        already = pkt.dedup_id is not None and s.core.postoffice.transaction_seen(pkt.dedup_id)
         wrote = s.core.commit(pkt.dedup_id)
-        self._reply(pkt.channel, pkt.cmd, None, after_journal=wrote)
+        self._reply(pkt.channel, pkt.cmd, True if already else None, after_journal=wrote or already)
 
     def on_rollback(self, pkt: p.Rollback) -> None:
         s = self._session(pkt.channel)
