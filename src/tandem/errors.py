@@ -33,6 +33,7 @@ class ErrorCode(IntEnum):
     TRANSACTION_ROLLED_BACK = 31
     INVALID_SELECTOR = 32
     TRANSACTION_OUTCOME_UNKNOWN = 33
+    STALE_ACKNOWLEDGE = 34
     CONNECTION_LOST = 40
     UNBLOCKED = 41
     TIMEOUT = 42
@@ -166,6 +167,14 @@ class TransactionOutcomeUnknown(TandemError):
     def __init__(self, message: str = "", code: ErrorCode | None = None, dedup_id: str | None = None) -> None:
         super().__init__(message, code)
         self.dedup_id = dedup_id  # the transaction id a retry must reuse (None: no safe retry)
+
+
+class StaleAcknowledge(TandemError):
+    """An ack or nack of a message delivered before a failover (or reconnection): it did nothing,
+    since the server that delivered it is gone; the new one delivers the message again (unless an
+    earlier acknowledgement had covered it). Not an Unblocked: the outcome is known."""
+
+    code = ErrorCode.STALE_ACKNOWLEDGE
 
 
 class InvalidSelector(TandemError):

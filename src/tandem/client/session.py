@@ -3,7 +3,7 @@
 After a failover a session is recreated on the new server with its consumers
 (same filters and windows) and temporary queues. Messages delivered by the
 old server and not acknowledged come again from the new one; acknowledging an
-old delivery does nothing (it would ack the wrong thing). A transaction that
+old delivery raises StaleAcknowledge (it did nothing: the message comes again). A transaction that
 had work when the connection failed can only be rolled back; a commit that was
 in flight has an unknown outcome (TransactionOutcomeUnknown): the application
 does the work again and `retry_commit()` commits it under the same transaction
@@ -29,6 +29,7 @@ from ..errors import (
     ConnectionLost,
     IllegalState,
     InvalidArgument,
+    StaleAcknowledge,
     TandemError,
     TransactionOutcomeUnknown,
     TransactionRolledBack,
@@ -736,26 +737,26 @@ class AsyncConsumer:
                 self.auto_ack(msg)
 
     # ------------------------------------------------------------------ acks
-    def _stale(self, msg: ReceivedMessage) -> asyncio.Future[None] | None:
-        """A delivery from before a failover: acknowledging it here would ack something else."""
-        if msg._generation == self.generation:
-            return None
-        fut: asyncio.Future[None] = self.session.conn.loop.create_future()
-        fut.set_result(None)
-        return fut
+    def _check_current(self, msg: ReceivedMessage, what: str) -> None:
+        """A delivery from before a failover is void (the new server delivers the message again, and
+        its id there may name another message): say so rather than do nothing quietly."""
+        if msg._generation != self.generation:
+            raise StaleAcknowledge(
+                f"{what} of message {msg.id} of queue {self.queue!r} did nothing: it was delivered before "
+                "the connection failed over or reconnected, and is delivered again (unless an earlier "
+                "acknowledgement covered it)"
+            )
 
     def ack_message(self, msg: ReceivedMessage) -> Awaitable[None]:
         session = self.session
         mode = session.ack_mode
         conn = session.conn
         conn.check_open()
-        stale = self._stale(msg)
-        if stale is not None:
-            return stale
         fut: asyncio.Future[None] = conn.loop.create_future()
         if mode == "auto":
-            fut.set_result(None)  # already acknowledged automatically
+            fut.set_result(None)  # already acknowledged automatically (or, if stale, coming again)
             return fut
+        self._check_current(msg, "ack")
         ch = session.channel
         conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, msg.id, mode == "client"), fut)
         return fut
@@ -764,9 +765,7 @@ class AsyncConsumer:
         session = self.session
         conn = session.conn
         conn.check_open()
-        stale = self._stale(msg)
-        if stale is not None:
-            return stale
+        self._check_current(msg, "nack")
         fut: asyncio.Future[None] = conn.loop.create_future()
         ch = session.channel
         conn.pipeline(ch, p.Nack(ch.id, ch.cmd(), self.id, msg.id), fut)
