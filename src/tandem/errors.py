@@ -159,8 +159,9 @@ class TransactionRolledBack(TandemError):
 class TransactionOutcomeUnknown(TandemError):
     """The commit may or may not have been applied: its answer was lost (connection failure,
     call timeout). Not a TransactionRolledBack, on purpose: retried under a new transaction id
-    the work could be applied twice. Redo the same work and commit it with `retry_commit()`
-    (same id: the broker answers "already committed" if the first attempt went through)."""
+    the work could be applied twice. `retry_commit()` commits again under the same id (the work
+    done again, or nothing to learn the outcome): the broker answers "already committed" if the
+    first attempt went through."""
 
     code = ErrorCode.TRANSACTION_OUTCOME_UNKNOWN
 

@@ -227,11 +227,13 @@ class AsyncSession:
         await self._commit(dedup_id)
 
     async def retry_commit(self) -> bool:
-        """Commit the work, done again, of a commit that raised TransactionOutcomeUnknown, under its id.
+        """Commit what the transaction holds now (the work done again, or nothing) under the id of
+        the commit that raised TransactionOutcomeUnknown.
 
-        True: this commit applied the work. False: the broker had committed the first attempt, so
-        this one changed nothing (its sends are dropped, its acknowledged messages come again).
-        It can raise TransactionOutcomeUnknown again: do the work again and call it again.
+        True: this commit applied it, and the first attempt never will be (its id is used). False:
+        the broker had committed the first attempt, so this one changed nothing (its sends are
+        dropped, its acknowledged messages come again). It can raise TransactionOutcomeUnknown
+        again: call it again (after doing the work again, if that is the way you retry).
         """
         self._check()
         dedup_id = self.unresolved_commit
