@@ -32,6 +32,8 @@ class ErrorCode(IntEnum):
     DUPLICATE_ID = 30
     TRANSACTION_ROLLED_BACK = 31
     INVALID_SELECTOR = 32
+    TRANSACTION_OUTCOME_UNKNOWN = 33
+    STALE_ACKNOWLEDGE = 34
     CONNECTION_LOST = 40
     UNBLOCKED = 41
     TIMEOUT = 42
@@ -152,6 +154,28 @@ class DuplicateId(TandemError):
 
 class TransactionRolledBack(TandemError):
     code = ErrorCode.TRANSACTION_ROLLED_BACK
+
+
+class TransactionOutcomeUnknown(TandemError):
+    """The commit may or may not have been applied: its answer was lost (connection failure,
+    call timeout). Not a TransactionRolledBack, on purpose: retried under a new transaction id
+    the work could be applied twice. `retry_commit()` commits again under the same id (the work
+    done again, or nothing to learn the outcome): the broker answers "already committed" if the
+    first attempt went through."""
+
+    code = ErrorCode.TRANSACTION_OUTCOME_UNKNOWN
+
+    def __init__(self, message: str = "", code: ErrorCode | None = None, dedup_id: str | None = None) -> None:
+        super().__init__(message, code)
+        self.dedup_id = dedup_id  # the transaction id a retry must reuse (None: no safe retry)
+
+
+class StaleAcknowledge(TandemError):
+    """An ack or nack of a message delivered before a failover (or reconnection): it did nothing,
+    since the server that delivered it is gone; the new one delivers the message again (unless an
+    earlier acknowledgement had covered it). Not an Unblocked: the outcome is known."""
+
+    code = ErrorCode.STALE_ACKNOWLEDGE
 
 
 class InvalidSelector(TandemError):

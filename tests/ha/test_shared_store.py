@@ -83,6 +83,11 @@ def test_kill9_of_the_primary_under_load_loses_and_duplicates_nothing(cluster: A
                 continue  # a receive that crossed the failover: the backup delivers again
             except tandem.TransactionRolledBack:
                 batch = []  # not committed: these come again
+            except tandem.TransactionOutcomeUnknown:
+                # the commit crossed the failover: an empty commit under its id says whether it went through
+                if not await session.retry_commit():
+                    consumed.extend(batch)
+                batch = []
         await conn.close()
 
     async def main() -> None:
@@ -368,6 +373,9 @@ def test_blocking_iteration_rides_through_a_failover(cluster: Any) -> None:
                             seen.extend(batch)
                         except (tandem.TransactionRolledBack, tandem.Unblocked):
                             session.rollback()  # not committed: these come again
+                        except tandem.TransactionOutcomeUnknown:
+                            if not session.retry_commit():  # False: the first attempt was committed
+                                seen.extend(batch)
                         batch = []
                     if len(set(seen)) >= total:
                         return

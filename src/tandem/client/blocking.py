@@ -126,6 +126,15 @@ class Session:
         """Commit the transaction (see AsyncSession.commit)."""
         self._run(self.aio.commit(dedup_id))
 
+    def retry_commit(self) -> bool:
+        """Commit the redone work of a commit whose outcome was unknown (see AsyncSession.retry_commit)."""
+        return self._run(self.aio.retry_commit())
+
+    @property
+    def unresolved_commit(self) -> str | None:
+        """Transaction id of the last commit that raised TransactionOutcomeUnknown (until retried)."""
+        return self.aio.unresolved_commit
+
     def rollback(self) -> None:
         self._run(self.aio.rollback())
 

@@ -3,10 +3,11 @@
 After a failover a session is recreated on the new server with its consumers
 (same filters and windows) and temporary queues. Messages delivered by the
 old server and not acknowledged come again from the new one; acknowledging an
-old delivery does nothing (it would ack the wrong thing). A transaction that
+old delivery raises StaleAcknowledge (it did nothing: the message comes again). A transaction that
 had work when the connection failed can only be rolled back; a commit that was
-in flight is resolved by asking the new server whether its transaction id
-was committed.
+in flight has an unknown outcome (TransactionOutcomeUnknown): the application
+does the work again and `retry_commit()` commits it under the same transaction
+id, which the broker answers "already committed" if the first one went through.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from ..errors import (
     ConnectionLost,
     IllegalState,
     InvalidArgument,
+    StaleAcknowledge,
     TandemError,
+    TransactionOutcomeUnknown,
     TransactionRolledBack,
     Unblocked,
 )
@@ -86,6 +89,7 @@ class AsyncSession:
         self._tx_ids = itertools.count(1)
         self._tx_work = False  # the open transaction has sent or acknowledged something
         self._rollback_only = False
+        self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
         self._resend: list[Pending] = []
         self.closed = False
 
@@ -212,45 +216,79 @@ class AsyncSession:
         """Commit the transaction: every send and ack since the last commit, atomically and durably.
 
         With `dedup_id`, committing an id the broker has already committed does nothing and
-        succeeds (safe to retry). Raises DuplicateId or TransactionRolledBack (work undone).
+        succeeds (safe to retry). Raises DuplicateId or TransactionRolledBack (work undone), or
+        TransactionOutcomeUnknown when the commit was sent and its answer lost (see `retry_commit`).
         """
         self._check()
         if not self.transacted:
             raise IllegalState("commit() needs a transacted session")
-        for c in self.consumers.values():
-            c._emit_pending()  # automatic acks belong to this transaction
+        if dedup_id is None and self.conn.options.auto_dedup:
+            dedup_id = f"{self.conn.client_uuid}:tx:{self.channel.id}:{next(self._tx_ids)}"
+        await self._commit(dedup_id)
+
+    async def retry_commit(self) -> bool:
+        """Commit what the transaction holds now (the work done again, or nothing) under the id of
+        the commit that raised TransactionOutcomeUnknown.
+
+        True: this commit applied it, and the first attempt never will be (its id is used). False:
+        the broker had committed the first attempt, so this one changed nothing (its sends are
+        dropped, its acknowledged messages come again). It can raise TransactionOutcomeUnknown
+        again: call it again (after doing the work again, if that is the way you retry).
+        """
+        self._check()
+        dedup_id = self.unresolved_commit
+        if dedup_id is None:
+            raise IllegalState(
+                "retry_commit() follows a commit that raised TransactionOutcomeUnknown and had a "
+                "transaction id (commit(dedup_id=...) or auto_dedup)"
+            )
+        already = await self._commit(dedup_id)
+        self.unresolved_commit = None
+        return not already
+
+    async def _commit(self, dedup_id: str | None) -> bool:
+        """COMMIT under `dedup_id`; True if the broker had already committed that id (nothing applied)."""
         conn = self.conn
         ch = self.channel
+        if not conn.ready:
+            try:
+                await conn.wait_ready()
+            except TandemError:
+                if not self._rollback_only:
+                    raise  # nothing sent, nothing lost: the transaction stays open
+                self._tx_done()  # the work died with the old connection's session
+                raise TransactionRolledBack(
+                    "the connection failed during this transaction and is not back: it was rolled back; retry it"
+                ) from None
+        for c in self.consumers.values():
+            c._emit_pending()  # automatic acks belong to this transaction (or to the rollback below)
         if self._rollback_only:
             # Work done on the new server since the failover belongs to the lost transaction: undo it too.
-            self._tx_done()
-            await conn.call(ch, lambda cmd: p.Rollback(ch.id, cmd))
+            try:
+                await conn._call_now(ch, lambda cmd: p.Rollback(ch.id, cmd))
+            except TandemError:
+                pass  # still rollback-only: the next commit or rollback undoes it
+            else:
+                self._tx_done()
             raise TransactionRolledBack(
                 "the connection failed over during this transaction: it was rolled back; retry it"
             )
-        if dedup_id is None and conn.options.auto_dedup:
-            dedup_id = f"{conn.client_uuid}:tx:{self.channel.id}:{next(self._tx_ids)}"
+        conn.check_open()  # from here on the COMMIT is written: a lost answer leaves the outcome unknown
         try:
-            await conn.call(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
-        except Unblocked:
-            # In flight when the server failed: ask the new one whether it was committed.
+            result = await conn._call_now(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
+        except (ConnectionLost, CallTimeout) as exc:
             self._tx_done()
-            if dedup_id is not None and await self._committed(dedup_id):
-                return
-            raise TransactionRolledBack(
-                "the connection failed while committing and the transaction was not committed; retry it"
+            self.unresolved_commit = dedup_id
+            how = "retry it with retry_commit()" if dedup_id is not None else "it has no transaction id to retry under"
+            raise TransactionOutcomeUnknown(
+                f"the commit was sent but its answer was lost ({exc.message}): it may have been applied; {how}",
+                dedup_id=dedup_id,
             ) from None
         except TandemError:
             self._tx_done()  # the server rolled it back
             raise
         self._tx_done()
-
-    async def _committed(self, dedup_id: str) -> bool:
-        try:
-            await self.conn.wait_ready()
-            return bool(await self.conn.manage("tx.status", dedup_id=dedup_id))
-        except TandemError:
-            return False
+        return result is True
 
     async def rollback(self) -> None:
         """Undo the transaction: sends are dropped, acknowledged messages come back (delivery count + 1)."""
@@ -701,26 +739,26 @@ class AsyncConsumer:
                 self.auto_ack(msg)
 
     # ------------------------------------------------------------------ acks
-    def _stale(self, msg: ReceivedMessage) -> asyncio.Future[None] | None:
-        """A delivery from before a failover: acknowledging it here would ack something else."""
-        if msg._generation == self.generation:
-            return None
-        fut: asyncio.Future[None] = self.session.conn.loop.create_future()
-        fut.set_result(None)
-        return fut
+    def _check_current(self, msg: ReceivedMessage, what: str) -> None:
+        """A delivery from before a failover is void (the new server delivers the message again, and
+        its id there may name another message): say so rather than do nothing quietly."""
+        if msg._generation != self.generation:
+            raise StaleAcknowledge(
+                f"{what} of message {msg.id} of queue {self.queue!r} did nothing: it was delivered before "
+                "the connection failed over or reconnected, and is delivered again (unless an earlier "
+                "acknowledgement covered it)"
+            )
 
     def ack_message(self, msg: ReceivedMessage) -> Awaitable[None]:
         session = self.session
         mode = session.ack_mode
         conn = session.conn
         conn.check_open()
-        stale = self._stale(msg)
-        if stale is not None:
-            return stale
         fut: asyncio.Future[None] = conn.loop.create_future()
         if mode == "auto":
-            fut.set_result(None)  # already acknowledged automatically
+            fut.set_result(None)  # already acknowledged automatically (or, if stale, coming again)
             return fut
+        self._check_current(msg, "ack")
         ch = session.channel
         conn.pipeline(ch, p.Ack(ch.id, ch.cmd(), self.id, msg.id, mode == "client"), fut)
         return fut
@@ -729,9 +767,7 @@ class AsyncConsumer:
         session = self.session
         conn = session.conn
         conn.check_open()
-        stale = self._stale(msg)
-        if stale is not None:
-            return stale
+        self._check_current(msg, "nack")
         fut: asyncio.Future[None] = conn.loop.create_future()
         ch = session.channel
         conn.pipeline(ch, p.Nack(ch.id, ch.cmd(), self.id, msg.id), fut)

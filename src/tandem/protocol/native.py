@@ -131,7 +131,8 @@ class Ack(Packet, tag=16):
 
 
 class Commit(Packet, tag=17):
-    """Commit the session's transaction; a `dedup_id` already committed makes it a no-op."""
+    """Commit the session's transaction; a `dedup_id` already committed makes it a no-op
+    (the RESPONSE's result is then True instead of None)."""
 
     channel: int
     cmd: int

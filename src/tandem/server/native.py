@@ -402,13 +402,16 @@ class NativeConnection(asyncio.Protocol):
         s.completed(pkt.cmd, False)
 
     def on_commit(self, pkt: p.Commit) -> None:
+        """Answers True when `dedup_id` was already committed (a retry after a lost answer): only
+        once that first commit is on disk, so "already committed" never outlives a crash."""
         s = self._session(pkt.channel)
+        already = pkt.dedup_id is not None and s.core.postoffice.transaction_seen(pkt.dedup_id)
         try:
             wrote = s.core.commit(pkt.dedup_id)
         except DuplicateId as exc:  # says the originals are stored: only once they are durable
             self.broker.storage.after_durable(partial(self._failed_unless_closed, pkt, exc))
             return
-        self._reply(pkt.channel, pkt.cmd, None, after_journal=wrote)
+        self._reply(pkt.channel, pkt.cmd, True if already else None, after_journal=wrote or already)
 
     def _failed_unless_closed(self, pkt: Any, exc: TandemError) -> None:
         if not self.closed:

@@ -392,7 +392,7 @@ def write_partition(opts: WriteOptions, fields: list[str], rows: Iterator[Any], 
     """
     from ..client.connection import AsyncConnection
     from ..client.message import Message
-    from ..errors import DuplicateId, TransactionRolledBack
+    from ..errors import DuplicateId, TransactionOutcomeUnknown, TransactionRolledBack
 
     messages = _first_of_each_dedup_id([to_message(opts, fields, row) for row in rows])
     extra = client_options(opts.client, connect_retries=True)
@@ -416,7 +416,7 @@ def write_partition(opts: WriteOptions, fields: list[str], rows: Iterator[Any], 
                     if not seen:
                         raise
                     messages = [m for m in messages if m.get("dedup_id") not in seen]
-                except TransactionRolledBack:
+                except (TransactionRolledBack, TransactionOutcomeUnknown):
                     rolled_back += 1
                     if rolled_back == 5:
                         raise
