@@ -1086,7 +1086,7 @@ def test_stale_compaction_outputs_without_marker_are_discarded(tmp_path: Path) -
 
 
 def test_needs_compaction_follows_min_files_and_percentage(tmp_path: Path) -> None:
-    """needs_compaction is true only with enough files and a live ratio under compact-percentage."""
+    """needs_compaction is true only with enough files and live bytes under compact-percentage of those written."""
     _mostly_dead(tmp_path, settings(), n=1500)
     nfiles = len(data_files(tmp_path))
 
@@ -1099,7 +1099,7 @@ def test_needs_compaction_follows_min_files_and_percentage(tmp_path: Path) -> No
     probe.load(readonly=True)
     st = probe.stats()
     assert st.files == nfiles
-    assert 1 * st.records < 100 * st.live_records < 30 * st.records  # between 1 % and 30 % live
+    assert 1 * st.used_bytes < 100 * st.live_bytes < 30 * st.used_bytes  # between 1 % and 30 % of the bytes live
     assert needs(compact_min_files=nfiles, compact_percentage=30)
     assert not needs(compact_min_files=nfiles + 1, compact_percentage=30)
     assert not needs(compact_min_files=0, compact_percentage=30)
