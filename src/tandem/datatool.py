@@ -67,11 +67,15 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
         print(f"== {label} journal ({j.directory})", file=out)
         print(
             f"   files {st.files} (+{st.free_files} free), records {st.records}, live {st.live_records}, "
-            f"live ids {st.live_ids}",
+            f"live ids {st.live_ids}, live bytes {st.live_bytes} of {st.used_bytes}",
             file=out,
         )
         for f in j.file_summaries():
-            print(f"   {f.path.name}  size {f.size}  used {f.used}  records {f.records}  live {f.live}", file=out)
+            print(
+                f"   {f.path.name}  size {f.size}  used {f.used}  records {f.records}  live {f.live}  "
+                f"live bytes {f.live_bytes}",
+                file=out,
+            )
         for c in st.corrupt:
             print(f"   CORRUPT {c} (the broker will not start: see `tandem data repair`)", file=out)
         for t in j.torn_tails:

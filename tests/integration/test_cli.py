@@ -371,7 +371,8 @@ def test_data_print_and_compact(brokers: Factory) -> None:
     out = ok("data", "print", b.data_dir)
     assert _per_queue(out) == {"alpha": 600, "beta": 400}
     msgs = _journal_section(out, "messages")
-    listed = re.findall(r"^\s+(\S+\.tj)\s+size (\d+)\s+used (\d+)\s+records (\d+)\s+live (\d+)$", msgs, re.M)
+    per_file = r"^\s+(\S+\.tj)\s+size (\d+)\s+used (\d+)\s+records (\d+)\s+live (\d+)\s+live bytes (\d+)$"
+    listed = re.findall(per_file, msgs, re.M)
     assert len(listed) >= 2, msgs  # 1.2 MB of messages in 1 MiB journal files
     for name, *_ in listed:
         assert (b.data_dir / "journal" / name).is_file(), name
@@ -379,6 +380,10 @@ def test_data_print_and_compact(brokers: Factory) -> None:
     assert head is not None, msgs
     assert int(head.group(1)) == len(listed)
     assert int(head.group(2)) == sum(int(x[3]) for x in listed)
+    live_bytes = re.search(r"live bytes (\d+) of (\d+)$", msgs, re.M)
+    assert live_bytes is not None, msgs
+    assert int(live_bytes.group(1)) == sum(int(x[5]) for x in listed)
+    assert 0 < int(live_bytes.group(1)) < int(live_bytes.group(2))  # 900 of 1900 messages acknowledged
     assert re.search(r"^\s+ADD MESSAGE\s+1900$", msgs, re.M), msgs
     assert re.search(r"^\s+DELETE\s+900$", msgs, re.M), msgs
     assert "bindings" in _journal_section(out, "bindings")

@@ -1086,7 +1086,7 @@ def test_stale_compaction_outputs_without_marker_are_discarded(tmp_path: Path) -
 
 
 def test_needs_compaction_follows_min_files_and_percentage(tmp_path: Path) -> None:
-    """needs_compaction is true only with enough files and a live ratio under compact-percentage."""
+    """needs_compaction is true only with enough files and live bytes under compact-percentage of those written."""
     _mostly_dead(tmp_path, settings(), n=1500)
     nfiles = len(data_files(tmp_path))
 
@@ -1099,7 +1099,7 @@ def test_needs_compaction_follows_min_files_and_percentage(tmp_path: Path) -> No
     probe.load(readonly=True)
     st = probe.stats()
     assert st.files == nfiles
-    assert 1 * st.records < 100 * st.live_records < 30 * st.records  # between 1 % and 30 % live
+    assert 1 * st.used_bytes < 100 * st.live_bytes < 30 * st.used_bytes  # between 1 % and 30 % of the bytes live
     assert needs(compact_min_files=nfiles, compact_percentage=30)
     assert not needs(compact_min_files=nfiles + 1, compact_percentage=30)
     assert not needs(compact_min_files=0, compact_percentage=30)
@@ -1198,3 +1198,105 @@ def test_readonly_load_changes_nothing_on_disk(tmp_path: Path) -> None:
     j2 = Journal(missing, PREFIX, s)
     assert j2.load(readonly=True) == {}
     assert not missing.exists()
+
+
+# ------------------------------------------------ reclaim and compaction by live bytes
+def _message_with_dedup(d: Driver, rng: random.Random, i: int, size: int = 1024) -> int:
+    """A 'message' and its small dedup-like record in one BATCH, as a send with a dedup id is journaled;
+    returns the message's id (the dedup id's record id is the next one)."""
+    d.batch([Op(ADD, 1, 2 * i + 1, body(rng, size)), Op(ADD, 2, 2 * i + 2, body(rng, 50))])
+    return 2 * i + 1
+
+
+def test_needs_compaction_counts_live_bytes_not_records(tmp_path: Path) -> None:
+    """A third of the records but 5 % of the bytes live: compact. Few records but most bytes live: do not.
+
+    A small record that stays live next to each large one that dies (a dedup id beside its message)
+    keeps the live record count high while almost every byte is dead; many tiny dead records next
+    to a few large live ones are the opposite."""
+    rng = random.Random(81)
+    sparse, dense = tmp_path / "sparse", tmp_path / "dense"
+    j, _ = open_sync(sparse)
+    d = Driver(j)
+    messages = [_message_with_dedup(d, rng, i) for i in range(300)]
+    for rid in messages:
+        d.delete(rid)
+    j.close_sync()
+    j, _ = open_sync(dense)
+    d = Driver(j)
+    for i in range(60):
+        d.add(100_000 + i, 1, body(rng, 2000))
+        for k in range(30):
+            d.add(i * 100 + k, 2, b"")
+            d.delete(i * 100 + k)
+    j.close_sync()
+
+    def judged(directory: Path) -> tuple[bool, int, int]:
+        j = Journal(directory, PREFIX, settings(compact_min_files=2, compact_percentage=30))
+        j.load(readonly=True)
+        st = j.stats()
+        return j.needs_compaction(), st.live_records, st.records
+
+    need, live, total = judged(sparse)
+    assert 100 * live >= 30 * total, "by records the sparse journal is over the threshold (the test lost its point)"
+    assert need, "95 % of the bytes are dead: compact"
+    need, live, total = judged(dense)
+    assert 100 * live < 30 * total, "by records the dense journal is under the threshold (the test lost its point)"
+    assert not need, "most bytes are live: compaction would copy them to free little"
+
+
+def _shrinks_to_min_files(directory: Path, s: JournalSettings, during: bool) -> tuple[int, int, Model]:
+    """300 1 KiB records, each with a small record that stays live, then every large one deleted
+    (`during`: while a compaction runs); waits (bounded) until data and pooled files are no more than
+    journal-min-files. Returns the files there were, the compactions, and the model."""
+    rng = random.Random(82)
+    model = Model()
+    seen: dict[str, int] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        j = Journal(directory, PREFIX, s)
+        j.load()
+        j.start()
+        d = Driver(j, model)
+        messages = [_message_with_dedup(d, rng, i) for i in range(300)]
+        await durable(j)
+        seen["grown"] = len(data_files(directory))
+        if during:
+            j.compact_online()  # started while most of them are still live
+        for k in range(0, len(messages), 25):  # acknowledged in slices, as a consumer does
+            ids = messages[k : k + 25]
+            j.delete_many(ids)
+            for rid in ids:
+                model.apply(Op(DELETE, 0, rid, b""))
+        await durable(j)
+        deadline = loop.time() + 10
+        # (the files go before the loop hears of it: wait for that too)
+        while len(data_files(directory)) + len(free_files(directory)) > s.min_files or j._compacting:
+            assert loop.time() < deadline, (
+                f"the journal kept {len(data_files(directory))} data files and {len(free_files(directory))} "
+                f"pooled ({j.compactions} compactions, {j.file_summaries()})"
+            )
+            await asyncio.sleep(0.01)
+        seen["compactions"] = j.compactions
+        await j.stop()
+
+    run(main)
+    return seen["grown"], seen["compactions"], model
+
+
+@pytest.mark.parametrize("during", [False, True], ids=["drained", "drained-while-compacting"])
+def test_drained_journal_shrinks_to_its_minimum_files_around_small_live_records(tmp_path: Path, during: bool) -> None:
+    """Every 1 KiB record dies but the small record written with it stays live (dedup ids after a queue
+    is drained): online compaction, judged by live bytes, moves the small records into one file and the
+    journal goes back to journal-min-files; a reload has every small record. Deletes that complete
+    while a compaction runs are judged when it ends (else their garbage would wait for the next append)."""
+    s = settings(min_files=2, pool_files=1, compact_min_files=2, compact_percentage=30)
+    grown, compactions, model = _shrinks_to_min_files(tmp_path, s, during)
+    assert grown >= 5
+    assert compactions >= (2 if during else 1)
+    j, got = reload(tmp_path, s=s)
+    assert got == model.items()
+    assert len(got) == 300 and all(ut == 2 for _rid, ut, _b, _u in got)
+    st = j.stats()
+    assert st.live_bytes == st.used_bytes == 300 * (rec.HEADER_SIZE + 50), "compacted: every byte is live"

@@ -31,6 +31,7 @@ class Output:
     final: Path
     size: int
     ids: list[int] = field(default_factory=list)  # one entry per record written
+    sizes: list[int] = field(default_factory=list)  # and its size (header and body): its live size
     used: int = jf.FILE_HEADER_SIZE
 
 
@@ -149,6 +150,7 @@ def run(
         chunks.append(rec.encode(out.key, op.kind, op.user_type, op.id, op.body))
         out.used += size
         out.ids.append(op.id)
+        out.sizes.append(size)
         plan.copied += 1
     finish()
     return True

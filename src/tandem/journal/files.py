@@ -27,11 +27,12 @@ class JFile:
     size: int
     records: int = 0  # every record counted (BATCH members individually)
     live: int = 0  # records belonging to ids that are still live
+    live_bytes: int = 0  # what copying those records would write: a header and its body each
     used: int = FILE_HEADER_SIZE
     sealed: bool = False  # its EOF marker has been read (a follower moves on to the next file)
 
     def __repr__(self) -> str:
-        return f"JFile({self.path.name}, live={self.live}/{self.records})"
+        return f"JFile({self.path.name}, live={self.live}/{self.records}, {self.live_bytes}/{self.used} bytes)"
 
 
 def data_name(prefix: str, key: int) -> str:

@@ -30,7 +30,12 @@ from .writer import Batch, Writer
 
 log = logging.getLogger("tandem.journal")
 
-_Entry = jf.JFile | list[jf.JFile]
+# Where an id's live records are: (file, live size) per record, a bare pair for the usual single record.
+# The size is what a compaction would copy the record as (a plain record: header and body), so the
+# accounting of compaction output equals a cold load's, and live bytes say what compacting saves.
+_Ref = tuple[jf.JFile, int]
+_Entry = _Ref | list[_Ref]
+_HS = rec.HEADER_SIZE
 _TERMINATOR = bytes(rec.EOF_SIZE)
 # `add_soon` places its ADDs by this many, or this many bytes, at the latest (and a body this
 # large on its own): a BATCH record is copied whole, and must fit the journal's files.
@@ -68,6 +73,8 @@ class JournalStats:
     live_ids: int
     corrupt: list[str] = field(default_factory=list)
     compactions: int = 0
+    live_bytes: int = 0  # what compacting every file would copy (the files' `live_bytes`)
+    used_bytes: int = 0  # record bytes written in the data files (headers of the files not counted)
 
 
 @dataclass(frozen=True)
@@ -239,8 +246,10 @@ class Journal:
                 max_id = rid
             if kind == add and rid not in live:
                 live[rid] = LiveRecord(utype, body)
-                index[rid] = f
+                n = _HS + len(body)
+                index[rid] = (f, n)
                 f.live += 1
+                f.live_bytes += n
                 f.records += 1
             elif kind == batch:
                 for op in rec.decode_batch_body(body):
@@ -262,17 +271,19 @@ class Journal:
         f.records += 1
         if kind == rec.ADD:
             if rid in live:
-                self._attach(rid, f)
+                self._attach(rid, f, _HS + len(body))
                 lr = live[rid]
                 lr.updates = [*(lr.updates or []), (utype, body)]
             else:
                 live[rid] = LiveRecord(utype, body)
-                self._index[rid] = f
+                n = _HS + len(body)
+                self._index[rid] = (f, n)
                 f.live += 1
+                f.live_bytes += n
         elif kind == rec.UPDATE:
             lr2 = live.get(rid)
             if lr2 is not None:
-                self._attach(rid, f)
+                self._attach(rid, f, _HS + len(body))
                 if lr2.updates is None:
                     lr2.updates = [(utype, body)]
                 else:
@@ -406,30 +417,32 @@ class Journal:
         self._write(f, off, rec.encode(f.key, rec.BATCH, 0, 0, body))
         f.records += len(ids)
         index = self._index
-        for rid in ids:  # _count_op for an ADD, inline: this runs for every message
+        for i, rid in enumerate(ids):  # _count_op for an ADD, inline: this runs for every message
+            n = _HS + len(co[2 * i + 1])
             if rid in index:
-                self._attach(rid, f)
+                self._attach(rid, f, n)
             else:
-                index[rid] = f
+                index[rid] = (f, n)
                 f.live += 1
+                f.live_bytes += n
 
     def add(self, rid: int, user_type: int, body: bytes) -> None:
         self._drain()
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.ADD, user_type, rid, body))
-        self._count_op(rec.ADD, rid, f)
+        self._count_op(rec.ADD, rid, f, _HS + len(body))
 
     def update(self, rid: int, user_type: int, body: bytes) -> None:
         self._drain()
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.UPDATE, user_type, rid, body))
-        self._count_op(rec.UPDATE, rid, f)
+        self._count_op(rec.UPDATE, rid, f, _HS + len(body))
 
     def delete(self, rid: int) -> None:
         self._drain()
         f, off = self._place(rec.HEADER_SIZE)
         self._write(f, off, rec.encode(f.key, rec.DELETE, 0, rid))
-        self._count_op(rec.DELETE, rid, f)
+        self._count_op(rec.DELETE, rid, f, 0)
 
     def delete_many(self, rids: list[int]) -> None:
         """Delete several ids with one record."""
@@ -462,7 +475,7 @@ class Journal:
         f, off = self._place(rec.HEADER_SIZE + len(body))
         self._write(f, off, rec.encode(f.key, rec.BATCH, 0, 0, body))
         for op in ops:
-            self._count_op(op.kind, op.id, f)
+            self._count_op(op.kind, op.id, f, _HS + len(op.body))
 
     def contains(self, rid: int) -> bool:
         self._drain()
@@ -542,27 +555,31 @@ class Journal:
             self._flush_handle.cancel()
             self._flush_handle = self._loop.call_soon(self._handoff) if self._loop else None
 
-    def _count_op(self, kind: int, rid: int, f: jf.JFile) -> None:
+    def _count_op(self, kind: int, rid: int, f: jf.JFile, size: int) -> None:
+        """Account one operation written to `f`; `size` is its live size (header and body)."""
         f.records += 1
         if kind == rec.ADD:
             if rid in self._index:
-                self._attach(rid, f)
+                self._attach(rid, f, size)
             else:
-                self._index[rid] = f
+                self._index[rid] = (f, size)
                 f.live += 1
+                f.live_bytes += size
         elif kind == rec.UPDATE:
             if rid in self._index:
-                self._attach(rid, f)
+                self._attach(rid, f, size)
         else:
             self._detach(rid)
 
-    def _attach(self, rid: int, f: jf.JFile) -> None:
+    def _attach(self, rid: int, f: jf.JFile, size: int) -> None:
+        """One more live record of a live id (an UPDATE, or an ADD of an id that is live)."""
         entry = self._index[rid]
         if isinstance(entry, list):
-            entry.append(f)
+            entry.append((f, size))
         else:
-            self._index[rid] = [entry, f]
+            self._index[rid] = [entry, (f, size)]
         f.live += 1
+        f.live_bytes += size
 
     def _detach(self, rid: int) -> None:
         self._detach_all((rid,))
@@ -575,10 +592,13 @@ class Journal:
             if entry is None:
                 continue
             if isinstance(entry, list):
-                for g in entry:
+                for g, n in entry:
                     g.live -= 1
+                    g.live_bytes -= n
             else:
-                entry.live -= 1
+                g, n = entry
+                g.live -= 1
+                g.live_bytes -= n
 
     # --------------------------------------------------------- group commit
     def _handoff(self) -> None:
@@ -664,9 +684,12 @@ class Journal:
             cb()
 
     def _reclaimable(self) -> list[tuple[int, Path, int]]:
+        """The oldest files, up to the first that holds a live byte: a file's DELETEs must stay on
+        disk as long as an older file may hold a record they killed. Compaction moves live records
+        out of the way (see `needs_compaction`)."""
         out: list[tuple[int, Path, int]] = []
         for key, f in list(self._files.items()):
-            if f is self._cur or f.live > 0 or (self._compacting and key <= self._freeze_key):
+            if f is self._cur or f.live_bytes > 0 or (self._compacting and key <= self._freeze_key):
                 break
             del self._files[key]
             out.append((key, f.path, f.size))
@@ -674,16 +697,21 @@ class Journal:
 
     # ----------------------------------------------------------- compaction
     def needs_compaction(self) -> bool:
+        """Enough files, and their live bytes under journal-compact-percentage of the bytes written.
+
+        Judged by bytes, as a compaction costs (it copies the live bytes) and saves (the rest): a
+        small record that stays live next to each large one that died (a dedup id beside its
+        acknowledged message) is a third of the records but a few percent of the bytes."""
         if self.s.compact_min_files <= 0 or len(self._files) < self.s.compact_min_files:
             return False
-        total = live = 0
+        used = live = 0
         for f in self._files.values():
-            total += f.records
-            live += f.live
-        return total > 0 and live * 100 < self.s.compact_percentage * total
+            used += f.used - jf.FILE_HEADER_SIZE
+            live += f.live_bytes
+        return used > 0 and live * 100 < self.s.compact_percentage * used
 
     def _maybe_compact(self) -> None:
-        if self._writer is not None and self._loop is not None and self.needs_compaction():
+        if self._writer is not None and self._loop is not None and self.failed is None and self.needs_compaction():
             self.compact_online()
 
     def compact_online(self) -> None:
@@ -749,6 +777,9 @@ class Journal:
         self._compacting = False
         self.compactions += 1
         log.info("journal %s compacted: %d records copied, %d dropped", self.prefix, plan.copied, plan.dead)
+        # The batches that completed meanwhile were not judged (and the last of a drained queue's
+        # acknowledgements may be among them): judge now, or the garbage waits for the next append.
+        self._maybe_compact()
 
     def _install(self, plan: compactor.Plan) -> None:
         """Point the index at the compacted files instead of the frozen ones.
@@ -761,16 +792,17 @@ class Journal:
         for o in plan.outputs:
             nf = jf.JFile(o.key, o.final, o.size, used=o.used)
             files[nf.key] = nf
-            for rid in o.ids:
+            for rid, size in zip(o.ids, o.sizes, strict=True):
                 nf.records += 1
                 entry = self._index.get(rid)
                 if entry is None:
                     continue
                 refs = entry if isinstance(entry, list) else [entry]
-                if any(g.key in frozen for g in refs):
-                    refs = [g for g in refs if g.key not in frozen]
-                refs.append(nf)
+                if any(g.key in frozen for g, _n in refs):
+                    refs = [r for r in refs if r[0].key not in frozen]
+                refs.append((nf, size))
                 nf.live += 1
+                nf.live_bytes += size
                 self._index[rid] = refs[0] if len(refs) == 1 else refs
         self._files = dict(sorted(files.items()))
 
@@ -797,6 +829,8 @@ class Journal:
             live_ids=len(self._index),
             corrupt=list(self.corrupt),
             compactions=self.compactions,
+            live_bytes=sum(f.live_bytes for f in self._files.values()),
+            used_bytes=sum(f.used - jf.FILE_HEADER_SIZE for f in self._files.values()),
         )
 
     def file_summaries(self) -> list[jf.JFile]:
