@@ -93,12 +93,6 @@ class FollowedJournal(RuleBasedStateMachine):
         await fut
         while self.j._compacting:  # let a running compaction finish its swap
             await asyncio.sleep(0.002)
-        # The writer retires dead files after it reports a batch: wait for that too, or the cold
-        # load below and the follower's listing may see the directory before and after it.
-        idle = self.loop.create_future()
-        assert self.j._writer is not None
-        self.j._writer.submit(lambda: self.loop.call_soon_threadsafe(idle.set_result, None))
-        await idle
         await asyncio.sleep(0)
         writer = self.j._writer
         if writer is not None:  # and the writer retire the files it reclaimed (after the batch's report)
