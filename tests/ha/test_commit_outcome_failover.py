@@ -19,6 +19,7 @@ import pytest
 
 import tandem
 import tandem.aio as aio
+from client_io import drain_texts
 from ha_pair import Cluster
 from reply_proxy import CommitReplyDropper
 from tandem.errors import TransactionOutcomeUnknown
@@ -32,18 +33,6 @@ def pair(tmp_path: Path) -> Any:
     c = Cluster(tmp_path).start_all()
     yield c
     c.kill_all()
-
-
-async def _drain(url: str, queue: str) -> list[str]:
-    conn = await aio.connect(url)
-    try:
-        consumer = await (await conn.create_session()).create_consumer(queue)
-        out = []
-        while (m := await consumer.receive(0.5)) is not None:
-            out.append(m.text)
-        return out
-    finally:
-        await conn.close()
 
 
 def _outcome_unknown(exc: BaseException | None) -> bool:
@@ -98,7 +87,7 @@ def test_kill9_between_commit_and_answer_asyncio(pair: Cluster, slow_backup: boo
             return exc
 
     exc = asyncio.run(main())
-    _check(exc, asyncio.run(_drain(c.url_of(1), "orders")))
+    _check(exc, asyncio.run(drain_texts(c.url_of(1), "orders")))
 
 
 @pytest.mark.timeout(60)
@@ -126,7 +115,7 @@ def test_kill9_between_commit_and_answer_blocking(pair: Cluster) -> None:
             work()
             assert tx.retry_commit() is False
             assert conn.server == f"127.0.0.1:{c.ports[1]}"
-    _check(exc, asyncio.run(_drain(c.url_of(1), "orders")))
+    _check(exc, asyncio.run(drain_texts(c.url_of(1), "orders")))
 
 
 @pytest.mark.timeout(60)
@@ -157,4 +146,4 @@ def test_kill9_before_the_commit_reached_the_primary(pair: Cluster) -> None:
             await conn.close()
 
     asyncio.run(main())
-    _check(TransactionOutcomeUnknown(), asyncio.run(_drain(c.url_of(1), "orders")))
+    _check(TransactionOutcomeUnknown(), asyncio.run(drain_texts(c.url_of(1), "orders")))

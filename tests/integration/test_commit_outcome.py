@@ -15,23 +15,11 @@ from typing import Any
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
-from client_io import queue_stat
+from client_io import drain_texts, queue_stat
 from reply_proxy import CommitReplyDropper
 
 N = 5
 ORDERS = [f"order-{i}" for i in range(N)]
-
-
-async def _drain(url: str, queue: str) -> list[str]:
-    conn = await aio.connect(url)
-    try:
-        consumer = await (await conn.create_session()).create_consumer(queue)
-        out = []
-        while (m := await consumer.receive(0.5)) is not None:
-            out.append(m.text)
-        return out
-    finally:
-        await conn.close()
 
 
 def _assert_outcome_unknown(exc: BaseException) -> None:
@@ -73,7 +61,7 @@ def test_lost_commit_answer_asyncio(broker: BrokerProcess) -> None:
             await conn.close()
 
     asyncio.run(main())
-    _assert_once(asyncio.run(_drain(broker.url, "orders")))
+    _assert_once(asyncio.run(drain_texts(broker.url, "orders")))
 
 
 def test_lost_commit_answer_blocking(broker: BrokerProcess) -> None:
@@ -98,7 +86,7 @@ def test_lost_commit_answer_blocking(broker: BrokerProcess) -> None:
         # the session goes on normally afterwards
         producer.send("after")
         tx.commit()
-    got = asyncio.run(_drain(broker.url, "orders"))
+    got = asyncio.run(drain_texts(broker.url, "orders"))
     assert got.count("after") == 1
     _assert_once([g for g in got if g != "after"])
 
@@ -135,4 +123,4 @@ def test_lost_commit_answer_of_a_consuming_transaction(broker: BrokerProcess) ->
             await conn.close()
 
     asyncio.run(main())
-    assert asyncio.run(_drain(broker.url, "inbox")) == []
+    assert asyncio.run(drain_texts(broker.url, "inbox")) == []

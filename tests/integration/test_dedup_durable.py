@@ -18,23 +18,12 @@ from typing import Any
 import pytest
 
 import tandem.aio as aio
+from client_io import drain_texts
 from tandem.errors import DuplicateId
 from tandem.journal.faults import ENV
 
 SLOW = {ENV: "tandem-data:write=delay1.0"}
 Q = "dd"
-
-
-async def _drain(url: str) -> list[str]:
-    conn = await aio.connect(url)
-    try:
-        consumer = await (await conn.create_session()).create_consumer(Q)
-        out = []
-        while (m := await consumer.receive(1.0)) is not None:
-            out.append(m.text)
-        return out
-    finally:
-        await conn.close()
 
 
 def _race(b: Any, original: Callable[[Any], Awaitable[None]], answer: Callable[[Any], Awaitable[object]]) -> object:
@@ -62,7 +51,7 @@ def _race(b: Any, original: Callable[[Any], Awaitable[None]], answer: Callable[[
 def _restart_and_drain(b: Any) -> list[str]:
     b.env.clear()
     b.start()
-    return asyncio.run(_drain(b.url))
+    return asyncio.run(drain_texts(b.url, Q, 1.0))
 
 
 async def _send_x(conn: Any) -> None:
