@@ -129,6 +129,8 @@ async def _load(url: str, confirmed: set[str], acked: set[str], ack_sent: set[st
                 name = f"w{i}"
                 await prod.send_async(name + "." * 1500, lambda exc, n=name: exc or confirmed.add(n))
                 i += 1
+                while len(confirmed) - len(acked) > 3000 and not stop.is_set():  # the consumer keeps up:
+                    await asyncio.sleep(0.01)  # most of what is written dies, so compaction has work
         except TandemError:
             pass
         finally:
@@ -174,11 +176,13 @@ def test_kill9_during_compaction_under_load_loses_and_resurrects_nothing(tmp_pat
             stop = asyncio.Event()
             task = asyncio.create_task(_load(c.url_of(0), confirmed, acked, ack_sent, stop))
             deadline = time.monotonic() + 40
+            compactions = 0
             while time.monotonic() < deadline:  # until compaction ran a few times while followed
                 await asyncio.sleep(0.5)
-                st = await asyncio.to_thread(_stat, c, 0)
-                if st["journal"]["compactions"] >= 3 and len(acked) > 1000:
+                compactions = (await asyncio.to_thread(_stat, c, 0))["journal"]["compactions"]
+                if compactions >= 3 and len(acked) > 1000:
                     break
+            assert compactions >= 3, f"the primary compacted {compactions} times: the test tests nothing"
             await asyncio.to_thread(c.primary.kill)
             stop.set()
             await asyncio.wait_for(task, 30)
