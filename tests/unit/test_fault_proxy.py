@@ -7,6 +7,7 @@ arrives" is checked over a short wait. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
 import threading
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+
 from tandem.testing import AsyncFaultProxy, FaultProxy, ProxyStats
 
 QUIET = 0.3  # how long "nothing arrives" is watched
@@ -60,7 +62,9 @@ class EchoServer:
                 return
             except OSError:
                 return
-            if not data:
+            if not data:  # the client is done: so are we
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_WR)
                 return
             with self.lock:
                 self.received += data
@@ -280,8 +284,8 @@ def test_target_down_resets_the_client() -> None:
     with socket.socket() as s:  # a port with nothing listening
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-        with FaultProxy(dead) as proxy, connect(proxy) as c:
-            with pytest.raises(ConnectionResetError):
+        with FaultProxy(dead) as proxy, pytest.raises(ConnectionResetError):  # maybe as soon as connect returns
+            with connect(proxy) as c:
                 c.sendall(b"x")
                 c.recv(10)
 
