@@ -250,7 +250,7 @@ def test_heal_accepts_again(proxy: FaultProxy) -> None:
 def test_a_cut_buffers_a_bounded_amount(echo: EchoServer) -> None:
     """Held bytes stay in the proxy up to its buffer; past that the sender is pushed back by TCP."""
     limit = 64 * 1024
-    total = 32 * 1024 * 1024  # more than the kernel's buffers on the way can hold
+    total = 64 * 1024 * 1024  # more than the kernel's buffers on the way can hold (rmem max 32 MiB + wmem 4 MiB here)
     with FaultProxy(echo.port, buffer_bytes=limit) as proxy, connect(proxy) as c:
         c.sendall(b"x")
         assert recv_exactly(c, 1) == b"x"
