@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
 from typing import Any
+
+from tandem.testing import procs
 
 _LISTEN = re.compile(r"listening\s+(\S+): (\S+):(\d+)")
 
@@ -109,13 +111,27 @@ class BrokerProcess:
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
-        self.proc.send_signal(sig)
+        procs.send_signal(self.proc, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP, returning once the process is stopped (tandem.testing.procs.pause)."""
+        assert self.proc is not None
+        procs.pause(self.proc)
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        assert self.proc is not None
+        procs.resume(self.proc)
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """Stopped for a `with` block, resumed whatever happens in it."""
+        assert self.proc is not None
+        return procs.paused(self.proc)
 
     def kill(self) -> None:
         """SIGKILL: nothing gets flushed, as in a power cut of the process."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            procs.kill(self.proc)
         self._close_pipe()
 
     def _close_pipe(self) -> None:
@@ -126,21 +142,18 @@ class BrokerProcess:
         """SIGTERM and wait: a clean stop."""
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-                raise RuntimeError("broker did not stop on SIGTERM") from None
+        try:
+            procs.stop_process(self.proc, timeout=timeout)
+        except procs.NotStopped:
+            raise RuntimeError("broker did not stop on SIGTERM") from None
         self._close_pipe()
         return self.proc.returncode
 
     def wait_exit(self, timeout: float) -> int:
         """The exit status once the process ends by itself (raises TimeoutExpired after `timeout`)."""
         assert self.proc is not None
-        rc = self.proc.wait(timeout)
+        rc = procs.wait_exit(self.proc, timeout)
+        assert rc is not None  # our child: its status is known
         self._close_pipe()
         return rc
 

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tandem.testing import free_port
 
 
 class Cluster:

@@ -10,7 +10,6 @@ every message delivered exactly once.
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ def test_kill9_between_commit_and_answer_asyncio(pair: Cluster, slow_backup: boo
 
     def kill() -> None:
         if slow_backup:
-            c.backup.signal(signal.SIGSTOP)
+            c.backup.pause()
         c.primary.kill()
 
     async def main() -> BaseException | None:
@@ -75,7 +74,7 @@ def test_kill9_between_commit_and_answer_asyncio(pair: Cluster, slow_backup: boo
             except Exception as e:
                 exc = e
             assert proxy.dropped.is_set() and not c.primary.running
-            c.backup.signal(signal.SIGCONT)
+            c.backup.resume()
             if _outcome_unknown(exc):
                 await work()
                 assert await tx.retry_commit() is False  # the primary had committed it

@@ -16,6 +16,7 @@ import pytest
 
 import tandem
 from broker_process import BrokerProcess
+from tandem.testing import free_port
 
 Factory = Callable[..., BrokerProcess]
 CLI_TIMEOUT = 60.0
@@ -98,12 +99,6 @@ def parse_table(text: str) -> dict[str, dict[str, str]]:
         cells = ln.split()
         rows[cells[0]] = dict(zip(header, cells, strict=False))
     return rows
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------ basics

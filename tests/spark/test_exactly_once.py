@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ from brokerio import batches, drain, fill, make_queue, stat, wait_for
 
 from broker_process import BrokerProcess
 from ha_pair import Cluster
+from tandem.testing import procs
 
 HERE = Path(__file__).parent
 
@@ -42,11 +41,7 @@ def _start_query(
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """kill -9 the driver and everything it started (JVM, Python workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(30)
+    procs.kill(proc, group=True, timeout=30)
 
 
 @pytest.mark.timeout(600)

@@ -139,3 +139,16 @@ def test_server_and_ha_do_not_import_each_other_both_ways() -> None:
         if _within(i.source, "tandem") and _within(i.target, "tandem") and "." in i.source and "." in i.target
     }
     assert not {("server", "ha"), ("ha", "server")} <= edges, "server/ and ha/ import each other"
+
+
+def test_the_fault_kit_stands_alone() -> None:
+    """tandem.testing (the fault-injection kit) imports nothing else of tandem, and nothing else imports it."""
+    kit = "tandem.testing"
+    bad = [
+        i
+        for i in _all_imports()
+        if _within(i.source, kit) != _within(i.target, kit)
+        and _within(i.source, "tandem")
+        and _within(i.target, "tandem")
+    ]
+    assert not bad, f"{kit} must stand alone:\n{_show(bad)}"
