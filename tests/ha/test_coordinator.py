@@ -9,6 +9,7 @@ tick is 500 ms), so expiries take seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import signal
@@ -22,9 +23,9 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from tandem.ha.coordinator import AsyncCoordinator, Coordinator, SessionLost, StaleActivation
 
 from tandem.errors import IllegalState
+from tandem.ha.coordinator import AsyncCoordinator, Coordinator, SessionLost, StaleActivation
 from zookeeper import ZooKeeperServer
 
 SESSION_MS = 2000
@@ -69,8 +70,9 @@ class Holder:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.strip())
+        with contextlib.suppress(ValueError, OSError):  # closed by kill()
+            for line in self.proc.stdout:
+                self.lines.put(line.strip())
 
     def expect(self, prefix: str, timeout: float = 20.0) -> str:
         """The next line starting with `prefix` (other lines are skipped), within `timeout` seconds."""
@@ -101,6 +103,10 @@ class Holder:
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.kill()
         self.proc.wait(timeout=30)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 @pytest.fixture

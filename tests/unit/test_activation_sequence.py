@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+from tandem.errors import IllegalState, InvalidArgument
 from tandem.ha.activation_sequence import (
     SEQUENCE_FILE,
     Verdict,
@@ -13,8 +15,6 @@ from tandem.ha.activation_sequence import (
     read_local_sequence,
     write_local_sequence,
 )
-
-from tandem.errors import IllegalState, InvalidArgument
 
 
 @pytest.mark.parametrize(
