@@ -48,6 +48,8 @@ from ..errors import ErrorCode, IllegalState, InvalidArgument, TandemError
 from .activation_sequence import judge
 
 log = logging.getLogger("tandem.ha.coordinator")
+# kazoo's own lines (connection drops, retries), under the broker's log set-up.
+KAZOO_LOG = "tandem.ha.coordinator.kazoo"
 
 __all__ = [
     "AsyncCoordinator",
@@ -137,6 +139,7 @@ class Coordinator:
             hosts=self.hosts,
             timeout=self.session_timeout / 1000,
             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+            logger=logging.getLogger(KAZOO_LOG),
         )
         client.add_listener(self._on_state)
         try:
