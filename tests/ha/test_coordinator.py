@@ -221,6 +221,7 @@ def test_a_claim_after_the_lock_node_vanished_is_refused_and_reported(
     a.on_session_lost(lost.append)
     assert a.try_lock_live(timeout=5)
     assert a.claim_activation(0, lambda n: None) == 1
+    assert a.verify_live_lock()
     rogue = KazooClient(zookeeper.hosts)
     rogue.start(timeout=10)
     try:
@@ -235,7 +236,7 @@ def test_a_claim_after_the_lock_node_vanished_is_refused_and_reported(
         rogue.stop()
         rogue.close()
     assert len(lost) == 1 and "live lock" in lost[0]
-    assert not a.holds_live_lock
+    assert not a.holds_live_lock and not a.verify_live_lock()
 
 
 # ----------------------------------------------------------------- session loss
@@ -330,6 +331,7 @@ def test_the_async_coordinator_keeps_the_loop_free_and_calls_back_on_it(
         assert await c.try_lock_live(timeout=5)
         assert await c.claim_activation(0, lambda n: None) == 1
         assert await c.activation_sequence() == 1
+        assert await c.verify_live_lock()
         zookeeper.stop()
         assert "ZooKeeper" in await asyncio.wait_for(lost, 30)
         assert called_on == [loop_thread]

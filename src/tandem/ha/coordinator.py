@@ -304,6 +304,23 @@ class Coordinator:
             if not acquired:
                 self._leave_line(client)
 
+    def verify_live_lock(self) -> bool:
+        """Ask ZooKeeper whether our lock node still exists (one round trip); False, and reported, if not.
+
+        For an active server that has reason to doubt (its backup went quiet, it was paused):
+        the node lives exactly as long as the session that holds the lock.
+        """
+        if not self.holds_live_lock or self._own is None:
+            return False
+        client = self._usable()
+        try:
+            gone = self._wait(client.exists_async(self._own), "check our lock node") is None
+        except SessionLost:
+            return False
+        if gone:
+            self._declare_lost("its live lock node was deleted")
+        return not gone
+
     def _line(self, client: KazooClient) -> list[str]:
         children: list[str] = self._wait(client.get_children_async(self.live_path), "list the live lock's line")
         return sorted((c for c in children if "__" in c), key=_seq)
@@ -469,6 +486,9 @@ class AsyncCoordinator:
 
     async def unlock(self) -> None:
         await asyncio.to_thread(self.sync.unlock)
+
+    async def verify_live_lock(self) -> bool:
+        return await asyncio.to_thread(self.sync.verify_live_lock)
 
     async def live_lock_holders(self) -> list[str]:
         return await asyncio.to_thread(self.sync.live_lock_holders)
