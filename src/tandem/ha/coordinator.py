@@ -83,7 +83,11 @@ def _seq(name: str) -> int:
 
 
 class Coordinator:
-    """One server's view of its node id in ZooKeeper (blocking; thread-safe)."""
+    """One server's view of its node id in ZooKeeper (blocking).
+
+    kazoo's threads may report session changes at any time; the calls themselves come from
+    one caller at a time (the server's activation, directly or through AsyncCoordinator).
+    """
 
     def __init__(
         self,
