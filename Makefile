@@ -15,9 +15,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $(STAMP)
 
-# Tests also cover the Spark connector: pyspark (the `spark` extra) and Java 17.
-$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh
+# Tests also cover the Spark connector: pyspark (the `spark` extra) and Java 17; the replication
+# tests start a private ZooKeeper from Debian's `zookeeper` package (tests/zookeeper.py).
+$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh
 	scripts/ensure-java.sh
+	scripts/ensure-zookeeper.sh
 	$(BIN)/pip install -q -e '.[test,spark]'
 	touch $(STAMP) $(TSTAMP)
 

@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from broker_process import BrokerProcess
+from zookeeper import ZooKeeperServer
 
 
 @pytest.fixture
@@ -30,3 +31,17 @@ def broker_factory(tmp_path: Path) -> Iterator[object]:
 def broker(broker_factory: object) -> BrokerProcess:
     """A running broker process with default settings (small journal files)."""
     return broker_factory().start()  # type: ignore[operator, no-any-return]
+
+
+@pytest.fixture
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A private ZooKeeper on 127.0.0.1 (tick 500 ms), killed at the end of the test.
+
+    Per test, not per module: it answers within about half a second, and a test that stops or
+    pauses it leaves nothing behind for the next one.
+    """
+    zk = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper")).start()
+    try:
+        yield zk
+    finally:
+        zk.stop()

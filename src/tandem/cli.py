@@ -303,6 +303,18 @@ def cmd_data(args: argparse.Namespace) -> int:
         return datatool.print_data(args.dir, records=args.records, out=sys.stdout)
     if args.action == "repair":
         return datatool.repair_data(args.dir, out=sys.stdout)
+    if args.action == "activation":
+        from . import activationtool
+
+        zk = {
+            "zookeeper": args.zookeeper,
+            "node_id": args.node_id,
+            "root": args.root,
+            "connect_timeout": args.connect_timeout,
+        }
+        if args.activation_action == "show":
+            return activationtool.show_activation(args.dir, sys.stdout, as_json=args.json, **zk)
+        return activationtool.set_activation(args.dir, args.value, sys.stdout, **zk)
     return datatool.compact_data(args.dir, out=sys.stdout)
 
 
@@ -416,6 +428,22 @@ def build_parser() -> argparse.ArgumentParser:
         "repair", help="cut damaged journal files at the damage (keeping a copy of each) so the broker can start"
     )
     dr.add_argument("dir")
+    da = ds.add_parser("activation", help="show or set the activation sequence (replication with ZooKeeper)")
+    das = da.add_subparsers(dest="activation_action", required=True)
+    for name, hlp in (
+        ("show", "the data directory's activation sequence and, with --zookeeper, its node id's"),
+        ("set", "overwrite it (both copies with --zookeeper); can let a stale replica activate: see docs/cli.md"),
+    ):
+        x = das.add_parser(name, help=hlp)
+        x.add_argument("dir")
+        if name == "set":
+            x.add_argument("value", type=int)
+        else:
+            x.add_argument("--json", action="store_true")
+        x.add_argument("--zookeeper", metavar="HOSTS", help="ZooKeeper connect string, as [ha.coordinator] zookeeper")
+        x.add_argument("--node-id", help="the pair's node id (with --zookeeper)")
+        x.add_argument("--root", default="/tandem", help="as [ha.coordinator] root (default /tandem)")
+        x.add_argument("--connect-timeout", type=int, default=8000, metavar="MS", help="default 8000")
     d.set_defaults(func=cmd_data)
 
     from . import perf

@@ -134,6 +134,54 @@ class ConnectorConfig(_Conf, frozen=True):
 
 HaPolicyName = Literal["live-only", "shared-store-primary", "shared-store-backup"]
 
+_ZNODE_PATH = re.compile(r"^(?:/[^/\s]+)+$")
+
+
+class CoordinatorConfig(_Conf, frozen=True):
+    """`[ha.coordinator]`: ZooKeeper decides which server of a replicated pair may be active (docs/ha.md).
+
+    Times in ms. `session-timeout` and `connect-timeout` are Artemis's `session-ms` and
+    `connection-ms` (same defaults). A server whose connection stays suspended for
+    `session-percent` % of the session counts its session as lost and stops serving; the
+    client notices a silent server only after 2/3 of the session, so the sum must stay under
+    the session for the server to stop before ZooKeeper lets the peer take over (decision 0031).
+    """
+
+    zookeeper: str  # connect string: host:port[,host:port...][/chroot]
+    session_timeout: int = 18_000
+    session_percent: int = 25
+    connect_timeout: int = 8_000
+    root: str = "/tandem"  # znodes live under <root>/<node id>/
+
+    def __post_init__(self) -> None:
+        servers, slash, chroot = self.zookeeper.partition("/")
+        if not servers.strip():
+            raise ValueError(f"`zookeeper` must list host:port[,host:port...], got {self.zookeeper!r}")
+        for server in servers.split(","):
+            try:
+                parse_host_port(server)
+            except ValueError as exc:
+                raise ValueError(f"`zookeeper` {exc} (in {self.zookeeper!r})") from None
+        if slash and not _ZNODE_PATH.match("/" + chroot):
+            raise ValueError(f"`zookeeper`: bad chroot path in {self.zookeeper!r}")
+        if self.session_timeout < 1000:
+            raise ValueError(f"`session-timeout` must be >= 1000, got {self.session_timeout}")
+        if not 0 <= self.session_percent <= 33:
+            raise ValueError(
+                f"`session-percent` must be between 0 and 33, got {self.session_percent}: with more, a server "
+                "cut off from ZooKeeper could serve on after its session expired and its peer took over"
+            )
+        if self.connect_timeout < 100:
+            raise ValueError(f"`connect-timeout` must be >= 100, got {self.connect_timeout}")
+        if not _ZNODE_PATH.match(self.root):
+            raise ValueError(f"`root` must be a ZooKeeper path like /tandem (no trailing slash), got {self.root!r}")
+
+
+class HaConfig(_Conf, frozen=True):
+    """The `[ha]` table; the policy itself is the top-level `ha-policy`."""
+
+    coordinator: CoordinatorConfig | None = None
+
 
 class BrokerConfig(_Conf, frozen=True):
     name: str = "tandem"
@@ -179,6 +227,11 @@ class BrokerConfig(_Conf, frozen=True):
     static_connectors: list[str] = []  # peers a waiting server announces itself to
     cluster_user: str = DEFAULT_CLUSTER_USER
     cluster_password: str = DEFAULT_CLUSTER_PASSWORD
+    ha: HaConfig = HaConfig()
+    # Hosts (or host:port) one of which a server must reach to activate and to stay active (ha/network_check.py).
+    network_check_list: list[str] = []
+    network_check_period: int = 5_000  # Artemis's code default (its docs say 10000)
+    network_check_timeout: int = 1_000
 
     # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
     address_settings: dict[str, AddressSettingsConfig] = {}
@@ -215,6 +268,13 @@ class BrokerConfig(_Conf, frozen=True):
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
         _check_positive(self, "lock_check_period", minimum=1)
+        _check_positive(self, "network_check_period", minimum=10)
+        _check_positive(self, "network_check_timeout", minimum=10)
+        for target in self.network_check_list:
+            try:
+                parse_check_target(target)
+            except ValueError as exc:
+                raise ValueError(f"`network-check-list` entry {exc}") from None
         if self.security_enabled and self.cluster_password.strip() in ("", DEFAULT_CLUSTER_PASSWORD):
             # The cluster pair logs in like a user: its built-in value would let anyone in.
             raise ValueError(
@@ -295,6 +355,23 @@ def parse_host_port(text: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range in {text!r}")
     return (m.group("v6") or m.group("host")), port
+
+
+def parse_check_target(text: str) -> tuple[str, int | None]:
+    """A `network-check-list` entry: host, [v6]:port, host:port or a bare IPv6 address (no port)."""
+    text = text.strip()
+    if text.count(":") > 1 and not text.startswith("["):
+        host, port = text, None  # a bare IPv6 address
+    elif ":" in text:
+        try:
+            return parse_host_port(text)
+        except ValueError as exc:
+            raise ValueError(f"{text!r}: {exc}") from None
+    else:
+        host, port = text, None
+    if not host or any(c.isspace() or c in "/[]" for c in host):
+        raise ValueError(f"{text!r} must look like host or host:port")
+    return host, port
 
 
 def load_config(path: str | Path | None = None, **overrides: object) -> BrokerConfig:

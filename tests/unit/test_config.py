@@ -14,6 +14,8 @@ from tandem.config import (
     AddressSettingsConfig,
     BrokerConfig,
     ConnectorConfig,
+    CoordinatorConfig,
+    HaConfig,
     QueueConfig,
     UserConfig,
     load_config,
@@ -54,6 +56,9 @@ cluster-user = "u"
 cluster-password = "pw"
 security-enabled = true
 stomp-prefetch-count = 10
+network-check-list = ["10.0.0.1", "gateway.local:22", "[::1]:61616"]
+network-check-period = 2000
+network-check-timeout = 500
 
 [[users]]
 name = "app"
@@ -101,6 +106,13 @@ name = "orders.all"
 [[addresses]]
 name = "prices"
 routing-type = "multicast"
+
+[ha.coordinator]
+zookeeper = "zk1:2181,zk2:2181,zk3:2181"
+session-timeout = 10000
+session-percent = 20
+connect-timeout = 3000
+root = "/brokers/tandem"
 """
 
 
@@ -149,7 +161,16 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
     """A file using every key of every config struct loads, and each value lands in its field."""
     cfg = load_config(write(tmp_path, FULL))
     top = {line.split("=")[0].strip() for line in FULL.splitlines() if "=" in line and not line.startswith(" ")}
-    assert kebab_names(BrokerConfig) <= top | {"acceptors", "addresses", "address-settings", "connectors", "users"}
+    assert kebab_names(BrokerConfig) <= top | {
+        "acceptors",
+        "addresses",
+        "address-settings",
+        "connectors",
+        "users",
+        "ha",
+    }
+    assert kebab_names(HaConfig) == {"coordinator"}
+    assert kebab_names(CoordinatorConfig) <= top
     assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind"}
     assert kebab_names(AddressConfig) == {"name", "routing-type", "queues"}
     assert kebab_names(QueueConfig) == {"name", "durable", "filter", "max-consumers"}
@@ -210,6 +231,18 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         security_enabled=True,
         users=[UserConfig("app", "secret")],
         stomp_prefetch_count=10,
+        network_check_list=["10.0.0.1", "gateway.local:22", "[::1]:61616"],
+        network_check_period=2000,
+        network_check_timeout=500,
+        ha=HaConfig(
+            coordinator=CoordinatorConfig(
+                zookeeper="zk1:2181,zk2:2181,zk3:2181",
+                session_timeout=10_000,
+                session_percent=20,
+                connect_timeout=3000,
+                root="/brokers/tandem",
+            )
+        ),
     )
     # Every field differs from its default, so none of them was silently ignored.
     default = BrokerConfig()
@@ -410,3 +443,78 @@ def test_connection_limit_keys() -> None:
         load_config(None, connection_ttl=60_000, connection_ttl_max=30_000)
     with pytest.raises(ConfigError, match="handshake-timeout"):
         load_config(None, handshake_timeout=0)
+
+
+# ------------------------------------------------- coordinator and network check
+def test_coordinator_and_network_check_defaults() -> None:
+    """No coordinator unless `[ha.coordinator]` is given; Artemis's session (18 s) and connection (8 s) times."""
+    cfg = load_config(None)
+    assert cfg.ha.coordinator is None
+    assert (cfg.network_check_list, cfg.network_check_period, cfg.network_check_timeout) == ([], 5000, 1000)
+    c = CoordinatorConfig(zookeeper="127.0.0.1:2181")
+    assert (c.session_timeout, c.session_percent, c.connect_timeout, c.root) == (18_000, 25, 8000, "/tandem")
+
+
+def test_a_coordinator_table_with_only_its_connect_string(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[ha.coordinator]\nzookeeper = "127.0.0.1:2181"\n'))
+    assert cfg.ha.coordinator == CoordinatorConfig(zookeeper="127.0.0.1:2181")
+
+
+@pytest.mark.parametrize(
+    "zookeeper", ["zk1:2181,zk2:2181/brokers", "[::1]:2181", "127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183"]
+)
+def test_good_zookeeper_connect_strings(tmp_path: Path, zookeeper: str) -> None:
+    cfg = load_config(write(tmp_path, f'[ha.coordinator]\nzookeeper = "{zookeeper}"\n'))
+    assert cfg.ha.coordinator is not None and cfg.ha.coordinator.zookeeper == zookeeper
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("session-timeout = 10000\n", "zookeeper"),  # the connect string is required
+        ('zookeeper = ""\n', "zookeeper"),
+        ('zookeeper = "zk1"\n', "zookeeper"),
+        ('zookeeper = "zk1:2181,"\n', "zookeeper"),
+        ('zookeeper = "zk1:2181,zk2"\n', "zookeeper"),
+        ('zookeeper = "zk1:99999"\n', "zookeeper"),
+        ('zookeeper = "zk1:2181/"\n', "zookeeper"),
+        ('zookeeper = "h:1"\nsession-timeout = 500\n', "session-timeout"),
+        ('zookeeper = "h:1"\nsession-percent = 34\n', "session-percent"),
+        ('zookeeper = "h:1"\nsession-percent = -1\n', "session-percent"),
+        ('zookeeper = "h:1"\nconnect-timeout = 0\n', "connect-timeout"),
+        ('zookeeper = "h:1"\nroot = "tandem"\n', "root"),
+        ('zookeeper = "h:1"\nroot = "/"\n', "root"),
+        ('zookeeper = "h:1"\nroot = "/a/"\n', "root"),
+        ('zookeeper = "h:1"\nroot = "/a//b"\n', "root"),
+        ('zookeeper = "h:1"\nsession-ms = 1\n', "session-ms"),
+        ('zookeeper = "h:1"\nsession-timeout = "long"\n', "session-timeout"),
+    ],
+)
+def test_bad_coordinator_settings_name_the_key(tmp_path: Path, table: str, key: str) -> None:
+    msg, p = config_error(tmp_path, "[ha.coordinator]\n" + table)
+    assert key in msg
+    assert "ha.coordinator" in msg
+    assert str(p) in msg
+
+
+def test_an_unknown_ha_table_is_refused(tmp_path: Path) -> None:
+    msg, _ = config_error(tmp_path, "[ha.quorum]\nsize = 3\n")
+    assert "quorum" in msg and "ha" in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('network-check-list = ["a b"]', "network-check-list"),
+        ('network-check-list = ["h:port"]', "network-check-list"),
+        ('network-check-list = ["h:70000"]', "network-check-list"),
+        ('network-check-list = [""]', "network-check-list"),
+        ('network-check-list = "10.0.0.1"', "network-check-list"),
+        ("network-check-period = 0", "network-check-period"),
+        ("network-check-timeout = 0", "network-check-timeout"),
+    ],
+)
+def test_bad_network_check_settings_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    msg, p = config_error(tmp_path, text + "\n")
+    assert key in msg
+    assert str(p) in msg

@@ -1,0 +1,43 @@
+"""A process that takes a node id's live lock and holds it, for kill and freeze tests.
+
+    python tests/coordinator_holder.py HOSTS NODE_ID SESSION_MS
+
+Prints `locked` once it holds the lock and `lost: <reason>` when its session is declared
+lost. Reads commands from stdin: `claim N` tries claim_activation(N) and prints `claimed M`
+or `refused <error>`; `sequence` prints the coordinated value. The test kills it (SIGKILL)
+or freezes it (SIGSTOP/SIGCONT).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from tandem.ha.coordinator import Coordinator
+
+from tandem.errors import TandemError
+
+
+def main() -> int:
+    hosts, node_id, session_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    coord = Coordinator(hosts, node_id, session_timeout=session_ms, connect_timeout=5000, holder="holder")
+    coord.on_session_lost(lambda reason: print(f"lost: {reason}", flush=True))
+    coord.start()
+    if not coord.try_lock_live(timeout=10):
+        print("not locked", flush=True)
+        return 1
+    print("locked", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        try:
+            if words[:1] == ["claim"]:
+                print(f"claimed {coord.claim_activation(int(words[1]), lambda n: None)}", flush=True)
+            elif words[:1] == ["sequence"]:
+                print(f"sequence {coord.activation_sequence()}", flush=True)
+        except TandemError as exc:
+            print(f"refused {exc}", flush=True)
+    coord.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
