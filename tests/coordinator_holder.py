@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import sys
 
-from tandem.ha.coordinator import Coordinator
-
 from tandem.errors import TandemError
+from tandem.ha.coordinator import Coordinator
 
 
 def main() -> int:

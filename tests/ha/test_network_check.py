@@ -6,10 +6,10 @@ import asyncio
 import socket
 
 import pytest
-from tandem.ha.network_check import NetworkCheck, parse_check_target
 
 from ha_pair import free_port
 from tandem.config import load_config
+from tandem.ha.network_check import NetworkCheck, parse_check_target
 
 
 def test_an_empty_list_is_always_reachable() -> None:
