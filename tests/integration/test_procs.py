@@ -69,6 +69,10 @@ def test_paused_stops_the_process_and_always_resumes_it(tmp_path: Path, reap: li
     counter = tmp_path / "n"
     p = _spawn(_COUNTER, str(counter))
     reap.append(p)
+    deadline = time.monotonic() + 10
+    while not counter.exists():  # the child is counting before it is paused (it starts slowly under load)
+        assert time.monotonic() < deadline, "the counter never started"
+        time.sleep(0.02)
     with procs.paused(p):
         assert _state(p.pid) == "T"
         before = counter.read_text()
