@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import files as jf
 from .faults import Faults
+from .storeio import StoreIO
 
 log = logging.getLogger("tandem.journal")
 
@@ -33,6 +34,7 @@ class Batch:
     recycle: list[tuple[int, Path, int]] = field(default_factory=list)  # (key, path, size)
     callbacks: list[Callable[[], None]] = field(default_factory=list)
     nbytes: int = 0
+    position: int = 0  # where a replication stream carries it (0: no backup to wait for)
 
 
 Job = Batch | Callable[[], None] | None
@@ -52,8 +54,10 @@ class Writer:
         done: Callable[[Batch, BaseException | None], None],
         failed: Callable[[BaseException], None] | None = None,
         faults: Faults | None = None,
+        io: StoreIO | None = None,
     ) -> None:
         self.directory = directory
+        self.io = io or StoreIO(directory)
         self.prefix = prefix
         self.file_size = file_size
         self.pool_files = pool_files
@@ -109,6 +113,7 @@ class Writer:
                 if self.failed is None:
                     try:
                         self.write_batch(job)
+                        job.position = self.io.flush()
                     except BaseException as exc:  # an I/O error is fatal to the journal
                         self.failed = exc
                 self._done(job, self.failed)  # confirmations go out now; retiring dead files can wait
@@ -118,11 +123,13 @@ class Writer:
                     self.recycle(job)
                     if not self.free and self.pool_files > 0 and self._jobs.empty():
                         self._spare()
+                    self.io.flush()
                 except BaseException as exc:
                     self._fail(exc)
             elif self.failed is None:
                 try:
                     job()
+                    self.io.flush()
                 except BaseException as exc:
                     self._fail(exc)
 
@@ -172,7 +179,7 @@ class Writer:
             self._hit("sync")
             try:
                 self._hit("dsync")
-                written = os.pwritev(fd, buffers, offset, _RWF_DSYNC)
+                written = self.io.writev(fd, self._paths[key].name, buffers, offset, _RWF_DSYNC)
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
@@ -182,7 +189,7 @@ class Writer:
                 self._write_run(key, buffers, offset, touched)
                 return
         else:
-            written = os.pwritev(fd, buffers, offset)
+            written = self.io.writev(fd, self._paths[key].name, buffers, offset)
             if self.datasync and key not in touched:
                 touched.append(key)
         expected = sum(len(b) for b in buffers)
@@ -203,48 +210,50 @@ class Writer:
             self._recycle(key, path, size)
 
     def _open_new(self, key: int, size: int) -> None:
-        path = self.directory / jf.data_name(self.prefix, key)
+        io = self.io
+        name = jf.data_name(self.prefix, key)
         fd = -1
         self._hit("create")
         while size == self.file_size and self.free:
             src = self.free.pop()
             if os.stat(src).st_size != size:  # left from another journal-file-size
-                os.unlink(src)
+                io.unlink(src.name)
                 continue
-            fd = os.open(src, os.O_RDWR)
-            os.pwrite(fd, jf.header_bytes(key), 0)
+            fd = io.open(src.name)
+            io.write(fd, src.name, jf.header_bytes(key), 0)
             os.fdatasync(fd)
             self._hit("rename")
-            os.rename(src, path)
+            io.rename(src.name, name)
             break
         if fd < 0:
-            jf.create_zeroed(path, size, key)
-            fd = os.open(path, os.O_RDWR)
-        jf.fsync_dir(self.directory)
+            io.create(name, size, key)
+            fd = io.open(name)
+        io.sync_dir()
         self._fds[key] = fd
-        self._paths[key] = path
+        self._paths[key] = self.directory / name
 
     def _recycle(self, key: int, path: Path, size: int) -> None:
+        io = self.io
         self._hit("recycle")
         fd = self._fds.pop(key, None)
         self._paths.pop(key, None)
         if fd is None:
-            fd = os.open(path, os.O_RDWR)
+            fd = io.open(path.name)
         try:
             if size == self.file_size and len(self.free) < self.pool_files:
                 # Retire the header first so the old records can never replay; it keeps the old key
                 # so that a later start never hands the same key out again.
-                os.pwrite(fd, jf.header_bytes(key, jf.FREE_MAGIC), 0)
+                io.write(fd, path.name, jf.header_bytes(key, jf.FREE_MAGIC), 0)
                 os.fdatasync(fd)
                 dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
                 self._hit("rename")
-                os.rename(path, dst)
+                io.rename(path.name, dst.name)
                 self.free.append(dst)
             else:
-                os.unlink(path)
+                io.unlink(path.name)
         finally:
             os.close(fd)
-        jf.fsync_dir(self.directory)
+        io.sync_dir()
 
     def _next_free_number(self) -> int:
         while True:
@@ -259,8 +268,8 @@ class Writer:
         roll-over either."""
         self._hit("create")
         dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
-        jf.create_zeroed(dst, self.file_size, None)
-        jf.fsync_dir(self.directory)
+        self.io.create(dst.name, self.file_size, None)
+        self.io.sync_dir()
         self.free.append(dst)
 
     def forget(self, key: int) -> None:
