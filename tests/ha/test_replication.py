@@ -4,6 +4,7 @@ kill -9 of the primary under load, an initial sync of a full store, the loss of 
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -363,3 +364,52 @@ def _drain_some(url: str, queue: str, n: int) -> None:
         await conn.close()
 
     asyncio.run(go())
+
+
+def test_a_clean_stop_of_the_primary_hands_over_to_the_backup(pair: Any) -> None:
+    """Ctrl-C of the primary: its last batches reach the backup, which takes over with all of them."""
+    p = pair().start_all()
+    sent = asyncio.run(_send(p.url_of(0), "handover", "h", 2000))
+    assert p.primary.stop() == 0
+    p.wait_state(1, "active", timeout=20)
+    assert "the primary is stopping" in p.backup.log_text()
+    assert sorted(asyncio.run(_drain(p.url_of(1), "handover"))) == sorted(sent)
+
+
+@pytest.mark.timeout(120)
+def test_a_backup_that_stops_answering_is_dropped_and_never_takes_over(pair: Any) -> None:
+    """SIGSTOP of the backup: the primary drops it after call-timeout and confirms without it; the
+    backup, continued, learns it was dropped and syncs again instead of taking over."""
+    p = pair(call_timeout=1000).start_all()
+    confirmed: set[str] = set()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(_load(p.url_of(0), "slow", confirmed, stop))
+        while len(confirmed) < 500:
+            await asyncio.sleep(0.02)
+        p.backup.signal(signal.SIGSTOP)
+        try:
+            n = len(confirmed)
+            deadline = time.monotonic() + 20
+            while len(confirmed) < n + 1000:  # confirmations resume once the backup is dropped
+                assert time.monotonic() < deadline, "the primary waits for a stopped backup for ever"
+                await asyncio.sleep(0.05)
+            st = await asyncio.to_thread(p.status, 0)
+            assert st["replication"] == "unreplicated"
+        finally:
+            p.backup.signal(signal.SIGCONT)
+        await asyncio.to_thread(p.wait_in_sync)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(run())
+    assert "no acknowledgement within call-timeout" in p.primary.log_text()
+    assert "dropped by the primary" in p.backup.log_text()
+    assert "activating" not in p.backup.log_text()
+    assert (p.dirs[1] / "oldreplica.1").is_dir()
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=20)
+    got = asyncio.run(_drain(p.url_of(1), "slow"))
+    missing = confirmed - set(got)
+    assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"

@@ -38,6 +38,8 @@ from ..protocol.fileops import COPY, KINDS
 
 log = logging.getLogger("tandem.ha")
 
+HIGH_WATER = 64 << 20  # bytes received and not applied yet: stop reading (the primary's sends wait)
+LOW_WATER = 16 << 20
 SYNCING_MARK = "replica.syncing"  # in a data directory whose copy is not complete: never worth keeping
 _OLD = re.compile(r"^oldreplica\.(\d+)$")
 
@@ -138,6 +140,9 @@ class Replica:
         self._last_received = self.loop.time()
         self.moved: Path | None = None
         self.apply_error: str | None = None
+        self._queued = 0  # bytes handed to the apply thread, not applied yet (loop thread)
+        self._paused = False
+        self._follow: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- run
     async def run(self, url: str) -> tuple[Outcome, str]:
@@ -175,6 +180,8 @@ class Replica:
             if proto.transport is not None:
                 proto.transport.abort()
             await self._stop_thread()
+            if self._follow is not None:  # the broker has started following before it hears the outcome
+                await asyncio.wait([self._follow])
         if outcome is Outcome.TAKE_OVER and self.apply_error is not None:
             return Outcome.RESYNC, self.apply_error  # the replica may be short of what it acknowledged
         return outcome, why
@@ -184,10 +191,23 @@ class Replica:
         ttl = self.cfg.connection_ttl / 1000
         while True:
             await asyncio.sleep(max(ttl / 4, 0.05))
+            if self._paused:  # not reading (the apply thread is behind): silence says nothing
+                self._last_received = self.loop.time()
             if self.loop.time() - self._last_received > ttl:
                 self.lost(f"no packet from the primary for {ttl:.1f}s (connection-ttl)")
                 return
             self._send(p.Ping())
+
+    def _pause(self, pause: bool) -> None:
+        """Read no more while the apply thread is this far behind: the primary's sends wait."""
+        proto = self._proto
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            return
+        self._paused = pause
+        if pause:
+            proto.transport.pause_reading()
+        else:
+            proto.transport.resume_reading()
 
     def _send(self, pkt: p.Packet) -> None:
         self._send_raw(p.encode(pkt))
@@ -209,7 +229,11 @@ class Replica:
                 return
             if pkt.position == 0:
                 self.copied += sum(len(op.data) for op in ops if op.op == COPY)
-            self._jobs.put((pkt.position, pkt.kind, ops))
+            size = len(pkt.ops)
+            self._jobs.put((pkt.position, pkt.kind, ops, size))
+            self._queued += size
+            if self._queued > HIGH_WATER and not self._paused:
+                self._pause(True)
         elif t is p.Ping:
             self._send(p.Pong())
         elif t is p.ReplicaAccept:
@@ -250,26 +274,27 @@ class Replica:
                 batch = [jobs.get()]
                 while len(batch) < 256 and not jobs.empty():
                     batch.append(jobs.get_nowait())
-                top = 0
+                top = nbytes = 0
                 synced: int | None = None
                 stop = False
                 for job in batch:
                     if job is _STOP:
                         stop = True
                         break
-                    first, second, *rest = job
-                    if first is _SYNCED:
-                        synced = second
+                    if job[0] is _SYNCED:
+                        synced = job[1]
                         continue
-                    self._applier.apply(second, rest[0])
-                    top = max(top, first)
+                    position, kind, ops, size = job
+                    self._applier.apply(kind, ops)
+                    top = max(top, position)
+                    nbytes += size
                 if synced is not None or (self.fsync and top):
                     self._applier.sync()
                 if synced is not None:
                     os.unlink(self.root / SYNCING_MARK)
                     jf.fsync_dir(self.root)
-                if top or synced is not None:
-                    self.loop.call_soon_threadsafe(self._applied, top, synced)
+                if top or nbytes or synced is not None:
+                    self.loop.call_soon_threadsafe(self._applied, top, synced, nbytes)
                 if stop:
                     break
         except (ReplicaError, OSError) as exc:
@@ -278,7 +303,10 @@ class Replica:
         finally:
             self._applier.close()
 
-    def _applied(self, top: int, synced: int | None) -> None:
+    def _applied(self, top: int, synced: int | None, nbytes: int) -> None:
+        self._queued -= nbytes
+        if self._paused and self._queued < LOW_WATER:
+            self._pause(False)
         if top:
             self._send(p.ReplicaAck(top))
         if synced is not None and not self.synced and not self.result.done():
@@ -286,7 +314,7 @@ class Replica:
             self.state = "in-sync"
             self._send(p.ReplicaSynced(synced))
             log.warning("in sync with primary %s: ready to take over", self.peer)
-            self.loop.create_task(self._in_sync_cb(), name="replica-follow")
+            self._follow = self.loop.create_task(self._in_sync_cb(), name="replica-follow")
 
     async def _stop_thread(self) -> None:
         """Apply what was received (and only then stop): what is kept is a prefix of the stream."""

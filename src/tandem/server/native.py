@@ -302,6 +302,9 @@ class NativeConnection(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
+        """Close after what is written so far (a backup's last frames, a REPLICA_STOP)."""
+        if self._out or self._confirms:
+            self._flush()
         if self.transport is not None:
             self.transport.close()
         self._teardown()
