@@ -1,8 +1,9 @@
 """The one seam between a store's writers and its disk: every run-time change to a directory.
 
 The journal's writer thread and its compactor change their directory only through a `StoreIO`:
-create a file, write at an offset, rename, remove, put a small file. Locally that is the
-system call and nothing more. Given a `Tap` (a replicating primary, ha/replication.py), it
+create a file, write at an offset, rename, remove, put a small file (the writer makes the
+batches' writes itself, announcing them with `note_write`). Locally that is the system call and
+nothing more. Given a `Tap` (a replicating primary, ha/replication.py), it
 also notes each change as a `FileOp` and hands them over in order at `flush()`: one hand-over
 per journal batch. The backup's `Applier` performs the same operations on its own directory,
 so its files are the primary's, byte for byte, whatever kind of file they are.
@@ -55,13 +56,11 @@ class StoreIO:
         if self.ops is not None:
             self.ops.append(FileOp(CREATE, name, size, key=-1 if key is None else key))
 
-    def writev(self, fd: int, name: str, buffers: Sequence[bytes], offset: int, flags: int = 0) -> int:
-        """One `pwritev`; what the caller means to write is noted whole (it finishes a short write
-        with `os.pwrite`, not through here)."""
-        n = os.pwritev(fd, buffers, offset, flags) if flags else os.pwritev(fd, buffers, offset)
+    def note_write(self, name: str, offset: int, buffers: Sequence[bytes]) -> None:
+        """A write the caller is about to make itself (the journal's batches: the backup gets them
+        first, see Writer.write_batch); only noted, and only with a tap."""
         if self.ops is not None:
             self.ops.append(FileOp(WRITE, name, offset, buffers[0] if len(buffers) == 1 else b"".join(buffers)))
-        return n
 
     def write(self, fd: int, name: str, data: bytes, offset: int) -> None:
         _pwrite_all(fd, data, offset)

@@ -113,7 +113,6 @@ class Writer:
                 if self.failed is None:
                     try:
                         self.write_batch(job)
-                        job.position = self.io.flush()
                     except BaseException as exc:  # an I/O error is fatal to the journal
                         self.failed = exc
                 self._done(job, self.failed)  # confirmations go out now; retiring dead files can wait
@@ -150,24 +149,23 @@ class Writer:
         a busy event loop holds that lock for up to a switch interval each time.
 
         Recycling is a separate step (`recycle`), done after the batch is reported: the files it
-        retires hold only dead records, so the batch's confirmations need not wait for it."""
+        retires hold only dead records, so the batch's confirmations need not wait for it.
+
+        A replicating store's batch goes to the backup before it is written here (its position
+        noted on the batch), so that the backup's write and sync overlap this one: the batch's
+        confirmations wait for both anyway."""
         for key, size in batch.new_files.items():
             self._open_new(key, size)
+        runs = _runs(batch.writes)
+        io = self.io
+        if io.ops is not None:
+            paths = self._paths
+            for key, off, buffers in runs:
+                io.note_write(paths[key].name, off, buffers)
+        batch.position = io.flush()
         touched: list[int] = []
-        last_key = -1
-        pending: list[bytes] = []
-        pending_off = pending_end = 0
-        for key, off, data in batch.writes:
-            if key == last_key and off == pending_end and len(pending) < _IOV_MAX:
-                pending.append(data)
-                pending_end += len(data)
-                continue
-            if pending:
-                self._write_run(last_key, pending, pending_off, touched)
-            last_key, pending_off, pending = key, off, [data]
-            pending_end = off + len(data)
-        if pending:
-            self._write_run(last_key, pending, pending_off, touched)
+        for key, off, buffers in runs:
+            self._write_run(key, buffers, off, touched)
         for key in touched:  # without RWF_DSYNC (another OS, or refused): sync each file written
             self._hit("sync")
             os.fdatasync(self._fds[key])
@@ -179,7 +177,7 @@ class Writer:
             self._hit("sync")
             try:
                 self._hit("dsync")
-                written = self.io.writev(fd, self._paths[key].name, buffers, offset, _RWF_DSYNC)
+                written = os.pwritev(fd, buffers, offset, _RWF_DSYNC)
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
@@ -189,7 +187,7 @@ class Writer:
                 self._write_run(key, buffers, offset, touched)
                 return
         else:
-            written = self.io.writev(fd, self._paths[key].name, buffers, offset)
+            written = os.pwritev(fd, buffers, offset)
             if self.datasync and key not in touched:
                 touched.append(key)
         expected = sum(len(b) for b in buffers)
@@ -278,3 +276,23 @@ class Writer:
         self._paths.pop(key, None)
         if fd is not None:
             os.close(fd)
+
+
+def _runs(writes: list[tuple[int, int, bytes]]) -> list[tuple[int, int, list[bytes]]]:
+    """Adjacent writes into one file joined: (file key, offset, buffers), one `pwritev` each."""
+    runs: list[tuple[int, int, list[bytes]]] = []
+    last_key = -1
+    pending: list[bytes] = []
+    pending_off = pending_end = 0
+    for key, off, data in writes:
+        if key == last_key and off == pending_end and len(pending) < _IOV_MAX:
+            pending.append(data)
+            pending_end += len(data)
+            continue
+        if pending:
+            runs.append((last_key, pending_off, pending))
+        last_key, pending_off, pending = key, off, [data]
+        pending_end = off + len(data)
+    if pending:
+        runs.append((last_key, pending_off, pending))
+    return runs
