@@ -413,3 +413,26 @@ def test_a_backup_that_stops_answering_is_dropped_and_never_takes_over(pair: Any
     got = asyncio.run(_drain(p.url_of(1), "slow"))
     missing = confirmed - set(got)
     assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
+
+
+@pytest.mark.timeout(120)
+def test_a_disk_error_on_the_primary_hands_over_to_the_backup(pair: Any) -> None:
+    """The primary's journal fails (EIO from the fault seam): it stops with status 3, and the
+    backup takes over with every message the primary had confirmed."""
+    p = pair()
+    p.primary.env["TANDEM_JOURNAL_FAULTS"] = "tandem-data:sync=EIO@300"
+    p.start_all()
+    confirmed: set[str] = set()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(_load(p.url_of(0), "disk", confirmed, stop))
+        await asyncio.wait_for(task, 60)  # ends when the primary stops
+
+    asyncio.run(run())
+    assert p.primary.wait_exit(20) == 3
+    p.wait_state(1, "active", timeout=20)
+    assert confirmed, "nothing was confirmed before the fault"
+    got = asyncio.run(_drain(p.url_of(1), "disk"))
+    missing = confirmed - set(got)
+    assert not missing, f"confirmed messages missing on the backup: {sorted(missing)[:10]} ({len(missing)})"
