@@ -248,8 +248,12 @@ class Replica:
             log.warning("primary %s ends the replication: %s", self.peer, pkt.reason)
         elif t is p.Error:
             err = error_for(pkt.code, pkt.message)
-            log.warning("primary %s refused this backup: %s", self.peer, err)
-            self.end(Outcome.RETRY, f"refused: {err}")
+            if self.accepted:  # the primary ends a replication it had begun: it lives on, no takeover
+                log.warning("primary %s ended the replication with an error: %s", self.peer, err)
+                self.end(Outcome.RESYNC, f"error from the primary: {err}")
+            else:
+                log.warning("primary %s refused this backup: %s", self.peer, err)
+                self.end(Outcome.RETRY, f"refused: {err}")
         elif t is p.HelloOk:
             if not pkt.active:
                 self.end(Outcome.RETRY, f"{self.peer} is not active")

@@ -299,6 +299,8 @@ class Broker:
         self.failure = exc
         asyncio.get_running_loop().create_task(self.stop(leave_state=False))
         for conn in list(self.connections):
+            if getattr(conn, "replica", None) is not None:
+                continue  # a backup's link: the activation tells it to take over as the broker stops
             try:
                 conn.fatal(exc)
             except TandemError as e:  # a teardown that would write: the store is gone, close anyway
