@@ -338,3 +338,41 @@ def test_a_batch_is_confirmed_only_once_the_backup_has_it(tmp_path: Path) -> Non
         source.close(failover=False)
 
     asyncio.run(main())
+
+
+def test_the_sync_reports_its_progress_then_in_sync(tmp_path: Path) -> None:
+    """`replication` reads unreplicated, then syncing N% (N rising with the bytes copied), then in-sync."""
+
+    async def main() -> None:
+        source = ReplicationSource(CFG)
+        source.start()
+        j = Journal(tmp_path / "primary" / "journal", PREFIX, SETTINGS, source)
+        j.load()
+        j.start()
+        for i in range(1, 60):
+            j.add(i, 1, bytes(500))
+        fut = asyncio.get_running_loop().create_future()
+        j.after_durable(lambda: fut.set_result(None))
+        await fut
+        assert source.state() == "unreplicated" and source.peer is None
+        seen: list[str] = []
+
+        class Watching(LoopbackLink):
+            def write(self, data: bytes | bytearray) -> None:
+                super().write(data)
+                seen.append(source.state())
+
+        link = Watching(tmp_path / "backup")
+        source.accept(link, p.ReplicaStart(CFG.cluster_user, CFG.cluster_password, "b:1"), [j], tmp_path / "primary")
+        b: BackupStream = link.replica
+        while not b.synced:
+            await asyncio.sleep(0.005)
+        assert source.state() == "in-sync" and source.peer == "b:1"
+        pcts = [int(s.split()[1].rstrip("%")) for s in seen if s.startswith("syncing")]
+        assert pcts[0] == 0 and pcts == sorted(pcts) and len(set(pcts)) > 2, seen
+        source.drop(b, "test")
+        assert source.state() == "unreplicated"
+        await j.stop()
+        source.close(failover=False)
+
+    asyncio.run(main())
