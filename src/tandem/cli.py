@@ -101,6 +101,8 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
             print(f"  listening  {name}: {host}:{port}")
         if broker.active:
             print(f"  data       {cfg.data_path.resolve()}  ({broker.loaded_messages} messages reloaded)")
+        elif cfg.ha_policy == "replication-backup":
+            print(f"  data       {cfg.data_path.resolve()}  (a replica of the primary's; served if it takes over)")
         else:
             print(f"  data       {cfg.data_path.resolve()}  (shared; served once this server holds the live lock)")
         print("Send a first message from another shell:")

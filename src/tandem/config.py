@@ -132,7 +132,10 @@ class ConnectorConfig(_Conf, frozen=True):
     url: str  # host:port
 
 
-HaPolicyName = Literal["live-only", "shared-store-primary", "shared-store-backup"]
+HaPolicyName = Literal[
+    "live-only", "shared-store-primary", "shared-store-backup", "replication-primary", "replication-backup"
+]
+REPLICATION_POLICIES = ("replication-primary", "replication-backup")
 
 _ZNODE_PATH = re.compile(r"^(?:/[^/\s]+)+$")
 
@@ -233,6 +236,15 @@ class BrokerConfig(_Conf, frozen=True):
     network_check_period: int = 5_000  # Artemis's code default (its docs say 10000)
     network_check_timeout: int = 1_000
 
+    # Replication (docs/ha.md, "Replicated pair"): each server has its own data directory.
+    allow_uncoordinated: bool = False  # run a replicated pair without a coordinator (split brain possible)
+    group_name: str | None = None  # a backup pairs only with a primary of the same group
+    backup_fsync: bool = True  # (primary) a confirmation waits for the backup's disk, not only its memory
+    initial_replication_sync_timeout: int = 30_000  # ms for each step of the initial sync's hand-over
+    max_saved_replicated_journal_size: int = 2  # oldreplica.N directories a backup keeps (-1: all)
+    call_timeout: int = 30_000  # ms a primary waits for its backup's acknowledgement before dropping it
+    retry_replication_wait: int = 2_000  # ms before a backup tries its primary again
+
     # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
     address_settings: dict[str, AddressSettingsConfig] = {}
     persist_id_cache: bool = True
@@ -283,6 +295,16 @@ class BrokerConfig(_Conf, frozen=True):
                 "set `cluster-user` and `cluster-password` to a pair of your own (the same on both servers of a pair)"
             )
         _check_positive(self, "stomp_prefetch_count", minimum=0)
+        _check_positive(self, "initial_replication_sync_timeout", minimum=100)
+        _check_positive(self, "call_timeout", minimum=100)
+        _check_positive(self, "retry_replication_wait", minimum=10)
+        _check_positive(self, "max_saved_replicated_journal_size", minimum=-1)
+        if self.ha_policy in REPLICATION_POLICIES and not self.persistence_enabled:
+            raise ValueError(f"`ha-policy = {self.ha_policy!r}` replicates the store: it needs `persistence-enabled`")
+        if self.ha_policy == "replication-backup" and not self.static_connectors:
+            raise ValueError(
+                "`ha-policy = 'replication-backup'` needs `static-connectors` naming the primary it replicates"
+            )
         known = {c.name for c in self.connectors}
         for c in self.connectors:
             try:

@@ -59,6 +59,13 @@ stomp-prefetch-count = 10
 network-check-list = ["10.0.0.1", "gateway.local:22", "[::1]:61616"]
 network-check-period = 2000
 network-check-timeout = 500
+allow-uncoordinated = true
+group-name = "pair-1"
+backup-fsync = false
+initial-replication-sync-timeout = 10000
+max-saved-replicated-journal-size = 5
+call-timeout = 5000
+retry-replication-wait = 500
 
 [[users]]
 name = "app"
@@ -243,6 +250,13 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
                 root="/brokers/tandem",
             )
         ),
+        allow_uncoordinated=True,
+        group_name="pair-1",
+        backup_fsync=False,
+        initial_replication_sync_timeout=10_000,
+        max_saved_replicated_journal_size=5,
+        call_timeout=5000,
+        retry_replication_wait=500,
     )
     # Every field differs from its default, so none of them was silently ignored.
     default = BrokerConfig()
@@ -269,6 +283,21 @@ def test_overrides_apply_over_the_file(tmp_path: Path) -> None:
 
 
 # -------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('ha-policy = "replication-primary"\npersistence-enabled = false\n', "persistence-enabled"),
+        ('ha-policy = "replication-backup"\n', "static-connectors"),
+        ("max-saved-replicated-journal-size = -2\n", "max-saved-replicated-journal-size"),
+        ("call-timeout = 0\n", "call-timeout"),
+    ],
+)
+def test_replication_settings_that_cannot_work_are_refused(tmp_path: Path, text: str, needle: str) -> None:
+    """A replicated store needs persistence, a backup needs to know its primary; bounds are checked."""
+    msg, _p = config_error(tmp_path, text)
+    assert needle in msg
+
+
 def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
     msg, p = config_error(tmp_path, 'name = "x"\njournal-fiel-size = 1048576\n')
     assert "journal-fiel-size" in msg

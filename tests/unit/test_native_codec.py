@@ -59,6 +59,15 @@ SAMPLES: list[n.Packet] = [
     n.Exception_(1, 8, int(ErrorCode.QUEUE_DOES_NOT_EXIST), "no such queue"),
     n.Deliver(1, 7, 42, 2, 17, RAW),
     n.ConsumerClosed(1, 7, int(ErrorCode.SHUTTING_DOWN), "bye"),
+    n.ReplicaStart("tandem.cluster", "pw", "127.0.0.1:61617", "pair-1"),
+    n.ReplicaStart("u", "p", "h:1"),
+    n.ReplicaAck(2**40),
+    n.ReplicaSynced(7),
+    n.ReplicaAccept("node-1", False),
+    n.ReplicaSyncStart(3, 10 << 20),
+    n.ReplicaOps(5, "journal", 123, msgspec.Raw(msgspec.msgpack.encode([[2, "tandem-data-1.tj", 32, b"rec"]]))),
+    n.ReplicaSyncDone(9),
+    n.ReplicaStop(True, "primary stopping"),
 ]
 CLIENT_CLASSES = set(ClientPacket.__args__)
 SERVER_CLASSES = set(ServerPacket.__args__)

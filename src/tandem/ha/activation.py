@@ -18,11 +18,18 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from pathlib import Path
+from typing import Any
 
-from ..errors import IllegalState
+from ..errors import ConfigError, IllegalState
+from ..journal import Journal
+from ..journal.storeio import Tap
+from ..protocol import native as p
 from .announcer import announce
 from .host import ActivationHost
 from .node_manager import FAILBACK, LIVE, NOT_STARTED, PAUSED, NodeManager
+from .replica import Outcome, Replica
+from .source import Link, ReplicationSource
 
 log = logging.getLogger("tandem.ha")
 
@@ -137,6 +144,20 @@ class Activation:
     def stop_state(self, failover: bool) -> bytes:
         """State to leave on a stop: P (clean, no failover) or L (fail over: let a backup take over)."""
         return LIVE if failover or self.failover_on_shutdown else PAUSED
+
+    @property
+    def store_tap(self) -> Tap | None:
+        """Where the store's file operations go besides the disk (a replicating primary's stream)."""
+        return None
+
+    def accept_replica(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+        raise IllegalState(
+            f"replication refused: this server is not a replication primary (ha-policy {self.host.config.ha_policy})"
+        )
+
+    def replication(self) -> dict[str, Any]:
+        """Replication state for `status` (nothing outside the replication policies)."""
+        return {}
 
     def release(self, state: bytes | None) -> None:
         """The broker stopped serving: leave `state` (if any) and let go of every lock."""
@@ -311,9 +332,122 @@ class SharedStoreBackupActivation(Activation):
         raise AssertionError(self.pc)
 
 
+def _uncoordinated(host: ActivationHost) -> None:
+    """A replicated pair runs without a coordinator only when told to, and says what that risks."""
+    cfg = host.config
+    if not cfg.allow_uncoordinated:
+        raise ConfigError(
+            f"`ha-policy = {cfg.ha_policy!r}` needs a coordinator, and none is configured: set "
+            "`allow-uncoordinated = true` to run the pair without one (a network partition can then "
+            "make both servers active: see docs/ha.md)"
+        )
+    log.warning(
+        "replication without a coordinator (allow-uncoordinated = true): if the link between primary "
+        "and backup breaks while both run, both serve (split brain)"
+    )
+
+
+class ReplicationPrimaryActivation(LiveOnlyActivation):
+    """Serves its own data directory, as live-only does, and streams it to a backup (ha/source.py)."""
+
+    role = "primary"
+
+    def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
+        super().__init__(host, nm)
+        self.source = ReplicationSource(host.config)
+
+    async def start(self) -> None:
+        _uncoordinated(self.host)
+        self.source.node_id = self.nm.node_id
+        self.source.start()
+        await super().start()
+
+    @property
+    def store_tap(self) -> Tap | None:
+        return self.source
+
+    def accept_replica(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+        self.source.accept(link, pkt, journals, data_dir)
+
+    def replication(self) -> dict[str, Any]:
+        return {"replication": self.source.state(), "replication_peer": self.source.peer}
+
+    def release(self, state: bytes | None) -> None:
+        # A stopping primary, whatever the reason, hands over to a backup in sync (as Artemis's
+        # replication does: not configurable).
+        self.source.close(failover=True)
+        super().release(state)
+
+
+class ReplicationBackupActivation(Activation):
+    """Replicates a primary into its own data directory (ha/replica.py); takes over when the
+    primary goes while it is in sync. Never activates on its own at a cold start."""
+
+    role = "backup"
+
+    def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
+        super().__init__(host, nm)
+        self.replica: Replica | None = None
+        self.retry = host.config.retry_replication_wait / 1000
+        self.taken_over = False
+
+    async def start(self) -> None:
+        _uncoordinated(self.host)
+        if not self.nm.try_live():
+            raise IllegalState(
+                f"data directory {self.host.config.data_path} is in use by another running broker "
+                "(its server.lock is held)"
+            )
+
+    async def run(self) -> None:
+        host = self.host
+        cfg = host.config
+        urls = [cfg.connector_url(n) for n in cfg.static_connectors]
+        host.report("waiting")
+        while True:
+            outcome = Outcome.RETRY
+            why = "no primary"
+            for url in urls:
+                if url == host.own_connector():
+                    continue
+                self.replica = Replica(cfg, host.own_connector(), self._adopt, host.start_backup)
+                outcome, why = await self.replica.run(url)
+                if outcome is not Outcome.RETRY:
+                    break
+            if outcome is Outcome.TAKE_OVER:
+                break
+            if self.replica is not None and self.replica.synced:
+                await host.stop_backup()  # the follower lets go: the next sync replaces the store
+            if outcome is Outcome.RESYNC:
+                log.warning("replication from %s ended (%s): starting again", self.replica and self.replica.peer, why)
+            host.report("waiting")
+            await asyncio.sleep(self.retry)
+        log.warning("primary is gone (%s): backup activating", why, extra={"node_id": self.nm.node_id})
+        self.taken_over = True
+        self.nm.set_state(LIVE)
+        await host.start_live()
+        while not self._lock_lost():  # noqa: ASYNC110 - a file lock has no event to await
+            await asyncio.sleep(self.poll)
+        host.lock_lost(self.lost_reason)
+
+    def _adopt(self, node_id: str) -> None:
+        """A backup serves its primary's node: clients fail over within one node id."""
+        self.nm.set_node_id(node_id)
+
+    def replication(self) -> dict[str, Any]:
+        r = self.replica
+        if self.taken_over or r is None:
+            return {"replication": "unreplicated", "replication_peer": None}
+        return {"replication": r.status(), "replication_peer": r.peer}
+
+
 def make_activation(host: ActivationHost, nm: NodeManager) -> Activation:
     """The activation for the host's `ha-policy` (a new mode is a new class here, and a line)."""
     policy = host.config.ha_policy
+    if policy == "replication-primary":
+        return ReplicationPrimaryActivation(host, nm)
+    if policy == "replication-backup":
+        return ReplicationBackupActivation(host, nm)
     if policy == "shared-store-primary":
         return SharedStorePrimaryActivation(host, nm)
     if policy == "shared-store-backup":

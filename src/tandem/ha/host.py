@@ -30,6 +30,10 @@ class ActivationHost(Protocol):
         """Passive: follow the store as the active server writes it (a warm backup)."""
         ...
 
+    async def stop_backup(self) -> None:
+        """Stop following the store (a replica about to be replaced by a new sync)."""
+        ...
+
     async def start_live(self) -> None:
         """We hold the live lock: load the store and serve."""
         ...

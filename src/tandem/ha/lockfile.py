@@ -136,5 +136,9 @@ class LockFile:
         os.pwrite(self.fd, state, STATE_POS)
         os.fsync(self.fd)
 
+    def write_node_id(self, node_id: str) -> None:
+        os.pwrite(self.fd, uuid.UUID(node_id).bytes, ID_POS)
+        os.fsync(self.fd)
+
     def node_id(self) -> str:
         return str(uuid.UUID(bytes=os.pread(self.fd, ID_LEN, ID_POS)))

@@ -73,6 +73,10 @@ class NodeManager(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
+    def set_node_id(self, node_id: str) -> None:
+        """Serve another node id from now on (a replicating backup takes its primary's)."""
+
 
 class FileNodeManager(NodeManager):
     def __init__(self, directory: Path) -> None:
@@ -131,6 +135,10 @@ class FileNodeManager(NodeManager):
 
     def close(self) -> None:
         self._lock.close()  # releases any lock this description holds
+
+    def set_node_id(self, node_id: str) -> None:
+        self._lock.write_node_id(node_id)
+        self.node_id = node_id
 
 
 class SharedStore:
@@ -199,6 +207,9 @@ class InMemoryNodeManager(NodeManager):
 
     def set_state(self, state: bytes) -> None:
         self._store.state = state
+
+    def set_node_id(self, node_id: str) -> None:
+        self._store.node_id = self.node_id = node_id
 
     def close(self) -> None:
         """Like a process dying: every lock this server holds goes."""

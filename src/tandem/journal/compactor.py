@@ -22,6 +22,7 @@ from pathlib import Path
 from . import files as jf
 from . import records as rec
 from .faults import Faults
+from .storeio import StoreIO
 
 
 @dataclass
@@ -106,8 +107,12 @@ def run(
     plan: Plan,
     stop: threading.Event | None = None,
     faults: Faults | None = None,
+    io: StoreIO | None = None,
 ) -> bool:
-    """Write the live records of the frozen files; False if stopped before the end."""
+    """Write the live records of the frozen files; False if stopped before the end.
+
+    Each output is handed to `io`'s tap (a replicating primary) as soon as it is complete."""
+    io = io or StoreIO(directory)
     dead_at = _last_deletes(plan.frozen)
     last_key = plan.frozen[-1][0]
     out: Output | None = None
@@ -121,9 +126,10 @@ def run(
         chunks.append(rec.encode(out.key, rec.EOF, 0, 0))  # complete: a follower moves on at the marker
         if faults is not None:
             faults.hit("compact")
-        os.pwrite(fd, b"".join(chunks), jf.FILE_HEADER_SIZE)
+        io.write(fd, out.tmp.name, b"".join(chunks), jf.FILE_HEADER_SIZE)
         os.fsync(fd)
         os.close(fd)
+        io.flush()
         fd = -1
         chunks = []
 
@@ -145,8 +151,8 @@ def run(
                 fsize,
             )
             plan.outputs.append(out)
-            jf.create_zeroed(out.tmp, fsize, key)
-            fd = os.open(out.tmp, os.O_RDWR)
+            io.create(out.tmp.name, fsize, key)
+            fd = io.open(out.tmp.name)
         chunks.append(rec.encode(out.key, op.kind, op.user_type, op.id, op.body))
         out.used += size
         out.ids.append(op.id)
@@ -156,48 +162,44 @@ def run(
     return True
 
 
-def write_marker(directory: Path, prefix: str, plan: Plan) -> None:
+def write_marker(directory: Path, prefix: str, plan: Plan, io: StoreIO | None = None) -> None:
     marker = {
         "rename": [[o.tmp.name, o.final.name] for o in plan.outputs],
         "delete": [p.name for _k, p, _u in plan.frozen],
     }
-    tmp = marker_path(directory, prefix).with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(marker, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, marker_path(directory, prefix))
-    jf.fsync_dir(directory)
+    io = io or StoreIO(directory)
+    io.put(marker_path(directory, prefix).name, json.dumps(marker).encode())
+    io.sync_dir()
 
 
-def apply_marker(directory: Path, prefix: str) -> bool:
+def apply_marker(directory: Path, prefix: str, io: StoreIO | None = None) -> bool:
     """Finish (or clean up after) a compaction interrupted by a crash; True if one was finished."""
+    io = io or StoreIO(directory)
     marker = marker_path(directory, prefix)
     finished = False
     if marker.exists():
         spec = json.loads(marker.read_text())
         for name in spec["delete"]:
-            p = directory / name
-            if p.exists():
-                p.unlink()
+            if (directory / name).exists():
+                io.unlink(name)
         for tmp, final in spec["rename"]:
             if (directory / tmp).exists():
-                os.rename(directory / tmp, directory / final)
-        jf.fsync_dir(directory)
-        marker.unlink()
+                io.rename(tmp, final)
+        io.sync_dir()
+        io.unlink(marker.name)
         finished = True
     for stale in directory.glob(f"{prefix}-cmp-*.tmp"):
-        stale.unlink()
+        io.unlink(stale.name, missing_ok=True)
     stale_marker = marker.with_suffix(".tmp")
     if stale_marker.exists():
-        stale_marker.unlink()
-    jf.fsync_dir(directory)
+        io.unlink(stale_marker.name, missing_ok=True)
+    io.sync_dir()
     return finished
 
 
-def swap(directory: Path, prefix: str, plan: Plan, faults: Faults | None = None) -> None:
+def swap(directory: Path, prefix: str, plan: Plan, faults: Faults | None = None, io: StoreIO | None = None) -> None:
     """Make the outputs replace the frozen files (blocking; writer thread or CLI)."""
     if faults is not None:
         faults.hit("rename")
-    write_marker(directory, prefix, plan)
-    apply_marker(directory, prefix)
+    write_marker(directory, prefix, plan, io)
+    apply_marker(directory, prefix, io)

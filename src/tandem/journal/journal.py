@@ -16,8 +16,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -26,9 +27,11 @@ from . import compactor
 from . import files as jf
 from . import records as rec
 from .faults import Faults
+from .storeio import StoreIO, Tap
 from .writer import Batch, Writer
 
 log = logging.getLogger("tandem.journal")
+_T = TypeVar("_T")
 
 # Where an id's live records are: (file, live size) per record, a bare pair for the usual single record.
 # The size is what a compaction would copy the record as (a plain record: header and body), so the
@@ -89,11 +92,23 @@ class JournalSettings:
     datasync: bool = True
 
 
+def _run_callbacks(callbacks: list[Callable[[], None]]) -> None:
+    for cb in callbacks:
+        try:
+            cb()
+        except Exception:
+            log.exception("journal callback failed")
+
+
 class Journal:
-    def __init__(self, directory: Path, prefix: str, settings: JournalSettings) -> None:
+    def __init__(self, directory: Path, prefix: str, settings: JournalSettings, tap: Tap | None = None) -> None:
         self.directory = Path(directory)
         self.prefix = prefix
         self.s = settings
+        # A replicating primary's stream (ha/replication.py): every change to the directory goes to
+        # it, and a batch's callbacks wait for the backup as well as the disk.
+        self.tap = tap
+        self._position = 0  # the stream position of the last batch written
         self._files: dict[int, jf.JFile] = {}
         self._index: dict[int, _Entry] = {}
         self._cur: jf.JFile | None = None
@@ -340,7 +355,16 @@ class Journal:
     ) -> Writer:
         s = self.s
         w = Writer(
-            self.directory, self.prefix, s.file_size, s.pool_files, s.datasync, self._free, done, failed, self._faults
+            self.directory,
+            self.prefix,
+            s.file_size,
+            s.pool_files,
+            s.datasync,
+            self._free,
+            done,
+            failed,
+            self._faults,
+            StoreIO(self.directory, self.tap),
         )
         for key, f in self._files.items():
             w.adopt(key, f.path)
@@ -367,6 +391,32 @@ class Journal:
         if self._writer is not None:
             await asyncio.to_thread(self._writer.stop)
             self._writer = None
+
+    def on_writer(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
+        """Run `fn` on the writer thread, between two batches (nothing of this journal's own
+        changes its directory meanwhile); its result, or its error, on the loop."""
+        loop = self._loop
+        assert loop is not None and self._writer is not None
+        fut: asyncio.Future[_T] = loop.create_future()
+
+        def settle(result: _T | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)  # type: ignore[arg-type]
+
+        def job() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        self._writer.submit(job)
+        return fut
 
     def close_sync(self) -> None:
         self.flush_sync()
@@ -488,6 +538,8 @@ class Journal:
             self._pending.callbacks.append(cb)
         elif self._inflight is not None:
             self._inflight.callbacks.append(cb)
+        elif self.tap is not None and self._position:
+            self.tap.after_acked(self._position, cb)  # on disk here; the backup may not have it yet
         else:
             cb()
 
@@ -638,11 +690,12 @@ class Journal:
         if err is not None:
             self._fail(err)
             return
-        for cb in batch.callbacks:
-            try:
-                cb()
-            except Exception:
-                log.exception("journal callback failed")
+        if batch.position and self.tap is not None:
+            self._position = batch.position
+            if batch.callbacks:
+                self.tap.after_acked(batch.position, partial(_run_callbacks, batch.callbacks))
+        else:
+            _run_callbacks(batch.callbacks)
         if batch is self._compact_after:
             self._compact_after = None
             if self._compact_stop.is_set():
@@ -739,8 +792,9 @@ class Journal:
 
         def work() -> None:
             try:
+                io = StoreIO(self.directory, self.tap)
                 ok = compactor.run(
-                    self.directory, self.prefix, self.s.file_size, plan, self._compact_stop, self._faults
+                    self.directory, self.prefix, self.s.file_size, plan, self._compact_stop, self._faults, io
                 )
             except BaseException as exc:  # an I/O error, like any other, ends the journal
                 self._threadsafe_fail(exc)
@@ -753,8 +807,10 @@ class Journal:
 
     def _compacted(self, plan: compactor.Plan, ok: bool) -> None:
         if not ok or self._writer is None or self.failed is not None:
+            io = StoreIO(self.directory, self.tap)
             for o in plan.outputs:
-                o.tmp.unlink(missing_ok=True)
+                io.unlink(o.tmp.name, missing_ok=True)
+            io.flush()
             self._compacting = False
             return
         writer = self._writer
@@ -764,7 +820,7 @@ class Journal:
         def swap_job() -> None:
             for key, _p, _u in plan.frozen:
                 writer.forget(key)
-            compactor.swap(self.directory, self.prefix, plan, self._faults)
+            compactor.swap(self.directory, self.prefix, plan, self._faults, writer.io)
             for o in plan.outputs:
                 writer.adopt(o.key, o.final)
             if not loop.is_closed():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import files as jf
 from .faults import Faults
+from .storeio import StoreIO
 
 log = logging.getLogger("tandem.journal")
 
@@ -33,6 +34,7 @@ class Batch:
     recycle: list[tuple[int, Path, int]] = field(default_factory=list)  # (key, path, size)
     callbacks: list[Callable[[], None]] = field(default_factory=list)
     nbytes: int = 0
+    position: int = 0  # where a replication stream carries it (0: no backup to wait for)
 
 
 Job = Batch | Callable[[], None] | None
@@ -52,8 +54,10 @@ class Writer:
         done: Callable[[Batch, BaseException | None], None],
         failed: Callable[[BaseException], None] | None = None,
         faults: Faults | None = None,
+        io: StoreIO | None = None,
     ) -> None:
         self.directory = directory
+        self.io = io or StoreIO(directory)
         self.prefix = prefix
         self.file_size = file_size
         self.pool_files = pool_files
@@ -118,11 +122,13 @@ class Writer:
                     self.recycle(job)
                     if not self.free and self.pool_files > 0 and self._jobs.empty():
                         self._spare()
+                    self.io.flush()
                 except BaseException as exc:
                     self._fail(exc)
             elif self.failed is None:
                 try:
                     job()
+                    self.io.flush()
                 except BaseException as exc:
                     self._fail(exc)
 
@@ -143,24 +149,23 @@ class Writer:
         a busy event loop holds that lock for up to a switch interval each time.
 
         Recycling is a separate step (`recycle`), done after the batch is reported: the files it
-        retires hold only dead records, so the batch's confirmations need not wait for it."""
+        retires hold only dead records, so the batch's confirmations need not wait for it.
+
+        A replicating store's batch goes to the backup before it is written here (its position
+        noted on the batch), so that the backup's write and sync overlap this one: the batch's
+        confirmations wait for both anyway."""
         for key, size in batch.new_files.items():
             self._open_new(key, size)
+        runs = _runs(batch.writes)
+        io = self.io
+        if io.ops is not None:
+            paths = self._paths
+            for key, off, buffers in runs:
+                io.note_write(paths[key].name, off, buffers)
+        batch.position = io.flush()
         touched: list[int] = []
-        last_key = -1
-        pending: list[bytes] = []
-        pending_off = pending_end = 0
-        for key, off, data in batch.writes:
-            if key == last_key and off == pending_end and len(pending) < _IOV_MAX:
-                pending.append(data)
-                pending_end += len(data)
-                continue
-            if pending:
-                self._write_run(last_key, pending, pending_off, touched)
-            last_key, pending_off, pending = key, off, [data]
-            pending_end = off + len(data)
-        if pending:
-            self._write_run(last_key, pending, pending_off, touched)
+        for key, off, buffers in runs:
+            self._write_run(key, buffers, off, touched)
         for key in touched:  # without RWF_DSYNC (another OS, or refused): sync each file written
             self._hit("sync")
             os.fdatasync(self._fds[key])
@@ -203,48 +208,50 @@ class Writer:
             self._recycle(key, path, size)
 
     def _open_new(self, key: int, size: int) -> None:
-        path = self.directory / jf.data_name(self.prefix, key)
+        io = self.io
+        name = jf.data_name(self.prefix, key)
         fd = -1
         self._hit("create")
         while size == self.file_size and self.free:
             src = self.free.pop()
             if os.stat(src).st_size != size:  # left from another journal-file-size
-                os.unlink(src)
+                io.unlink(src.name)
                 continue
-            fd = os.open(src, os.O_RDWR)
-            os.pwrite(fd, jf.header_bytes(key), 0)
+            fd = io.open(src.name)
+            io.write(fd, src.name, jf.header_bytes(key), 0)
             os.fdatasync(fd)
             self._hit("rename")
-            os.rename(src, path)
+            io.rename(src.name, name)
             break
         if fd < 0:
-            jf.create_zeroed(path, size, key)
-            fd = os.open(path, os.O_RDWR)
-        jf.fsync_dir(self.directory)
+            io.create(name, size, key)
+            fd = io.open(name)
+        io.sync_dir()
         self._fds[key] = fd
-        self._paths[key] = path
+        self._paths[key] = self.directory / name
 
     def _recycle(self, key: int, path: Path, size: int) -> None:
+        io = self.io
         self._hit("recycle")
         fd = self._fds.pop(key, None)
         self._paths.pop(key, None)
         if fd is None:
-            fd = os.open(path, os.O_RDWR)
+            fd = io.open(path.name)
         try:
             if size == self.file_size and len(self.free) < self.pool_files:
                 # Retire the header first so the old records can never replay; it keeps the old key
                 # so that a later start never hands the same key out again.
-                os.pwrite(fd, jf.header_bytes(key, jf.FREE_MAGIC), 0)
+                io.write(fd, path.name, jf.header_bytes(key, jf.FREE_MAGIC), 0)
                 os.fdatasync(fd)
                 dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
                 self._hit("rename")
-                os.rename(path, dst)
+                io.rename(path.name, dst.name)
                 self.free.append(dst)
             else:
-                os.unlink(path)
+                io.unlink(path.name)
         finally:
             os.close(fd)
-        jf.fsync_dir(self.directory)
+        io.sync_dir()
 
     def _next_free_number(self) -> int:
         while True:
@@ -259,8 +266,8 @@ class Writer:
         roll-over either."""
         self._hit("create")
         dst = self.directory / jf.free_name(self.prefix, self._next_free_number())
-        jf.create_zeroed(dst, self.file_size, None)
-        jf.fsync_dir(self.directory)
+        self.io.create(dst.name, self.file_size, None)
+        self.io.sync_dir()
         self.free.append(dst)
 
     def forget(self, key: int) -> None:
@@ -269,3 +276,23 @@ class Writer:
         self._paths.pop(key, None)
         if fd is not None:
             os.close(fd)
+
+
+def _runs(writes: list[tuple[int, int, bytes]]) -> list[tuple[int, int, list[bytes]]]:
+    """Adjacent writes into one file joined: (file key, offset, buffers), one `pwritev` each."""
+    runs: list[tuple[int, int, list[bytes]]] = []
+    last_key = -1
+    pending: list[bytes] = []
+    pending_off = pending_end = 0
+    for key, off, data in writes:
+        if key == last_key and off == pending_end and len(pending) < _IOV_MAX:
+            pending.append(data)
+            pending_end += len(data)
+            continue
+        if pending:
+            runs.append((last_key, pending_off, pending))
+        last_key, pending_off, pending = key, off, [data]
+        pending_end = off + len(data)
+    if pending:
+        runs.append((last_key, pending_off, pending))
+    return runs

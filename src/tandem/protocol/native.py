@@ -16,9 +16,11 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import crc32c
 import msgspec
 
 from ..errors import ErrorCode, FrameTooLarge, ProtocolError, UnknownPacket, VersionMismatch
+from .fileops import FileOp, problem
 
 MAGIC = b"TNDM"
 PROTOCOL_VERSION = 1
@@ -236,6 +238,68 @@ class ConsumerClosed(Packet, tag=34):
     message: str
 
 
+# --------------------------------------------------------------- replication
+# A backup connects like a client (HELLO), then asks to replicate; the primary streams its
+# store's file operations (journal/fileops.py) to it. See ha/replication.py and docs/ha.md.
+class ReplicaStart(Packet, tag=40):
+    """A backup asks to replicate this server's store (authenticated with the cluster pair)."""
+
+    user: str
+    password: str
+    connector: str  # where clients reach the backup (the primary tells them)
+    group_name: str | None = None
+
+
+class ReplicaAck(Packet, tag=41):
+    """The backup has applied (and, with backup-fsync, synced) the stream up to `position`."""
+
+    position: int
+
+
+class ReplicaSynced(Packet, tag=42):
+    """The backup holds the whole store as of `position` (the end of the initial sync), on disk."""
+
+    position: int
+
+
+class ReplicaAccept(Packet, tag=43):
+    """The primary takes the backup on; the initial sync follows."""
+
+    node_id: str
+    backup_fsync: bool = True
+
+
+class ReplicaSyncStart(Packet, tag=44):
+    """What the initial sync will copy: so many files, so many bytes (for `syncing N%`)."""
+
+    files: int
+    total_bytes: int
+
+
+class ReplicaOps(Packet, tag=45):
+    """File operations on one store directory (`kind`), in order; `ops` is a msgpack array of
+    FileOp checked by `crc` (crc32c). `position` 0: part of the initial copy, nothing to acknowledge."""
+
+    position: int
+    kind: str
+    crc: int
+    ops: msgspec.Raw
+
+
+class ReplicaSyncDone(Packet, tag=46):
+    """Every file is copied and the stream caught up to `position`: answer REPLICA_SYNCED once it is on disk."""
+
+    position: int
+
+
+class ReplicaStop(Packet, tag=47):
+    """The primary ends the replication: it stops (`failover`: the backup takes over), or it
+    drops this backup (it carries on alone; the backup starts again from scratch)."""
+
+    failover: bool
+    reason: str
+
+
 ClientPacket = (
     Hello
     | Ping
@@ -256,6 +320,9 @@ ClientPacket = (
     | RequestCredits
     | ReadRange
     | AckUpTo
+    | ReplicaStart
+    | ReplicaAck
+    | ReplicaSynced
 )
 ServerPacket = (
     HelloOk
@@ -270,6 +337,11 @@ ServerPacket = (
     | Deliver
     | ConsumerClosed
     | RangeResult
+    | ReplicaAccept
+    | ReplicaSyncStart
+    | ReplicaOps
+    | ReplicaSyncDone
+    | ReplicaStop
 )
 
 CLIENT_TAGS = {c.__struct_config__.tag for c in ClientPacket.__args__}
@@ -417,3 +489,31 @@ class SendData(Packet, tag=12):
     channel: int
     cmd: int
     message: Any
+
+
+_ops_decoder = msgspec.msgpack.Decoder(list[FileOp])
+
+
+def encode_ops(position: int, kind: str, ops: list[FileOp]) -> bytearray:
+    """One REPLICA_OPS frame: the operations encoded once, checksummed, and framed."""
+    blob = _encoder.encode(ops)
+    return encode(ReplicaOps(position, kind, crc32c.crc32c(blob), msgspec.Raw(blob)))
+
+
+def decode_ops(pkt: ReplicaOps) -> list[FileOp]:
+    """The operations of a REPLICA_OPS, checked: its checksum, their types, and that each names
+    a plain file of a known store directory (ProtocolError otherwise)."""
+    if crc32c.crc32c(pkt.ops) != pkt.crc:
+        raise ProtocolError(f"replication record for {pkt.kind!r} at position {pkt.position}: checksum mismatch")
+    try:
+        ops = _ops_decoder.decode(pkt.ops)
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
+        detail = bad_text(exc) if isinstance(exc, UnicodeDecodeError) else str(exc)
+        raise ProtocolError(f"malformed replication record: {detail}") from None
+    except RecursionError:
+        raise ProtocolError("malformed replication record: nested too deeply") from None
+    for op in ops:
+        why = problem(pkt.kind, op)
+        if why is not None:
+            raise ProtocolError(f"bad replication record: {why}")
+    return ops

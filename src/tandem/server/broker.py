@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any, Protocol
 
 from .. import __version__
@@ -30,7 +31,8 @@ from ..core.postoffice import PostOffice
 from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
 from ..ha.activation import make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
-from ..journal import JournalSettings
+from ..journal import Journal, JournalSettings
+from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
 from .admin import Admin
@@ -75,6 +77,19 @@ class Activation(Protocol):
         """The broker stopped serving: leave `state` (if any), let go of every lock."""
         ...
 
+    @property
+    def store_tap(self) -> Tap | None:
+        """Where the store's file operations go besides the disk (a replicating primary's stream)."""
+        ...
+
+    def accept_replica(self, link: Any, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+        """A backup asks to replicate this server's store (raises if it may not)."""
+        ...
+
+    def replication(self) -> dict[str, Any]:
+        """Replication state for `status`."""
+        ...
+
 
 def _compile_filter(text: str) -> Any:
     from ..core.selector import compile_selector
@@ -93,7 +108,6 @@ class Broker:
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
-        self.node_id = ""
         self.started_at = 0.0
         self.activated_at = 0.0
         self.load_seconds = 0.0
@@ -111,6 +125,11 @@ class Broker:
         self._housekeeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
+
+    @property
+    def node_id(self) -> str:
+        """The node this server serves (a replicating backup takes its primary's)."""
+        return self.node_manager.node_id if self.node_manager is not None else ""
 
     @property
     def ha_state(self) -> str:
@@ -132,7 +151,6 @@ class Broker:
             self.node_manager = (
                 FileNodeManager(cfg.data_path) if cfg.persistence_enabled else InMemoryNodeManager(SharedStore())
             )
-        self.node_id = self.node_manager.node_id
         self.activation = make_activation(self, self.node_manager)
         self.started_at = time.time()
         try:
@@ -170,7 +188,8 @@ class Broker:
         elif cfg.persistence_enabled:
             if follower is not None:
                 log.warning("warm takeover not possible (%s): loading the journal", follower.problem or "compaction")
-            self.storage = JournalStorage(cfg.data_path, journal_settings(cfg))
+            tap = self.activation.store_tap if self.activation is not None else None
+            self.storage = JournalStorage(cfg.data_path, journal_settings(cfg), tap)
         else:
             self.storage = NullStorage()
         self._load()
@@ -195,7 +214,8 @@ class Broker:
         self.active = False
         self.ha_state = "stopped"
         for conn in list(self.connections):
-            conn.close()
+            if getattr(conn, "replica", None) is None:  # a backup's link stays for the last batches
+                conn.close()
         await self.storage.stop()
         self.storage = NullStorage()
 
@@ -279,6 +299,8 @@ class Broker:
         self.failure = exc
         asyncio.get_running_loop().create_task(self.stop(leave_state=False))
         for conn in list(self.connections):
+            if getattr(conn, "replica", None) is not None:
+                continue  # a backup's link: the activation tells it to take over as the broker stops
             try:
                 conn.fatal(exc)
             except TandemError as e:  # a teardown that would write: the store is gone, close anyway
@@ -319,6 +341,11 @@ class Broker:
             else:
                 await asyncio.sleep(period)
 
+    async def stop_backup(self) -> None:
+        """Stop following (a replicating backup's store is about to be replaced by a new sync)."""
+        await self._stop_following()
+        self.ha_state = "waiting"
+
     async def _stop_following(self) -> Any:
         """Stop polling; returns the follower (or None)."""
         task, self._follow_task = self._follow_task, None
@@ -330,6 +357,19 @@ class Broker:
                 pass
         follower, self._follower = self._follower, None
         return follower
+
+    def replica_start(self, conn: NativeConnection, pkt: p.ReplicaStart) -> None:
+        """A backup asks to replicate our store: the activation decides and streams; clients are
+        told of the backup as of one that announced itself."""
+        if self.activation is None:
+            raise IllegalState("not started")
+        storage = self.storage
+        if not self.active or not isinstance(storage, JournalStorage):
+            raise NotActive(
+                f"server {self.config.name!r} is not active ({self.ha_state}): it has no store to replicate"
+            )
+        self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+        self.backup_announced(conn, pkt.connector)
 
     def backup_announced(self, conn: NativeConnection, connector: str) -> None:
         self.backups[conn] = connector
@@ -499,6 +539,8 @@ class Broker:
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
             "persistence": self.config.persistence_enabled,
         }
+        if self.activation is not None:
+            out.update(self.activation.replication())
         if self._follower is not None:
             f = self._follower
             out["following"] = {

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from ..config import BrokerConfig
 from ..core.postoffice import PostOffice
 from ..core.storage import Storage
+from ..protocol.native import ReplicaStart
 
 
 class Management(Protocol):
@@ -66,5 +67,9 @@ class BrokerContext(Protocol):
         ...
 
     def backup_gone(self, conn: Any) -> None: ...
+
+    def replica_start(self, conn: Any, pkt: ReplicaStart) -> None:
+        """A backup asks to replicate the store over `conn` (raises if it may not)."""
+        ...
 
     async def stop(self, failover: bool = False, leave_state: bool = True) -> None: ...

@@ -130,6 +130,8 @@ class NativeConnection(asyncio.Protocol):
         self.opened_at = self.last_received  # the handshake must be done by handshake-timeout after this
         self.partial_since: float | None = None  # when the packet not complete yet began to arrive
         self.ttl_ms = broker.config.effective_ttl_ms
+        self.replica: Any = None  # a backup replicating over this connection (ha/source.py's BackupStream)
+        self._drain_waiters: list[asyncio.Future[None]] = []
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,16 +150,29 @@ class NativeConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
-        if self.transport is not None:
+        # A backup's acknowledgements are what frees the stream: keep reading them.
+        if self.transport is not None and self.replica is None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
         if self.transport is not None and not self.closed and not self._slicing:
             self.transport.resume_reading()
         for s in self.sessions.values():
             for c in s.core.consumers.values():
                 c.queue.deliver_soon()
+
+    async def drained(self) -> None:
+        """Until the transport takes writes again (at once if it does)."""
+        if self.writable or self.closed:
+            return
+        fut = self.loop.create_future()
+        self._drain_waiters.append(fut)
+        await fut
 
     # -------------------------------------------------------------- output
     def write(self, data: bytes | bytearray) -> None:
@@ -287,6 +302,9 @@ class NativeConnection(asyncio.Protocol):
         self.close()
 
     def close(self) -> None:
+        """Close after what is written so far (a backup's last frames, a REPLICA_STOP)."""
+        if self._out or self._confirms:
+            self._flush()
         if self.transport is not None:
             self.transport.close()
         self._teardown()
@@ -307,6 +325,13 @@ class NativeConnection(asyncio.Protocol):
                     pass
         self.temp_queues.clear()
         self.broker.backup_gone(self)
+        for fut in self._drain_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._drain_waiters.clear()
+        replica, self.replica = self.replica, None
+        if replica is not None:
+            replica.link_closed()
 
     # ------------------------------------------------------------ handlers
     def _session(self, channel: int) -> NativeSession:
@@ -481,6 +506,23 @@ class NativeConnection(asyncio.Protocol):
 
         self.broker.admin.handle(pkt.op, pkt.args, self, reply)
 
+    # --------------------------------------------------------- replication
+    def on_replica_start(self, pkt: p.ReplicaStart) -> None:
+        if self.replica is not None:
+            raise ProtocolError("REPLICA_START sent twice")
+        self.broker.replica_start(self, pkt)
+
+    def _replica_of(self, pkt: Any) -> Any:
+        if self.replica is None:
+            raise ProtocolError(f"{type(pkt).__name__.upper()} outside a replication")
+        return self.replica
+
+    def on_replica_ack(self, pkt: p.ReplicaAck) -> None:
+        self._replica_of(pkt).on_ack(pkt.position)
+
+    def on_replica_synced(self, pkt: p.ReplicaSynced) -> None:
+        self._replica_of(pkt).on_synced(pkt.position)
+
     def _reply_after_bindings(self, channel: int, cmd: int, result: Any) -> None:
         self._send_after(self.broker.storage.after_bindings_durable, p.Response(channel, cmd, result))
 
@@ -533,6 +575,9 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.RequestCredits: NativeConnection.on_request_credits,
     p.ReadRange: NativeConnection.on_read_range,
     p.AckUpTo: NativeConnection.on_ack_up_to,
+    p.ReplicaStart: NativeConnection.on_replica_start,
+    p.ReplicaAck: NativeConnection.on_replica_ack,
+    p.ReplicaSynced: NativeConnection.on_replica_synced,
 }
 
 

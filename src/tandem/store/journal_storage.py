@@ -22,6 +22,7 @@ from ..core.message import Message, MessageRef
 from ..core.queue import Queue
 from ..errors import JournalError
 from ..journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord, Op
+from ..journal.storeio import Tap
 from .records import (
     COUNTER_RECORD_BASE,
     AckRecord,
@@ -76,7 +77,8 @@ class LoadedState:
 class JournalStorage:
     persistent = True
 
-    def __init__(self, data_dir: Path, settings: JournalSettings) -> None:
+    def __init__(self, data_dir: Path, settings: JournalSettings, tap: Tap | None = None) -> None:
+        """`tap`: a replication stream that every change to the store's files goes to (a replicating primary)."""
         self.data_dir = Path(data_dir)
         bsettings = JournalSettings(
             file_size=min(settings.file_size, BINDINGS_FILE_SIZE),
@@ -88,13 +90,17 @@ class JournalStorage:
             compact_min_files=settings.compact_min_files,
             datasync=settings.datasync,
         )
-        self.bindings = Journal(self.data_dir / "bindings", "tandem-bindings", bsettings)
+        self.bindings = Journal(self.data_dir / "bindings", "tandem-bindings", bsettings, tap)
         self._counter_rids: dict[tuple[RecordType, int], int] = {}
         self._next_counter_rid = COUNTER_RECORD_BASE
-        self.messages = Journal(self.data_dir / "journal", "tandem-data", settings)
+        self.messages = Journal(self.data_dir / "journal", "tandem-data", settings, tap)
         self._followed: tuple[dict[int, LiveRecord], dict[int, LiveRecord], Any] | None = None
         for d in ("paging", "large-messages"):
             (self.data_dir / d).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def journals(self) -> list[Journal]:
+        return [self.bindings, self.messages]
 
     # ------------------------------------------------------------ lifecycle
     def load(self) -> LoadedState:

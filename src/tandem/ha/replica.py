@@ -1,0 +1,350 @@
+"""A replicating backup's side: connect to the primary, take its store file by file, then follow.
+
+The backup logs in with the cluster pair and asks to replicate (REPLICA_START). Once the primary
+takes it on, its own store directories are moved aside (`oldreplica.N`, see `prepare`) and every
+file operation of the stream is applied to its data directory in order, on one thread, by
+journal/storeio.py's `Applier`: the directory becomes the primary's, byte for byte. Each round of
+operations applied is synced (with `backup-fsync`, the primary's setting) and acknowledged with
+the highest position it held. When the initial copy and the operations queued meanwhile are all
+on disk it answers REPLICA_SYNCED: from then on it is in sync, may take over, and its broker
+follows the directory like a shared-store backup does (store/follower.py), so taking over reads
+only the tail.
+
+The connection ends one of three ways, each an `Outcome`: the primary stopped or died while this
+backup was in sync (take over), the primary dropped this backup or the sync did not finish
+(start again from scratch), or the primary refused it (try again later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import queue
+import re
+import shutil
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, cast
+
+from ..config import BrokerConfig, parse_host_port
+from ..errors import ProtocolError, error_for
+from ..journal import files as jf
+from ..journal.storeio import Applier, ReplicaError
+from ..protocol import native as p
+from ..protocol.fileops import COPY, KINDS
+
+log = logging.getLogger("tandem.ha")
+
+HIGH_WATER = 64 << 20  # bytes received and not applied yet: stop reading (the primary's sends wait)
+LOW_WATER = 16 << 20
+SYNCING_MARK = "replica.syncing"  # in a data directory whose copy is not complete: never worth keeping
+_OLD = re.compile(r"^oldreplica\.(\d+)$")
+
+
+class Outcome(enum.Enum):
+    TAKE_OVER = "take-over"  # the primary is gone and this backup was in sync
+    RESYNC = "resync"  # start again (dropped, or the sync did not complete)
+    RETRY = "retry"  # no primary took us (not reachable, refused)
+
+
+def prepare(root: Path, keep: int) -> Path | None:
+    """Before a sync: move the store's directories aside to a new `oldreplica.N` (a half-done copy
+    is removed instead), keep at most `keep` of them (-1: all; 0: none), and mark the directory
+    as being synced. Returns where the old data went, if anywhere."""
+    present = [root / d for d in KINDS if (root / d).is_dir() and any((root / d).iterdir())]
+    partial = (root / SYNCING_MARK).exists()
+    moved: Path | None = None
+    if present and not partial and keep != 0:
+        numbers = [int(m.group(1)) for x in root.iterdir() if (m := _OLD.match(x.name))]
+        moved = root / f"oldreplica.{max(numbers, default=0) + 1}"
+        moved.mkdir()
+        for d in present:
+            os.rename(d, moved / d.name)
+        jf.fsync_dir(moved)
+    for kind in KINDS:
+        if (root / kind).exists():
+            shutil.rmtree(root / kind)
+    if keep >= 0:
+        old = sorted((int(m.group(1)), x) for x in root.iterdir() if (m := _OLD.match(x.name)))
+        for _n, path in old[: max(len(old) - keep, 0)]:
+            shutil.rmtree(path)
+    fd = os.open(root / SYNCING_MARK, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    jf.fsync_dir(root)
+    return moved
+
+
+class _Protocol(asyncio.Protocol):
+    """Bytes from the primary → packets for the replica; nothing else."""
+
+    def __init__(self, replica: Replica, max_frame: int) -> None:
+        self.replica = replica
+        self.reader = p.FrameReader(p.ServerPacket, max_frame, expect_magic=False)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            packets = self.reader.feed(data)
+        except ProtocolError as exc:
+            self.replica.end(Outcome.RESYNC, f"bad data from the primary: {exc}")
+            return
+        for pkt in packets:
+            self.replica.packet(pkt)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.replica.lost(f"connection lost: {exc}" if exc else "connection closed by the primary")
+
+
+_STOP = object()
+_SYNCED = object()
+
+
+class Replica:
+    """One attempt at replicating the primary at `url` (host:port)."""
+
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        connector: str,
+        adopt_node_id: Callable[[str], None],
+        in_sync: Callable[[], Coroutine[Any, Any, None]],
+    ) -> None:
+        self.cfg = cfg
+        self.root = cfg.data_path
+        self.connector = connector
+        self._adopt = adopt_node_id
+        self._in_sync_cb = in_sync
+        self.loop = asyncio.get_running_loop()
+        self.peer = ""
+        self.state = "connecting"
+        self.synced = False
+        self.accepted = False
+        self.total = 0
+        self.copied = 0
+        self.fsync = True
+        self.stop_failover: bool | None = None  # what the primary's REPLICA_STOP said, if it said
+        self.result: asyncio.Future[tuple[Outcome, str]] = self.loop.create_future()
+        self._proto: _Protocol | None = None
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._applier = Applier(self.root)
+        self._last_received = self.loop.time()
+        self.moved: Path | None = None
+        self.apply_error: str | None = None
+        self._queued = 0  # bytes handed to the apply thread, not applied yet (loop thread)
+        self._paused = False
+        self._follow: asyncio.Task[None] | None = None
+
+    # ---------------------------------------------------------------- run
+    async def run(self, url: str) -> tuple[Outcome, str]:
+        """Replicate until the link ends; the outcome, and why."""
+        cfg = self.cfg
+        host, port = parse_host_port(url)
+        self.peer = url
+        try:
+            _t, proto = await asyncio.wait_for(
+                self.loop.create_connection(lambda: _Protocol(self, cfg.max_frame_size), host, port),
+                cfg.initial_replication_sync_timeout / 1000,
+            )
+        except (OSError, TimeoutError) as exc:
+            return Outcome.RETRY, f"cannot connect to {url}: {exc}"
+        self._proto = proto
+        self._send_raw(
+            p.MAGIC
+            + p.encode(
+                p.Hello(
+                    p.PROTOCOL_VERSION,
+                    None,
+                    cfg.cluster_user,
+                    cfg.cluster_password,
+                    "tandem-backup",
+                    cfg.connection_ttl,
+                )
+            )
+            + p.encode(p.ReplicaStart(cfg.cluster_user, cfg.cluster_password, self.connector, cfg.group_name))
+        )
+        watch = self.loop.create_task(self._watch(), name="replica-liveness")
+        try:
+            outcome, why = await self.result
+        finally:
+            watch.cancel()
+            if proto.transport is not None:
+                proto.transport.abort()
+            await self._stop_thread()
+            if self._follow is not None:  # the broker has started following before it hears the outcome
+                await asyncio.wait([self._follow])
+        if outcome is Outcome.TAKE_OVER and self.apply_error is not None:
+            return Outcome.RESYNC, self.apply_error  # the replica may be short of what it acknowledged
+        return outcome, why
+
+    async def _watch(self) -> None:
+        """Ping the primary; a primary silent for connection-ttl is gone (as a connection closed)."""
+        ttl = self.cfg.connection_ttl / 1000
+        while True:
+            await asyncio.sleep(max(ttl / 4, 0.05))
+            if self._paused:  # not reading (the apply thread is behind): silence says nothing
+                self._last_received = self.loop.time()
+            if self.loop.time() - self._last_received > ttl:
+                self.lost(f"no packet from the primary for {ttl:.1f}s (connection-ttl)")
+                return
+            self._send(p.Ping())
+
+    def _pause(self, pause: bool) -> None:
+        """Read no more while the apply thread is this far behind: the primary's sends wait."""
+        proto = self._proto
+        if proto is None or proto.transport is None or proto.transport.is_closing():
+            return
+        self._paused = pause
+        if pause:
+            proto.transport.pause_reading()
+        else:
+            proto.transport.resume_reading()
+
+    def _send(self, pkt: p.Packet) -> None:
+        self._send_raw(p.encode(pkt))
+
+    def _send_raw(self, data: bytes | bytearray) -> None:
+        proto = self._proto
+        if proto is not None and proto.transport is not None and not proto.transport.is_closing():
+            proto.transport.write(data)
+
+    # ------------------------------------------------------------ packets
+    def packet(self, pkt: Any) -> None:
+        self._last_received = self.loop.time()
+        t = type(pkt)
+        if t is p.ReplicaOps:
+            try:
+                ops = p.decode_ops(pkt)
+            except ProtocolError as exc:
+                self.end(Outcome.RESYNC, f"bad replication record from the primary: {exc}")
+                return
+            if pkt.position == 0:
+                self.copied += sum(len(op.data) for op in ops if op.op == COPY)
+            size = len(pkt.ops)
+            self._jobs.put((pkt.position, pkt.kind, ops, size))
+            self._queued += size
+            if self._queued > HIGH_WATER and not self._paused:
+                self._pause(True)
+        elif t is p.Ping:
+            self._send(p.Pong())
+        elif t is p.ReplicaAccept:
+            self._accepted(pkt)
+        elif t is p.ReplicaSyncStart:
+            self.total = pkt.total_bytes
+            log.info("syncing %d files (%d bytes) from %s", pkt.files, pkt.total_bytes, self.peer)
+        elif t is p.ReplicaSyncDone:
+            self._jobs.put((_SYNCED, pkt.position))
+        elif t is p.ReplicaStop:
+            self.stop_failover = pkt.failover
+            log.warning("primary %s ends the replication: %s", self.peer, pkt.reason)
+        elif t is p.Error:
+            err = error_for(pkt.code, pkt.message)
+            if self.accepted:  # the primary ends a replication it had begun: it lives on, no takeover
+                log.warning("primary %s ended the replication with an error: %s", self.peer, err)
+                self.end(Outcome.RESYNC, f"error from the primary: {err}")
+            else:
+                log.warning("primary %s refused this backup: %s", self.peer, err)
+                self.end(Outcome.RETRY, f"refused: {err}")
+        elif t is p.HelloOk:
+            if not pkt.active:
+                self.end(Outcome.RETRY, f"{self.peer} is not active")
+
+    def _accepted(self, pkt: p.ReplicaAccept) -> None:
+        self.accepted = True
+        self.fsync = pkt.backup_fsync
+        self.state = "syncing"
+        self._adopt(pkt.node_id)
+        self._thread = threading.Thread(target=self._apply_loop, name="replica-apply", daemon=True)
+        self._thread.start()
+        log.info("primary %s took this backup on (node %s)", self.peer, pkt.node_id)
+
+    # ------------------------------------------------------- apply thread
+    def _apply_loop(self) -> None:
+        try:
+            self.moved = prepare(self.root, self.cfg.max_saved_replicated_journal_size)
+            if self.moved is not None:
+                log.warning("old data moved to %s", self.moved)
+            jobs = self._jobs
+            while True:
+                batch = [jobs.get()]
+                while len(batch) < 256 and not jobs.empty():
+                    batch.append(jobs.get_nowait())
+                top = nbytes = 0
+                synced: int | None = None
+                stop = False
+                for job in batch:
+                    if job is _STOP:
+                        stop = True
+                        break
+                    if job[0] is _SYNCED:
+                        synced = job[1]
+                        continue
+                    position, kind, ops, size = job
+                    self._applier.apply(kind, ops)
+                    top = max(top, position)
+                    nbytes += size
+                if synced is not None or (self.fsync and top):
+                    self._applier.sync()
+                if synced is not None:
+                    os.unlink(self.root / SYNCING_MARK)
+                    jf.fsync_dir(self.root)
+                if top or nbytes or synced is not None:
+                    self.loop.call_soon_threadsafe(self._applied, top, synced, nbytes)
+                if stop:
+                    break
+        except (ReplicaError, OSError) as exc:
+            self.apply_error = f"cannot apply the stream: {exc}"
+            self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
+        finally:
+            self._applier.close()
+
+    def _applied(self, top: int, synced: int | None, nbytes: int) -> None:
+        self._queued -= nbytes
+        if self._paused and self._queued < LOW_WATER:
+            self._pause(False)
+        if top:
+            self._send(p.ReplicaAck(top))
+        if synced is not None and not self.synced and not self.result.done():
+            self.synced = True
+            self.state = "in-sync"
+            self._send(p.ReplicaSynced(synced))
+            log.warning("in sync with primary %s: ready to take over", self.peer)
+            self._follow = self.loop.create_task(self._in_sync_cb(), name="replica-follow")
+
+    async def _stop_thread(self) -> None:
+        """Apply what was received (and only then stop): what is kept is a prefix of the stream."""
+        if self._thread is not None:
+            self._jobs.put(_STOP)
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    # ---------------------------------------------------------------- end
+    def lost(self, why: str) -> None:
+        """The link is gone: take over if in sync (and not dropped by a primary that lives on)."""
+        if self.stop_failover is False:
+            self.end(Outcome.RESYNC, "dropped by the primary")
+        elif self.synced:
+            self.end(Outcome.TAKE_OVER, why)
+        elif self.accepted:
+            self.end(Outcome.RESYNC, f"{why} before the sync completed")
+        else:
+            self.end(Outcome.RETRY, why)
+
+    def end(self, outcome: Outcome, why: str) -> None:
+        if not self.result.done():
+            self.result.set_result((outcome, why))
+
+    def status(self) -> str:
+        if self.state == "syncing":
+            pct = 100 * self.copied // self.total if self.total else 0
+            return f"syncing {min(pct, 99)}%"
+        return self.state

@@ -1,0 +1,387 @@
+"""A replicating primary's side of the stream: its store writes through this, its backup reads it.
+
+The store's writers hand every change to their directories to `ReplicationSource.emit` (the
+journal's `Tap`, journal/storeio.py): one REPLICA_OPS frame per journal batch, numbered by a
+stream position, sent in order to the one backup. A batch's confirmations wait, beside the
+local disk, for the backup's acknowledgement of its position (`after_acked`); frames are
+pipelined, so this costs a round trip per batch, not per message, and the next batch is
+written while the backup works on this one.
+
+A backup that connects is synced first (`BackupStream.sync`): under each journal's writer
+thread, between two batches, the stream starts queueing that directory's operations for it and
+every file of the directory is opened; then the files are copied through those descriptors
+while the journal goes on, and the queued operations follow. Replaying them over the copies is
+exact: a copy holds each byte as it was at the snapshot or as a later operation made it, and
+those operations come again, in order, with the same bytes at the same offsets; renames and
+removals after the snapshot find the files under the names they had then. Once the queue is
+sent the backup's acknowledgements are waited for, and it answers REPLICA_SYNCED when the whole
+store as of that point is on its disk: only then is it in sync (and may take over).
+
+A backup that goes, or that has not acknowledged within `call-timeout`, is dropped: the batches
+waiting for it are confirmed, and the primary carries on alone (logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..config import BrokerConfig
+from ..errors import IllegalState, InvalidArgument, TandemError, Unauthorized
+from ..journal import Journal
+from ..protocol import native as p
+from ..protocol.fileops import COPY, KINDS, FileOp
+
+log = logging.getLogger("tandem.ha")
+
+CHUNK = 1 << 20  # bytes per frame of the initial copy
+QUEUE_LIMIT = 512 << 20  # bytes of operations held for a syncing backup before it is dropped
+
+
+class Link(Protocol):
+    """The connection a backup replicates over (server/native.py's NativeConnection)."""
+
+    peer: str
+    closed: bool
+    writable: bool
+    replica: Any
+
+    def write(self, data: bytes | bytearray) -> None: ...
+
+    def send(self, packet: p.Packet) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def drained(self) -> None: ...
+
+
+def check_backup(cfg: BrokerConfig, pkt: p.ReplicaStart) -> None:
+    """The cluster pair, and the group when the backup names one (raises, and says why)."""
+    import hmac
+
+    def same(a: str, b: str) -> bool:
+        return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
+
+    if not (same(cfg.cluster_user, pkt.user) & same(cfg.cluster_password, pkt.password)):
+        raise Unauthorized("replication refused: wrong cluster-user or cluster-password")
+    if pkt.group_name is not None and pkt.group_name != cfg.group_name:
+        raise InvalidArgument(
+            f"replication refused: the backup's group-name {pkt.group_name!r} is not this primary's {cfg.group_name!r}"
+        )
+
+
+class BackupStream:
+    """One backup: its connection, what it has acknowledged, how far its sync is."""
+
+    def __init__(self, source: ReplicationSource, link: Link, connector: str) -> None:
+        self.source = source
+        self.link = link
+        self.connector = connector
+        self.kinds: set[str] = set()  # directories whose operations go to it (guarded by the source's lock)
+        self.queue: list[bytes | bytearray] | None = []  # frames held while the files are copied
+        self.queued_bytes = 0
+        self.gating = False  # confirmations wait for its acknowledgements
+        self.floor = 0  # ... of positions above this one
+        self.acked = 0
+        self.synced = False
+        self.total = 0
+        self.copied = 0
+        self.sent_at: deque[tuple[int, float]] = deque()  # gated positions sent, not acknowledged yet
+        self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+        self.closed = False  # set under the source's lock
+        self.files: list[tuple[str, str, int, int]] = []  # opened for the copy: kind, name, fd, size
+
+    # -------------------------------------------------------- from the link
+    def on_ack(self, position: int) -> None:
+        if position > self.acked:
+            self.acked = position
+            sent = self.sent_at
+            while sent and sent[0][0] <= position:
+                sent.popleft()
+            self.source._acked(self, position)
+
+    def on_synced(self, position: int) -> None:
+        if not self.done.done():
+            self.done.set_result(position)
+
+    def link_closed(self) -> None:
+        self.source.drop(self, "its connection closed", tell=False)
+
+    # ------------------------------------------------------- the stream
+    def deliver(self, position: int, frame: bytes | bytearray) -> None:
+        """(Loop) a frame the stream made for this backup: held while syncing, sent otherwise."""
+        if self.closed:
+            return
+        if self.queue is not None:
+            self.queue.append(frame)
+            self.queued_bytes += len(frame)
+            if self.queued_bytes > QUEUE_LIMIT:
+                self.source.drop(self, f"more than {QUEUE_LIMIT >> 20} MiB written while its sync ran")
+            return
+        if self.gating and position > self.floor:
+            self.sent_at.append((position, time.monotonic()))
+        self.link.write(frame)
+
+    def switch(self, floor: int) -> None:
+        """(Loop) the copy is sent: send what was held, then say where the store stands."""
+        if self.closed or self.queue is None:
+            return
+        for frame in self.queue:
+            self.link.write(frame)
+        self.queue = None
+        self.queued_bytes = 0
+        self.link.send(p.ReplicaSyncDone(floor))
+
+    async def sync(self, journals: list[Journal], data_dir: Path, timeout: float) -> None:
+        """Copy every store file, then stream; done when the backup says it holds it all on disk."""
+        try:
+            by_kind = {j.directory.name: j for j in journals}
+            for kind in KINDS:
+                j = by_kind.get(kind)
+                if j is not None:
+                    await asyncio.wait_for(j.on_writer(partial(self._begin, j.directory)), timeout)
+                    self._check_open()
+                else:  # a directory no writer changes (yet): nothing moves under the listing
+                    self._begin(data_dir / kind)
+            files = self.files
+            self.total = sum(f[3] for f in files)
+            self.link.send(p.ReplicaSyncStart(len(files), self.total))
+            log.info("backup %s: syncing %d files, %d bytes", self.connector, len(files), self.total)
+            while files:
+                kind, name, fd, size = files[0]
+                await self._copy(kind, name, fd, size)
+                files.pop(0)
+                os.close(fd)
+            floor = self.source._start_gating(self)
+            position = await asyncio.wait_for(asyncio.shield(self.done), timeout)
+            if position != floor:
+                raise IllegalState(f"the backup reported in sync at {position}, not {floor}")
+            self.synced = True
+            log.warning("backup %s is in sync: replicating", self.connector)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            self.source.drop(self, f"the initial sync did not complete within {timeout:.0f} s")
+        except (TandemError, OSError) as exc:
+            self.source.drop(self, f"the initial sync failed: {exc}")
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
+        with self.source._lock:
+            files, self.files = self.files, []
+        for _k, _n, fd, _s in files:
+            os.close(fd)
+
+    def _check_open(self) -> None:
+        """After an await: a backup dropped meanwhile gets nothing more (a cancellation can be lost
+        by `wait_for` when its awaitable finished at the same moment)."""
+        if self.closed:
+            raise asyncio.CancelledError
+
+    def _begin(self, directory: Path) -> None:
+        """(Under the directory's writer) queue its operations for this backup from now on, and
+        open every file it has: what the copy reads, whatever happens to the names later."""
+        kind = directory.name
+        lock = self.source._lock
+        with lock:
+            if self.closed:
+                return
+            self.kinds.add(kind)
+        out: list[tuple[str, str, int, int]] = []
+        if directory.is_dir():
+            for path in sorted(directory.iterdir()):
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except (FileNotFoundError, IsADirectoryError):
+                    continue
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    os.close(fd)
+                    continue
+                out.append((kind, path.name, fd, st.st_size))
+        if not self._keep(out):  # dropped meanwhile: nobody copies these
+            for _k, _n, fd, _s in out:
+                os.close(fd)
+
+    def _keep(self, files: list[tuple[str, str, int, int]]) -> bool:
+        with self.source._lock:
+            if self.closed:
+                return False
+            self.files.extend(files)
+            return True
+
+    async def _copy(self, kind: str, name: str, fd: int, size: int) -> None:
+        off = 0
+        while True:
+            data = await asyncio.to_thread(os.pread, fd, min(CHUNK, size - off), off) if off < size else b""
+            self._check_open()
+            self.link.write(p.encode_ops(0, kind, [FileOp(COPY, name, off, data)]))
+            off += len(data)
+            self.copied += len(data)
+            if not self.link.writable:
+                await asyncio.wait_for(self.link.drained(), self.source.cfg.initial_replication_sync_timeout / 1000)
+                self._check_open()
+            if not data or off >= size:
+                return
+
+    def state(self) -> str:
+        if self.synced:
+            return "in-sync"
+        pct = 100 * self.copied // self.total if self.total else 0
+        return f"syncing {min(pct, 99)}%"
+
+
+class ReplicationSource:
+    """The stream of one replicating primary's store (its journals' `Tap`)."""
+
+    def __init__(self, cfg: BrokerConfig) -> None:
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._position = 0
+        self.backup: BackupStream | None = None
+        self._waiters: list[tuple[int, int, Callable[[], None]]] = []
+        self._counter = itertools.count()
+        self._watchdog: asyncio.Task[None] | None = None
+        self.node_id = ""  # the node the primary serves: its backup takes it on
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._watchdog is None:
+            self._watchdog = self._loop.create_task(self._watch(), name="replication-watchdog")
+
+    # ------------------------------------------------------------------ tap
+    def emit(self, kind: str, ops: list[FileOp]) -> int:
+        with self._lock:
+            b = self.backup
+            loop = self._loop
+            if b is None or loop is None or kind not in b.kinds:
+                return 0
+            self._position += 1
+            position = self._position
+            # Under the lock: frames reach the loop in position order, whichever thread made them.
+            loop.call_soon_threadsafe(b.deliver, position, p.encode_ops(position, kind, ops))
+            return position if b.gating else 0
+
+    def after_acked(self, position: int, cb: Callable[[], None]) -> None:
+        b = self.backup
+        if b is None or not b.gating or position <= b.acked or position <= b.floor:
+            cb()
+        else:
+            heapq.heappush(self._waiters, (position, next(self._counter), cb))
+
+    def _acked(self, b: BackupStream, position: int) -> None:
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= position:
+            _pos, _n, cb = heapq.heappop(waiters)
+            _call(cb)
+
+    def _start_gating(self, b: BackupStream) -> int:
+        """From the next position on, confirmations wait for this backup; returns the last one that does not."""
+        with self._lock:
+            b.gating = True
+            b.floor = self._position
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(b.switch, b.floor)  # after every frame up to the floor
+            return b.floor
+
+    # -------------------------------------------------------------- backups
+    def accept(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+        """A backup asks to replicate: check it, take it on, and start its sync."""
+        try:
+            check_backup(self.cfg, pkt)
+            if self.backup is not None and not self.backup.closed:
+                raise IllegalState(f"replication refused: this primary already has a backup ({self.backup.connector})")
+        except TandemError as exc:
+            log.warning("backup at %s (%s) refused: %s", link.peer, pkt.connector, exc.message)
+            raise
+        b = BackupStream(self, link, pkt.connector)
+        link.replica = b
+        with self._lock:
+            self.backup = b
+        link.send(p.ReplicaAccept(self.node_id, self.cfg.backup_fsync))
+        timeout = self.cfg.initial_replication_sync_timeout / 1000
+        b.task = asyncio.get_running_loop().create_task(b.sync(journals, data_dir, timeout), name="replication-sync")
+        log.warning("backup %s (from %s) connected: initial sync", pkt.connector, link.peer)
+
+    def drop(self, b: BackupStream, reason: str, tell: bool = True) -> None:
+        """Stop replicating to `b`: whatever waited for it is confirmed, the primary goes on alone."""
+        with self._lock:
+            if b.closed:
+                return
+            b.closed = True
+            if self.backup is b:
+                self.backup = None
+        was = b.state()
+        while self._waiters:
+            _pos, _n, cb = heapq.heappop(self._waiters)
+            _call(cb)
+        if b.task is not None and b.task is not asyncio.current_task():
+            b.task.cancel()
+        if not b.done.done():
+            b.done.cancel()
+        if tell and not b.link.closed:
+            b.link.send(p.ReplicaStop(False, reason))
+            b.link.close()
+        log.warning("backup %s dropped (%s, was %s): carrying on without a backup", b.connector, reason, was)
+
+    def close(self, failover: bool) -> None:
+        """The primary stops: tell the backup (it takes over only when in sync), and stop the watchdog."""
+        with self._lock:
+            b = self.backup
+            self.backup = None
+            if b is not None:
+                if b.closed:
+                    b = None
+                else:
+                    b.closed = True
+        if b is not None:
+            if not b.link.closed:
+                b.link.send(p.ReplicaStop(failover, "the primary is stopping"))
+                b.link.close()
+            if b.task is not None:
+                b.task.cancel()
+        while self._waiters:
+            _pos, _n, cb = heapq.heappop(self._waiters)
+            _call(cb)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+    async def _watch(self) -> None:
+        """Drop a backup that has not acknowledged a position within call-timeout."""
+        limit = self.cfg.call_timeout / 1000
+        while True:
+            await asyncio.sleep(min(limit / 4, 1.0))
+            b = self.backup
+            if b is not None and b.sent_at and time.monotonic() - b.sent_at[0][1] > limit:
+                self.drop(b, f"no acknowledgement within call-timeout ({self.cfg.call_timeout} ms)")
+
+    def state(self) -> str:
+        b = self.backup
+        return b.state() if b is not None and not b.closed else "unreplicated"
+
+    @property
+    def peer(self) -> str | None:
+        b = self.backup
+        return b.connector if b is not None and not b.closed else None
+
+
+def _call(cb: Callable[[], None]) -> None:
+    try:
+        cb()
+    except Exception:
+        log.exception("replication callback failed")

@@ -1,0 +1,62 @@
+"""A replicated pair as real processes, each server on its own data directory, for HA tests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from broker_process import BrokerProcess
+from ha_pair import Cluster, free_port
+
+
+class ReplicatedPair(Cluster):
+    """Server 0 is the replication primary, server 1 its backup (uncoordinated: allow-uncoordinated)."""
+
+    def __init__(self, root: Path, **settings: Any) -> None:
+        self.ports = [free_port(), free_port()]
+        self.stomp_ports = []
+        names = ["primary", "backup"]
+        self.dirs = [root / n for n in names]
+        self.data = self.dirs[0]
+        connectors = "".join(
+            f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, self.ports, strict=True)
+        )
+        self.servers: list[BrokerProcess] = []
+        settings.setdefault("retry_replication_wait", 200)
+        for i, (name, port) in enumerate(zip(names, self.ports, strict=True)):
+            other = names[1 - i]
+            extra = (
+                f'ha-policy = "{"replication-primary" if i == 0 else "replication-backup"}"\n'
+                "allow-uncoordinated = true\n"
+                f'connector-ref = "{name}"\n'
+                f'static-connectors = ["{other}"]\n'
+                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{connectors}'
+            )
+            self.servers.append(BrokerProcess(root / name, name=name, extra_toml=extra, **settings))
+
+    def start_all(self) -> ReplicatedPair:
+        self.primary.start()
+        self.wait_state(0, "active")
+        self.backup.start()
+        self.wait_in_sync()
+        return self
+
+    def wait_replication(self, i: int, state: str, timeout: float = 30.0) -> dict[str, Any]:
+        """Server i's status once its `replication` reads `state`."""
+        t0 = time.monotonic()
+        last: Any = None
+        while time.monotonic() - t0 < timeout:
+            try:
+                last = self.status(i)
+                if last.get("replication") == state:
+                    return last  # type: ignore[no-any-return]
+            except Exception as exc:  # not up yet
+                last = exc
+            time.sleep(0.05)
+        raise AssertionError(f"server {i} not {state!r} within {timeout}s: {last}\n{self.servers[i].log_text()}")
+
+    def wait_in_sync(self, timeout: float = 30.0) -> None:
+        self.wait_replication(1, "in-sync", timeout)
+        self.wait_replication(0, "in-sync", timeout)
+        self.wait_state(1, "passive", timeout)
