@@ -14,7 +14,14 @@ class ReplicatedPair(Cluster):
     """Server 0 is the replication primary, server 1 its backup: uncoordinated (allow-uncoordinated),
     or coordinated by the ZooKeeper at `zookeeper` (host:port) with a short session."""
 
-    def __init__(self, root: Path, zookeeper: str | None = None, session_timeout: int = 2000, **settings: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        zookeeper: str | None = None,
+        session_timeout: int = 2000,
+        server_toml: tuple[str, str] = ("", ""),  # top-level lines for the primary, the backup
+        **settings: Any,
+    ) -> None:
         self.ports = [free_port(), free_port()]
         self.stomp_ports = []
         names = ["primary", "backup"]
@@ -30,6 +37,7 @@ class ReplicatedPair(Cluster):
             extra = (
                 f'ha-policy = "{"replication-primary" if i == 0 else "replication-backup"}"\n'
                 + ("" if zookeeper else "allow-uncoordinated = true\n")
+                + server_toml[i]
                 + f'connector-ref = "{name}"\n'
                 f'static-connectors = ["{other}"]\n'
                 f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{connectors}'

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 import tandem
 import tandem.aio as aio
+from ha_pair import free_port
 from replicated_pair import ReplicatedPair
 from tandem.ha.activation_sequence import read_local_sequence
 from tandem.ha.coordinator import Coordinator
@@ -190,3 +192,29 @@ def test_a_zombie_primary_stops_serving_and_confirms_nothing_after_its_resume(
     got = asyncio.run(_drain(p.url_of(1), "q"))
     missing = set(load.confirmed) - got
     assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
+
+
+def _checks(port: int) -> str:
+    return f'network-check-list = ["127.0.0.1:{port}"]\nnetwork-check-period = 200\nnetwork-check-timeout = 300\n'
+
+
+def test_an_active_primary_that_reaches_no_network_check_target_stops_and_the_backup_serves(pair: Any) -> None:
+    """The primary's only network-check target closes: it stops (status 4) and its backup takes over."""
+    target = socket.create_server(("127.0.0.1", 0), backlog=512)
+    try:
+        p = pair(server_toml=(_checks(target.getsockname()[1]), "")).start_all()
+        p.wait_state(0, "active")
+    finally:
+        target.close()
+    assert p.primary.wait_exit(15) == 4
+    assert "network check" in p.primary.log_text()
+    p.wait_state(1, "active", timeout=20)
+    assert p.status(1)["activation_sequence"] == 2
+
+
+def test_a_backup_that_reaches_no_network_check_target_does_not_take_over(pair: Any) -> None:
+    """kill -9 of the primary; the backup, holding a current copy, reaches none of its targets: it stays inactive."""
+    p = pair(server_toml=("", _checks(free_port()))).start_all()
+    p.primary.kill()
+    _never_active(p, 1, 5.0)
+    assert "network-check-list" in p.backup.log_text()
