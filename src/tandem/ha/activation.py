@@ -344,6 +344,11 @@ def _coordination_status(co: Coordination | None) -> dict[str, Any]:
     return {"activation_sequence": co.local_sequence(), "coordinator": co.state()}
 
 
+def _quiet(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("reading ZooKeeper's activation sequence failed: %s", task.exception())
+
+
 def _uncoordinated(host: ActivationHost) -> None:
     """A replicated pair runs without a coordinator only when told to, and says what that risks."""
     cfg = host.config
@@ -489,7 +494,9 @@ class ReplicationBackupActivation(Activation):
         if self.coordination is not None:
             # Read now, as the primary accepts us: a drop from here on bumps ZooKeeper's value
             # past it, and only a replica that reaches in-sync on this link copies it.
-            self._sequence_read = asyncio.get_running_loop().create_task(self.coordination.read_sequence(node_id))
+            read = asyncio.get_running_loop().create_task(self.coordination.read_sequence(node_id))
+            read.add_done_callback(_quiet)  # a link that never reaches in-sync never looks at it
+            self._sequence_read = read
 
     async def _in_sync(self) -> None:
         co, read = self.coordination, self._sequence_read
