@@ -11,9 +11,17 @@ from ha_pair import Cluster, free_port
 
 
 class ReplicatedPair(Cluster):
-    """Server 0 is the replication primary, server 1 its backup (uncoordinated: allow-uncoordinated)."""
+    """Server 0 is the replication primary, server 1 its backup: uncoordinated (allow-uncoordinated),
+    or coordinated by the ZooKeeper at `zookeeper` (host:port) with a short session."""
 
-    def __init__(self, root: Path, **settings: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        zookeeper: str | None = None,
+        session_timeout: int = 2000,
+        server_toml: tuple[str, str] = ("", ""),  # top-level lines for the primary, the backup
+        **settings: Any,
+    ) -> None:
         self.ports = [free_port(), free_port()]
         self.stomp_ports = []
         names = ["primary", "backup"]
@@ -28,11 +36,15 @@ class ReplicatedPair(Cluster):
             other = names[1 - i]
             extra = (
                 f'ha-policy = "{"replication-primary" if i == 0 else "replication-backup"}"\n'
-                "allow-uncoordinated = true\n"
-                f'connector-ref = "{name}"\n'
+                + ("" if zookeeper else "allow-uncoordinated = true\n")
+                + server_toml[i]
+                + f'connector-ref = "{name}"\n'
                 f'static-connectors = ["{other}"]\n'
                 f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{connectors}'
             )
+            if zookeeper:
+                extra += f'[ha.coordinator]\nzookeeper = "{zookeeper}"\nsession-timeout = {session_timeout}\n'
+
             self.servers.append(BrokerProcess(root / name, name=name, extra_toml=extra, **settings))
 
     def start_all(self) -> ReplicatedPair:

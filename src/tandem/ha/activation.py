@@ -21,11 +21,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, IllegalState
+from ..errors import ConfigError, IllegalState, TandemError
 from ..journal import Journal
 from ..journal.storeio import Tap
 from ..protocol import native as p
 from .announcer import announce
+from .coordination import Coordination
 from .host import ActivationHost
 from .node_manager import FAILBACK, LIVE, NOT_STARTED, PAUSED, NodeManager
 from .replica import Outcome, Replica
@@ -332,6 +333,22 @@ class SharedStoreBackupActivation(Activation):
         raise AssertionError(self.pc)
 
 
+def _coordination(host: ActivationHost) -> Coordination | None:
+    zk = host.config.ha.coordinator
+    return Coordination(host, zk) if zk is not None else None
+
+
+def _coordination_status(co: Coordination | None) -> dict[str, Any]:
+    if co is None:
+        return {"coordinator": "none"}
+    return {"activation_sequence": co.local_sequence(), "coordinator": co.state()}
+
+
+def _quiet(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("reading ZooKeeper's activation sequence failed: %s", task.exception())
+
+
 def _uncoordinated(host: ActivationHost) -> None:
     """A replicated pair runs without a coordinator only when told to, and says what that risks."""
     cfg = host.config
@@ -355,12 +372,38 @@ class ReplicationPrimaryActivation(LiveOnlyActivation):
     def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
         super().__init__(host, nm)
         self.source = ReplicationSource(host.config)
+        self.coordination = _coordination(host)
+        self._bumping: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        _uncoordinated(self.host)
+        co = self.coordination
+        if co is None:
+            _uncoordinated(self.host)
+        else:
+            why = await co.activate(self.nm.node_id)
+            if why is not None:
+                co.close()
+                raise IllegalState(f"not activating: {why}")
+            self.source.on_alone = self._alone
         self.source.node_id = self.nm.node_id
         self.source.start()
         await super().start()
+        if co is not None:
+            co.watch()
+
+    def _alone(self) -> None:
+        if self._bumping is None or self._bumping.done():
+            self._bumping = asyncio.get_running_loop().create_task(self._bump(), name="activation-bump")
+
+    async def _bump(self) -> None:
+        """The backup is dropped: record in ZooKeeper that this copy alone is current, then confirm."""
+        assert self.coordination is not None
+        try:
+            await self.coordination.bump()
+        except Exception as exc:  # SessionLost, ZooKeeper unavailable: no proof we may go on
+            self.host.lock_lost(f"could not record that it carries on without its backup: {exc}")
+            return
+        self.source.release()
 
     @property
     def store_tap(self) -> Tap | None:
@@ -370,12 +413,17 @@ class ReplicationPrimaryActivation(LiveOnlyActivation):
         self.source.accept(link, pkt, journals, data_dir)
 
     def replication(self) -> dict[str, Any]:
-        return {"replication": self.source.state(), "replication_peer": self.source.peer}
+        out = {"replication": self.source.state(), "replication_peer": self.source.peer}
+        return out | _coordination_status(self.coordination)
 
     def release(self, state: bytes | None) -> None:
         # A stopping primary, whatever the reason, hands over to a backup in sync (as Artemis's
         # replication does: not configurable).
         self.source.close(failover=True)
+        if self._bumping is not None:
+            self._bumping.cancel()
+        if self.coordination is not None:
+            self.coordination.close()
         super().release(state)
 
 
@@ -390,9 +438,12 @@ class ReplicationBackupActivation(Activation):
         self.replica: Replica | None = None
         self.retry = host.config.retry_replication_wait / 1000
         self.taken_over = False
+        self.coordination = _coordination(host)
+        self._sequence_read: asyncio.Task[int] | None = None
 
     async def start(self) -> None:
-        _uncoordinated(self.host)
+        if self.coordination is None:
+            _uncoordinated(self.host)
         if not self.nm.try_live():
             raise IllegalState(
                 f"data directory {self.host.config.data_path} is in use by another running broker "
@@ -410,12 +461,17 @@ class ReplicationBackupActivation(Activation):
             for url in urls:
                 if url == host.own_connector():
                     continue
-                self.replica = Replica(cfg, host.own_connector(), self._adopt, host.start_backup)
+                self._sequence_read = None
+                self.replica = Replica(cfg, host.own_connector(), self._adopt, self._in_sync)
                 outcome, why = await self.replica.run(url)
                 if outcome is not Outcome.RETRY:
                     break
             if outcome is Outcome.TAKE_OVER:
-                break
+                refused = await self._may_take_over()
+                if refused is None:
+                    break
+                log.error("primary is gone (%s) but this backup does not activate: %s", why, refused)
+                outcome = Outcome.RESYNC
             if self.replica is not None and self.replica.synced:
                 await host.stop_backup()  # the follower lets go: the next sync replaces the store
             if outcome is Outcome.RESYNC:
@@ -426,6 +482,8 @@ class ReplicationBackupActivation(Activation):
         self.taken_over = True
         self.nm.set_state(LIVE)
         await host.start_live()
+        if self.coordination is not None:
+            self.coordination.watch()
         while not self._lock_lost():  # noqa: ASYNC110 - a file lock has no event to await
             await asyncio.sleep(self.poll)
         host.lock_lost(self.lost_reason)
@@ -433,12 +491,52 @@ class ReplicationBackupActivation(Activation):
     def _adopt(self, node_id: str) -> None:
         """A backup serves its primary's node: clients fail over within one node id."""
         self.nm.set_node_id(node_id)
+        if self.coordination is not None:
+            # Read now, as the primary accepts us: a drop from here on bumps ZooKeeper's value
+            # past it, and only a replica that reaches in-sync on this link copies it.
+            read = asyncio.get_running_loop().create_task(self.coordination.read_sequence(node_id))
+            read.add_done_callback(_quiet)  # a link that never reaches in-sync never looks at it
+            self._sequence_read = read
+
+    async def _in_sync(self) -> None:
+        co, read = self.coordination, self._sequence_read
+        if co is not None and read is not None:
+            # A drop of this link from now on is told to us (REPLICA_STOP) or, link cut, bumps only
+            # after call-timeout: far later than this one round trip.
+            await asyncio.wait([read], timeout=co.zk.connect_timeout / 1000)
+            if read.done() and not read.cancelled() and read.exception() is None:
+                value = read.result()
+                if value >= 0:
+                    await asyncio.to_thread(co.copy_sequence, value)
+                else:
+                    log.warning(
+                        "ZooKeeper's activation sequence is mid-claim (%d): this replica cannot take over", value
+                    )
+            else:
+                log.warning("ZooKeeper's activation sequence could not be read: no takeover from this sync")
+        await self.host.start_backup()
+
+    async def _may_take_over(self) -> str | None:
+        """None if this in-sync replica may activate (uncoordinated: always), else why not."""
+        co = self.coordination
+        if co is None:
+            return None
+        try:
+            return await co.activate(self.nm.node_id)
+        except TandemError as exc:
+            return exc.message
 
     def replication(self) -> dict[str, Any]:
         r = self.replica
+        co = _coordination_status(self.coordination)
         if self.taken_over or r is None:
-            return {"replication": "unreplicated", "replication_peer": None}
-        return {"replication": r.status(), "replication_peer": r.peer}
+            return {"replication": "unreplicated", "replication_peer": None} | co
+        return {"replication": r.status(), "replication_peer": r.peer} | co
+
+    def release(self, state: bytes | None) -> None:
+        if self.coordination is not None:
+            self.coordination.close()
+        super().release(state)
 
 
 def make_activation(host: ActivationHost, nm: NodeManager) -> Activation:

@@ -257,6 +257,10 @@ class ReplicationSource:
         self._counter = itertools.count()
         self._watchdog: asyncio.Task[None] | None = None
         self.node_id = ""  # the node the primary serves: its backup takes it on
+        # With a coordinator: called (on the loop) when a backup is dropped; every confirmation
+        # waits until `release()` (the sequence is bumped) or for ever (the lock is lost).
+        self.on_alone: Callable[[], None] | None = None
+        self._held = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -268,6 +272,9 @@ class ReplicationSource:
         with self._lock:
             b = self.backup
             loop = self._loop
+            if self._held:  # no backup (dropped), confirmations wait for the coordinator
+                self._position += 1
+                return self._position
             if b is None or loop is None or kind not in b.kinds:
                 return 0
             self._position += 1
@@ -278,7 +285,9 @@ class ReplicationSource:
 
     def after_acked(self, position: int, cb: Callable[[], None]) -> None:
         b = self.backup
-        if b is None or not b.gating or position <= b.acked or position <= b.floor:
+        if self._held:
+            heapq.heappush(self._waiters, (position, next(self._counter), cb))
+        elif b is None or not b.gating or position <= b.acked or position <= b.floor:
             cb()
         else:
             heapq.heappush(self._waiters, (position, next(self._counter), cb))
@@ -303,6 +312,8 @@ class ReplicationSource:
         """A backup asks to replicate: check it, take it on, and start its sync."""
         try:
             check_backup(self.cfg, pkt)
+            if self._held:
+                raise IllegalState("replication refused: the primary is recording that it carries on alone; retry")
             if self.backup is not None and not self.backup.closed:
                 raise IllegalState(f"replication refused: this primary already has a backup ({self.backup.connector})")
         except TandemError as exc:
@@ -325,10 +336,14 @@ class ReplicationSource:
             b.closed = True
             if self.backup is b:
                 self.backup = None
+            if self.on_alone is not None:
+                self._held = True
         was = b.state()
-        while self._waiters:
-            _pos, _n, cb = heapq.heappop(self._waiters)
-            _call(cb)
+        if self._held:
+            assert self.on_alone is not None
+            self.on_alone()
+        else:
+            self._release_waiters()
         if b.task is not None and b.task is not asyncio.current_task():
             b.task.cancel()
         if not b.done.done():
@@ -337,6 +352,17 @@ class ReplicationSource:
             b.link.send(p.ReplicaStop(False, reason))
             b.link.close()
         log.warning("backup %s dropped (%s, was %s): carrying on without a backup", b.connector, reason, was)
+
+    def release(self) -> None:
+        """The coordinator recorded that this primary carries on alone: confirm what waited."""
+        with self._lock:
+            self._held = False
+        self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        while self._waiters:
+            _pos, _n, cb = heapq.heappop(self._waiters)
+            _call(cb)
 
     def close(self, failover: bool) -> None:
         """The primary stops: tell the backup (it takes over only when in sync), and stop the watchdog."""
@@ -354,9 +380,10 @@ class ReplicationSource:
                 b.link.close()
             if b.task is not None:
                 b.task.cancel()
-        while self._waiters:
-            _pos, _n, cb = heapq.heappop(self._waiters)
-            _call(cb)
+        if self._held:
+            self._waiters.clear()  # held for a coordinator that never answered: confirm nothing
+        else:
+            self._release_waiters()
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None

@@ -1,0 +1,220 @@
+"""A replicated pair coordinated by a real ZooKeeper (the `zookeeper` fixture), real broker processes:
+the live lock and the activation sequence decide who may serve (decision 0034)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tandem
+import tandem.aio as aio
+from ha_pair import free_port
+from replicated_pair import ReplicatedPair
+from tandem.ha.activation_sequence import read_local_sequence
+from tandem.ha.coordinator import Coordinator
+from zookeeper import ZooKeeperServer
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def pair(tmp_path: Path, zookeeper: ZooKeeperServer) -> Any:
+    made: list[ReplicatedPair] = []
+
+    def make(**settings: Any) -> ReplicatedPair:
+        p = ReplicatedPair(tmp_path / f"pair{len(made)}", zookeeper=zookeeper.hosts, **settings)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.kill_all()
+
+
+def _zk_sequence(zk: ZooKeeperServer, node_id: str) -> int:
+    c = Coordinator(zk.hosts, node_id, session_timeout=2000, connect_timeout=5000)
+    c.start()
+    try:
+        return c.activation_sequence()
+    finally:
+        c.close()
+
+
+class Load:
+    """One producer on one server (no failover); each confirmation recorded with its send index."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.confirmed: dict[str, int] = {}
+        self.stop = asyncio.Event()
+
+    async def run(self, url: str, queue: str) -> None:
+        conn = await aio.connect(url, ha=False, reconnect_attempts=0, auto_dedup=False)
+        try:
+            prod = (await conn.create_session()).create_producer(queue, window=2000)
+            while not self.stop.is_set():
+                name, i = f"L{self.sent}", self.sent
+                await prod.send_async(name, lambda exc, n=name, i=i: exc or self.confirmed.setdefault(n, i))
+                self.sent += 1
+                if self.sent % 32 == 0:
+                    await asyncio.sleep(0.002)
+        except tandem.TandemError:
+            pass
+        finally:
+            try:
+                await conn.close()
+            except tandem.TandemError:
+                pass
+
+    async def until(self, n: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.confirmed) < n:
+            assert time.monotonic() < deadline, f"only {len(self.confirmed)} of {n} sends confirmed"
+            await asyncio.sleep(0.02)
+
+
+async def _drain(url: str, queue: str) -> set[str]:
+    conn = await aio.connect(url)
+    consumer = await (await conn.create_session(transacted=True)).create_consumer(queue)
+    out: set[str] = set()
+    while (m := await consumer.receive(1.0)) is not None:
+        out.add(m.text)
+    await consumer.session.commit()
+    await conn.close()
+    return out
+
+
+def _never_active(p: ReplicatedPair, i: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        st = p.status(i)
+        assert st["state"] != "active", f"server {i} activated: {st}\n{p.servers[i].log_text()[-3000:]}"
+        time.sleep(0.1)
+
+
+def test_kill9_of_the_primary_the_backup_takes_the_lock_and_serves_every_confirmed_message(
+    pair: Any, zookeeper: ZooKeeperServer
+) -> None:
+    """No allow-uncoordinated needed; the primary claims sequence 1, the backup takes over once the
+    primary's session expires and claims 2; every confirmed message is on it."""
+    p = pair().start_all()
+    st = p.status(0)
+    assert st["activation_sequence"] == 1 and st["coordinator"] == "live lock held", st
+    load = Load()
+
+    async def run() -> None:
+        task = asyncio.create_task(load.run(p.url_of(0), "q"))
+        await load.until(1000)
+        await asyncio.to_thread(p.primary.kill)
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(run())
+    p.wait_state(1, "active", timeout=20)
+    st = p.status(1)
+    assert st["activation_sequence"] == 2, st
+    assert read_local_sequence(p.dirs[1]) == 2
+    assert _zk_sequence(zookeeper, st["node_id"]) == 2
+    got = asyncio.run(_drain(p.url_of(1), "q"))
+    missing = set(load.confirmed) - got
+    assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
+
+
+def test_a_backup_dropped_while_the_primary_carried_on_never_activates(pair: Any, zookeeper: ZooKeeperServer) -> None:
+    """SIGSTOP of the backup past call-timeout: the primary drops it and bumps the sequence; kill -9
+    of the primary, SIGCONT of the backup: its copy of the sequence is behind, it stays inactive."""
+    p = pair(call_timeout=1000).start_all()
+    node = p.status(0)["node_id"]
+    load = Load()
+
+    async def run() -> None:
+        task = asyncio.create_task(load.run(p.url_of(0), "q"))
+        await load.until(300)
+        p.backup.signal(signal.SIGSTOP)
+        n = len(load.confirmed)
+        await load.until(n + 500)  # confirmations resume once the backup is dropped
+        st = await asyncio.to_thread(p.status, 0)
+        assert st["replication"] == "unreplicated"
+        assert st["activation_sequence"] == 2, st  # carried on alone: bumped
+        await asyncio.to_thread(p.primary.kill)
+        await asyncio.wait_for(task, 20)
+
+    try:
+        asyncio.run(run())
+    finally:
+        p.backup.signal(signal.SIGCONT)
+    assert _zk_sequence(zookeeper, node) == 2
+    assert read_local_sequence(p.dirs[1]) < 2
+    _never_active(p, 1, 6.0)  # past the primary's session (2 s) with a margin
+    assert "activating" not in p.backup.log_text()
+
+
+def test_zookeeper_lost_the_active_server_stops_serving(pair: Any, zookeeper: ZooKeeperServer) -> None:
+    """ZooKeeper killed: the primary's session counts as lost, it stops at once with status 4."""
+    p = pair().start_all()
+    zookeeper.stop()
+    assert p.primary.wait_exit(15) == 4
+    assert "ZooKeeper session lost" in p.primary.log_text()
+
+
+def test_a_zombie_primary_stops_serving_and_confirms_nothing_after_its_resume(
+    pair: Any, zookeeper: ZooKeeperServer
+) -> None:
+    """SIGSTOP of the primary under load; the backup takes over once the session expired; SIGCONT:
+    the primary stops (status 4), no send made during its pause is confirmed, nothing confirmed is lost."""
+    p = pair(connection_ttl=1000).start_all()
+    load = Load()
+    stopped_at: list[int] = []
+
+    async def run() -> None:
+        task = asyncio.create_task(load.run(p.url_of(0), "q"))
+        await load.until(500)
+        p.primary.signal(signal.SIGSTOP)
+        stopped_at.append(load.sent)
+        try:
+            await asyncio.to_thread(p.wait_state, 1, "active", 20)
+            await asyncio.sleep(0.3)  # the client keeps sending into the paused server's socket
+        finally:
+            p.primary.signal(signal.SIGCONT)
+        load.stop.set()
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(run())
+    assert p.primary.wait_exit(15) == 4
+    assert load.sent > stopped_at[0], "nothing was sent during the pause"
+    late = sorted(n for n, i in load.confirmed.items() if i >= stopped_at[0])
+    assert not late, f"the zombie confirmed sends made during its pause: {late[:10]} ({len(late)})"
+    got = asyncio.run(_drain(p.url_of(1), "q"))
+    missing = set(load.confirmed) - got
+    assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
+
+
+def _checks(port: int) -> str:
+    return f'network-check-list = ["127.0.0.1:{port}"]\nnetwork-check-period = 200\nnetwork-check-timeout = 300\n'
+
+
+def test_an_active_primary_that_reaches_no_network_check_target_stops_and_the_backup_serves(pair: Any) -> None:
+    """The primary's only network-check target closes: it stops (status 4) and its backup takes over."""
+    target = socket.create_server(("127.0.0.1", 0), backlog=512)
+    try:
+        p = pair(server_toml=(_checks(target.getsockname()[1]), "")).start_all()
+        p.wait_state(0, "active")
+    finally:
+        target.close()
+    assert p.primary.wait_exit(15) == 4
+    assert "network check" in p.primary.log_text()
+    p.wait_state(1, "active", timeout=20)
+    assert p.status(1)["activation_sequence"] == 2
+
+
+def test_a_backup_that_reaches_no_network_check_target_does_not_take_over(pair: Any) -> None:
+    """kill -9 of the primary; the backup, holding a current copy, reaches none of its targets: it stays inactive."""
+    p = pair(server_toml=("", _checks(free_port()))).start_all()
+    p.primary.kill()
+    _never_active(p, 1, 5.0)
+    assert "network-check-list" in p.backup.log_text()
