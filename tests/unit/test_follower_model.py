@@ -15,15 +15,15 @@ import asyncio
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, rule
 
-from tandem.journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord, Op
+from journal_model import JournalWrites, Model, quiet, state_of
+from tandem.journal import Journal, JournalSettings
 from tandem.journal.follower import JournalFollower
 
 PREFIX = "tf"
@@ -36,12 +36,6 @@ SETTINGS = JournalSettings(
     compact_min_files=3,
     compact_percentage=40,
 )
-
-Model = dict[int, tuple[int, bytes, tuple[tuple[int, bytes], ...]]]
-
-
-def state_of(live: dict[int, LiveRecord]) -> Model:
-    return {rid: (lr.user_type, lr.body, tuple(lr.updates or ())) for rid, lr in live.items()}
 
 
 def accounting(j: Journal) -> dict[str, Any]:
@@ -58,10 +52,7 @@ def cold(directory: Path) -> tuple[Journal, Model]:
     return j, state_of(j.load(readonly=True))
 
 
-bodies = st.binary(min_size=0, max_size=700)
-
-
-class FollowedJournal(RuleBasedStateMachine):
+class FollowedJournal(JournalWrites):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="tandem-follow-"))
@@ -70,9 +61,7 @@ class FollowedJournal(RuleBasedStateMachine):
         self.j.load()
         self.j.start(self.loop)
         self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
-        self.model: Model = {}  # what a load must give once everything queued is on disk
         self.durable: Model = {}  # what is on disk for sure (after the last flush)
-        self.next_id = 1
         self.crashes = 0
 
     def teardown(self) -> None:
@@ -87,21 +76,8 @@ class FollowedJournal(RuleBasedStateMachine):
     def _run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 20))
 
-    async def _durable(self) -> None:
-        fut = self.loop.create_future()
-        self.j.after_durable(lambda: fut.done() or fut.set_result(None))
-        await fut
-        while self.j._compacting:  # let a running compaction finish its swap
-            await asyncio.sleep(0.002)
-        await asyncio.sleep(0)
-        writer = self.j._writer
-        if writer is not None:  # and the writer retire the files it reclaimed (after the batch's report)
-            retired = threading.Event()
-            writer.submit(retired.set)
-            await asyncio.to_thread(retired.wait, 10)
-
     def _flush(self) -> None:
-        self._run(self._durable())
+        self._run(quiet(self.j))
         assert self.j.failed is None
         self.durable = dict(self.model)
 
@@ -115,60 +91,7 @@ class FollowedJournal(RuleBasedStateMachine):
                 return
         raise AssertionError("the follower never caught up")
 
-    def _live_ids(self) -> list[int]:
-        return sorted(self.model)
-
     # ---------------------------------------------------------------- rules
-    @rule(body=bodies, utype=st.integers(1, 3), soon=st.booleans())
-    def add(self, body: bytes, utype: int, soon: bool) -> None:
-        rid = self.next_id
-        self.next_id += 1
-        (self.j.add_soon if soon else self.j.add)(rid, utype, body)
-        self.model[rid] = (utype, body, ())
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data(), body=st.binary(max_size=60))
-    def update(self, data: st.DataObject, body: bytes) -> None:
-        rid = data.draw(st.sampled_from(self._live_ids()))
-        self.j.update(rid, 7, body)
-        utype, b, ups = self.model[rid]
-        self.model[rid] = (utype, b, (*ups, (7, body)))
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data(), many=st.booleans())
-    def delete(self, data: st.DataObject, many: bool) -> None:
-        ids = data.draw(st.lists(st.sampled_from(self._live_ids()), min_size=1, max_size=8, unique=True))
-        if many:
-            self.j.delete_many(ids)
-        else:
-            for rid in ids:
-                self.j.delete(rid)
-        for rid in ids:
-            del self.model[rid]
-
-    @rule(data=st.data(), n_add=st.integers(0, 4))
-    def transaction(self, data: st.DataObject, n_add: int) -> None:
-        ops: list[Op] = []
-        live = self._live_ids()
-        gone = set(data.draw(st.lists(st.sampled_from(live), max_size=3, unique=True))) if live else set()
-        for rid in sorted(gone):
-            ops.append(Op(DELETE, 0, rid, b""))
-        for rid in live:
-            if rid not in gone and data.draw(st.booleans()) and len(ops) < 6:
-                ops.append(Op(UPDATE, 8, rid, b"u"))
-        for _ in range(n_add):
-            ops.append(Op(ADD, 2, self.next_id, data.draw(st.binary(max_size=300))))
-            self.next_id += 1
-        self.j.batch(ops)
-        for op in ops:
-            if op.kind == DELETE:
-                del self.model[op.id]
-            elif op.kind == UPDATE:
-                utype, b, ups = self.model[op.id]
-                self.model[op.id] = (utype, b, (*ups, (op.user_type, op.body)))
-            else:
-                self.model[op.id] = (op.user_type, op.body, ())
-
     @rule()
     def flush(self) -> None:
         self._flush()

@@ -15,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
+from journal_model import JournalWrites, quiet, state_of
 from tandem.config import BrokerConfig
 from tandem.ha.source import BackupStream, ReplicationSource
-from tandem.journal import ADD, DELETE, Journal, JournalSettings, LiveRecord, Op
+from tandem.journal import Journal, JournalSettings
 from tandem.journal.storeio import Applier
 from tandem.protocol import native as p
 
@@ -41,12 +41,6 @@ SETTINGS = JournalSettings(
     compact_percentage=40,
 )
 CFG = BrokerConfig(initial_replication_sync_timeout=10_000)
-
-Model = dict[int, tuple[int, bytes, tuple[tuple[int, bytes], ...]]]
-
-
-def state_of(live: dict[int, LiveRecord]) -> Model:
-    return {rid: (lr.user_type, lr.body, tuple(lr.updates or ())) for rid, lr in live.items()}
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
@@ -106,10 +100,7 @@ class LoopbackLink:
         return None
 
 
-bodies = st.binary(min_size=0, max_size=700)
-
-
-class ReplicatedJournal(RuleBasedStateMachine):
+class ReplicatedJournal(JournalWrites):
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="tandem-repl-"))
@@ -122,8 +113,6 @@ class ReplicatedJournal(RuleBasedStateMachine):
         self.j.start(self.loop)
         self.link: LoopbackLink | None = None
         self.backups = 0
-        self.model: Model = {}
-        self.next_id = 1
         self.compared = 0
 
     async def _start_source(self) -> None:
@@ -148,64 +137,9 @@ class ReplicatedJournal(RuleBasedStateMachine):
 
     async def _quiet(self) -> None:
         """Everything appended is on disk, compaction done, dead files retired, frames delivered."""
-        fut = self.loop.create_future()
-        self.j.after_durable(lambda: fut.done() or fut.set_result(None))
-        await fut
-        while self.j._compacting:
-            await asyncio.sleep(0.002)
-        writer = self.j._writer
-        if writer is not None:
-            retired = threading.Event()
-            writer.submit(retired.set)
-            await asyncio.to_thread(retired.wait, 10)
+        await quiet(self.j)
         for _ in range(3):
             await asyncio.sleep(0)  # frames handed over by the writer reach the link
-
-    def _live_ids(self) -> list[int]:
-        return sorted(self.model)
-
-    # ---------------------------------------------------------------- writes
-    @rule(body=bodies, utype=st.integers(1, 3), soon=st.booleans())
-    def add(self, body: bytes, utype: int, soon: bool) -> None:
-        rid = self.next_id
-        self.next_id += 1
-        (self.j.add_soon if soon else self.j.add)(rid, utype, body)
-        self.model[rid] = (utype, body, ())
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data(), body=st.binary(max_size=60))
-    def update(self, data: st.DataObject, body: bytes) -> None:
-        rid = data.draw(st.sampled_from(self._live_ids()))
-        self.j.update(rid, 7, body)
-        utype, b, ups = self.model[rid]
-        self.model[rid] = (utype, b, (*ups, (7, body)))
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data(), many=st.booleans())
-    def delete(self, data: st.DataObject, many: bool) -> None:
-        ids = data.draw(st.lists(st.sampled_from(self._live_ids()), min_size=1, max_size=8, unique=True))
-        if many:
-            self.j.delete_many(ids)
-        else:
-            for rid in ids:
-                self.j.delete(rid)
-        for rid in ids:
-            del self.model[rid]
-
-    @rule(data=st.data(), n_add=st.integers(0, 4))
-    def transaction(self, data: st.DataObject, n_add: int) -> None:
-        live = self._live_ids()
-        gone = sorted(set(data.draw(st.lists(st.sampled_from(live), max_size=3, unique=True)))) if live else []
-        ops = [Op(DELETE, 0, rid, b"") for rid in gone]
-        for _ in range(n_add):
-            ops.append(Op(ADD, 2, self.next_id, data.draw(st.binary(max_size=300))))
-            self.next_id += 1
-        self.j.batch(ops)
-        for op in ops:
-            if op.kind == DELETE:
-                del self.model[op.id]
-            else:
-                self.model[op.id] = (op.user_type, op.body, ())
 
     @rule()
     def flush(self) -> None:
