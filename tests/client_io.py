@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
+import tandem
 import tandem.aio as aio
 
 
@@ -27,3 +31,64 @@ async def drain_texts(url: str, queue: str, wait: float = 0.5) -> list[str]:
         return out
     finally:
         await conn.close()
+
+
+def exactly_once_across_a_kill(
+    url: str, kill: Callable[[], None], total: int = 3000
+) -> tuple[list[int], dict[str, float]]:
+    """A producer (auto_dedup, send() after send()) and a transacted consumer on a pair's `url`;
+    `kill` (kill -9 of the active server) runs once a third is confirmed. Returns what was consumed
+    (committed) and when: "kill", "first_send" and "first_receive" after it (monotonic seconds)."""
+    confirmed: list[int] = []
+    consumed: list[int] = []
+    times: dict[str, float] = {}
+
+    async def produce() -> None:
+        conn = await aio.connect(url, retry_interval=50)
+        prod = (await conn.create_session()).create_producer("work")
+        for i in range(total):
+            await prod.send(str(i))  # auto_dedup: resent after failover if unconfirmed
+            confirmed.append(i)
+            if "kill" in times and "first_send" not in times:
+                times["first_send"] = time.monotonic()
+            await asyncio.sleep(0.0005)
+        await conn.close()
+
+    async def consume() -> None:
+        conn = await aio.connect(url, retry_interval=50)
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer("work")
+        batch: list[int] = []
+        deadline = time.monotonic() + 120
+        while len(consumed) < total and time.monotonic() < deadline:
+            try:
+                msg = await consumer.receive(1.0)
+                if msg is not None:
+                    batch.append(int(msg.text))
+                    if "kill" in times and "first_receive" not in times:
+                        times["first_receive"] = time.monotonic()
+                if len(batch) >= 20 or (msg is None and batch):
+                    await session.commit()
+                    consumed.extend(batch)
+                    batch = []
+            except tandem.Unblocked:
+                continue  # a receive that crossed the failover: the backup delivers again
+            except tandem.TransactionRolledBack:
+                batch = []  # not committed: these come again
+            except tandem.TransactionOutcomeUnknown:
+                # the commit crossed the failover: an empty commit under its id says whether it went through
+                if not await session.retry_commit():
+                    consumed.extend(batch)
+                batch = []
+        await conn.close()
+
+    async def main() -> None:
+        tasks = [asyncio.create_task(produce()), asyncio.create_task(consume())]
+        while len(confirmed) < total // 3:
+            await asyncio.sleep(0.01)
+        await asyncio.get_running_loop().run_in_executor(None, kill)
+        times["kill"] = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*tasks), 150)
+
+    asyncio.run(main())
+    return consumed, times

@@ -17,6 +17,7 @@ import pytest
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from client_io import exactly_once_across_a_kill
 from replicated_pair import ReplicatedPair
 
 
@@ -136,55 +137,7 @@ def test_kill9_of_the_primary_under_load_loses_and_duplicates_nothing(pair: Any)
     with its replica, clients follow, every confirmed message is consumed exactly once."""
     p = pair().start_all()
     total = 3000
-    confirmed: list[int] = []
-    consumed: list[int] = []
-    times: dict[str, float] = {}
-
-    async def produce() -> None:
-        conn = await aio.connect(p.url, retry_interval=50)
-        prod = (await conn.create_session()).create_producer("work")
-        for i in range(total):
-            await prod.send(str(i))  # auto_dedup: resent after failover if unconfirmed
-            confirmed.append(i)
-            if "kill" in times and "first_send" not in times:
-                times["first_send"] = time.monotonic()
-            await asyncio.sleep(0.0005)
-        await conn.close()
-
-    async def consume() -> None:
-        conn = await aio.connect(p.url, retry_interval=50)
-        session = await conn.create_session(transacted=True)
-        consumer = await session.create_consumer("work")
-        batch: list[int] = []
-        deadline = time.monotonic() + 90
-        while len(consumed) < total and time.monotonic() < deadline:
-            try:
-                msg = await consumer.receive(1.0)
-                if msg is not None:
-                    batch.append(int(msg.text))
-                if len(batch) >= 20 or (msg is None and batch):
-                    await session.commit()
-                    consumed.extend(batch)
-                    batch = []
-            except tandem.Unblocked:
-                continue
-            except tandem.TransactionRolledBack:
-                batch = []
-            except tandem.TransactionOutcomeUnknown:
-                if not await session.retry_commit():
-                    consumed.extend(batch)
-                batch = []
-        await conn.close()
-
-    async def main() -> None:
-        tasks = [asyncio.create_task(produce()), asyncio.create_task(consume())]
-        while len(confirmed) < total // 3:
-            await asyncio.sleep(0.01)
-        await asyncio.get_running_loop().run_in_executor(None, p.primary.kill)
-        times["kill"] = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*tasks), 100)
-
-    asyncio.run(main())
+    consumed, times = exactly_once_across_a_kill(p.url, p.primary.kill, total)
     dupes = [k for k, n in Counter(consumed).items() if n > 1]
     assert not dupes, f"consumed twice: {dupes[:10]}"
     assert sorted(consumed) == list(range(total)), f"lost: {sorted(set(range(total)) - set(consumed))[:10]}"

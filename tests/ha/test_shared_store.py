@@ -15,6 +15,7 @@ import pytest
 
 import tandem
 import tandem.aio as aio
+from client_io import exactly_once_across_a_kill
 from ha_pair import Cluster
 from tandem.aio import FailureEvent
 
@@ -46,58 +47,7 @@ def test_kill9_of_the_primary_under_load_loses_and_duplicates_nothing(cluster: A
     """Producer with auto_dedup, transacted consumer: every confirmed message consumed exactly once."""
     c = cluster().start_all()
     total = 3000
-    confirmed: list[int] = []
-    consumed: list[int] = []
-    times: dict[str, float] = {}
-
-    async def produce() -> None:
-        conn = await aio.connect(c.url, retry_interval=50)
-        prod = (await conn.create_session()).create_producer("work")
-        for i in range(total):
-            await prod.send(str(i))  # auto_dedup: resent after failover if unconfirmed
-            confirmed.append(i)
-            if "kill" in times and "first_send" not in times:
-                times["first_send"] = time.monotonic()
-            await asyncio.sleep(0.0005)
-        await conn.close()
-
-    async def consume() -> None:
-        conn = await aio.connect(c.url, retry_interval=50)
-        session = await conn.create_session(transacted=True)
-        consumer = await session.create_consumer("work")
-        batch: list[int] = []
-        deadline = time.monotonic() + 120
-        while len(consumed) < total and time.monotonic() < deadline:
-            try:
-                msg = await consumer.receive(1.0)
-                if msg is not None:
-                    batch.append(int(msg.text))
-                    if "kill" in times and "first_receive" not in times:
-                        times["first_receive"] = time.monotonic()
-                if len(batch) >= 20 or (msg is None and batch):
-                    await session.commit()
-                    consumed.extend(batch)
-                    batch = []
-            except tandem.Unblocked:
-                continue  # a receive that crossed the failover: the backup delivers again
-            except tandem.TransactionRolledBack:
-                batch = []  # not committed: these come again
-            except tandem.TransactionOutcomeUnknown:
-                # the commit crossed the failover: an empty commit under its id says whether it went through
-                if not await session.retry_commit():
-                    consumed.extend(batch)
-                batch = []
-        await conn.close()
-
-    async def main() -> None:
-        tasks = [asyncio.create_task(produce()), asyncio.create_task(consume())]
-        while len(confirmed) < total // 3:
-            await asyncio.sleep(0.01)
-        await asyncio.get_running_loop().run_in_executor(None, c.primary.kill)
-        times["kill"] = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*tasks), 150)
-
-    asyncio.run(main())
+    consumed, times = exactly_once_across_a_kill(c.url, c.primary.kill, total)
     dupes = [k for k, n in Counter(consumed).items() if n > 1]
     assert not dupes, f"consumed twice: {dupes[:10]}"
     assert sorted(consumed) == list(range(total)), f"lost: {sorted(set(range(total)) - set(consumed))[:10]}"
