@@ -36,6 +36,7 @@ from kazoo.exceptions import (
     BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
+    KazooException,
     NodeExistsError,
     NoNodeError,
     SessionExpiredError,
@@ -262,6 +263,10 @@ class Coordinator:
             raise SessionLost(f"node {self.node_id}: its ZooKeeper session expired ({what})") from None
         except (ConnectionLoss, ConnectionClosedError) as exc:
             raise CoordinatorUnavailable(f"ZooKeeper connection lost ({what}): {type(exc).__name__}") from None
+        except NoNodeError:
+            raise  # an answer the caller reads (no such node)
+        except KazooException as exc:  # any other ZooKeeper failure is typed too, never a raw kazoo error
+            raise CoordinatorUnavailable(f"ZooKeeper failed ({what}): {type(exc).__name__}") from None
 
     # --------------------------------------------------------------- the lock
     @property
