@@ -34,7 +34,7 @@ typecheck: $(TSTAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --durations=30
 
 unit: $(TSTAMP)
 	$(BIN)/pytest -q tests/unit

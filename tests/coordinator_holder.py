@@ -34,6 +34,8 @@ def main() -> int:
                 print(f"sequence {coord.activation_sequence()}", flush=True)
         except TandemError as exc:
             print(f"refused {exc}", flush=True)
+        except Exception as exc:  # an untyped error is a bug: say so, so the test fails naming it
+            print(f"untyped {type(exc).__name__}: {exc}", flush=True)
     coord.close()
     return 0
 
