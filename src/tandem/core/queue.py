@@ -20,6 +20,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from itertools import islice
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TandemError
@@ -607,5 +608,4 @@ class Queue:
         return f"Queue({self.name!r}, count={self.message_count})"
 
 
-def _seq_of(ref: MessageRef) -> int:
-    return ref.seq
+_seq_of: Callable[[MessageRef], int] = attrgetter("seq")  # a C-level key: sorts a million refs at a reload

@@ -194,6 +194,9 @@ class Broker:
             self.storage = NullStorage()
         self._load()
         self.load_seconds = time.monotonic() - t0
+        leftovers = self.storage.take_leftovers()
+        if leftovers:
+            _release_in_chunks(asyncio.get_running_loop(), leftovers)
         self.active = True
         self.ha_state = "active"
         self.activated_at = time.time()
@@ -573,8 +576,19 @@ class Broker:
             now = loop.time()
             for conn in list(self.connections):
                 conn.check_alive(now)
-            if self.active and scan_every > 0 and now - last_scan >= scan_every:
+            if not self.active:
+                last_scan = now  # a backup that takes over scans a period later, not in its first second
+            elif scan_every > 0 and now - last_scan >= scan_every:
                 last_scan = now
                 expired = self.postoffice.expire_scan()
                 if expired:
                     log.info("expiry scan", extra={"expired": expired})
+
+
+def _release_in_chunks(loop: asyncio.AbstractEventLoop, leftovers: dict[Any, Any], chunk: int = 20_000) -> None:
+    """Free a follower's records a chunk per loop pass: a million of them would hold a takeover
+    back by a good part of a second if freed at once, before the first send is served."""
+    for _ in range(min(chunk, len(leftovers))):
+        leftovers.popitem()
+    if leftovers:
+        loop.call_soon(_release_in_chunks, loop, leftovers, chunk)

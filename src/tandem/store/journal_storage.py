@@ -95,6 +95,7 @@ class JournalStorage:
         self._next_counter_rid = COUNTER_RECORD_BASE
         self.messages = Journal(self.data_dir / "journal", "tandem-data", settings, tap)
         self._followed: tuple[dict[int, LiveRecord], dict[int, LiveRecord], Any] | None = None
+        self._leftovers: dict[int, LiveRecord] | None = None
         for d in ("paging", "large-messages"):
             (self.data_dir / d).mkdir(parents=True, exist_ok=True)
 
@@ -130,8 +131,13 @@ class JournalStorage:
         state.max_id = max(top_id, self.messages.max_id)
         state.dedup = [(a, d, rid) for rid, (a, d) in follower.dedup.items()]
         state.queue_refs = follower.by_queue
-        mlive.clear()  # the follower's message objects carry on; the record bodies are theirs
+        self._leftovers = mlive  # the follower's message objects carry on; its records are freed later
         return state
+
+    def take_leftovers(self) -> dict[int, LiveRecord] | None:
+        """What a warm load no longer needs, for the caller to free once it serves (a chunk at a time)."""
+        out, self._leftovers = self._leftovers, None
+        return out
 
     def _bindings_state(self, live: dict[int, LiveRecord], state: LoadedState) -> int:
         """Addresses, queues and counters from the bindings journal; returns the highest broker id."""
@@ -347,6 +353,9 @@ class NullStorage:
 
     def load(self) -> LoadedState:
         return LoadedState()
+
+    def take_leftovers(self) -> None:
+        return None
 
     def start(self) -> None:
         pass
