@@ -10,6 +10,9 @@ or freezes it (SIGSTOP/SIGCONT).
 
 from __future__ import annotations
 
+import faulthandler
+import logging
+import signal
 import sys
 
 from tandem.errors import TandemError
@@ -18,6 +21,9 @@ from tandem.ha.coordinator import Coordinator
 
 def main() -> int:
     hosts, node_id, session_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    # For a failing test's message: what happened (logs) and, on SIGUSR1, where every thread is.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     coord = Coordinator(hosts, node_id, session_timeout=session_ms, connect_timeout=5000, holder="holder")
     coord.on_session_lost(lambda reason: print(f"lost: {reason}", flush=True))
     coord.start()

@@ -55,18 +55,24 @@ def coordinators(zookeeper: ZooKeeperServer) -> Iterator[Any]:
 class Holder:
     """tests/coordinator_holder.py in a child process: holds a live lock until killed."""
 
-    def __init__(self, hosts: str, node_id: str) -> None:
+    def __init__(self, hosts: str, node_id: str, stderr: Path) -> None:
         env = dict(os.environ, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.proc = subprocess.Popen(
+        self.stderr = stderr
+        with stderr.open("w") as err:  # the child keeps its own copy
+            self.proc = self._start(hosts, node_id, env, err)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    @staticmethod
+    def _start(hosts: str, node_id: str, env: dict[str, str], err: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(
             [sys.executable, str(TESTS / "coordinator_holder.py"), hosts, node_id, str(SESSION_MS)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=err,
             text=True,
             env=env,
         )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -74,7 +80,7 @@ class Holder:
             for line in self.proc.stdout:
                 self.lines.put(line.strip())
 
-    def expect(self, prefix: str, timeout: float = 20.0) -> str:
+    def expect(self, prefix: str | tuple[str, ...], timeout: float = 20.0) -> str:
         """The next line starting with `prefix` (other lines are skipped), within `timeout` seconds."""
         seen: list[str] = []
         deadline = threading.Event()
@@ -91,7 +97,24 @@ class Holder:
                 seen.append(line)
         finally:
             timer.cancel()
-        pytest.fail(f"no line starting with {prefix!r} within {timeout} s; got {seen}")
+        alive = "running" if self.proc.poll() is None else f"exited {self.proc.returncode}"
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGUSR1)  # its threads' stacks, into its stderr
+            time.sleep(0.5)
+        pytest.fail(
+            f"no line starting with {prefix!r} within {timeout} s; got {seen}; holder {alive}, "
+            f"its stderr ends: {self.stderr.read_text()[-3000:]}"
+        )
+
+    def expect_each(self, prefixes: tuple[str, ...], timeout: float = 20.0) -> dict[str, str]:
+        """A line starting with each prefix, in whatever order they come, within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        found: dict[str, str] = {}
+        while len(found) < len(prefixes):
+            want = [x for x in prefixes if x not in found]
+            line = self.expect(tuple(want), max(0.1, deadline - time.monotonic()))
+            found[next(x for x in want if line.startswith(x))] = line
+        return found
 
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -110,11 +133,11 @@ class Holder:
 
 
 @pytest.fixture
-def holders(zookeeper: ZooKeeperServer) -> Iterator[Any]:
+def holders(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[Any]:
     made: list[Holder] = []
 
     def make(node_id: str = "node-1") -> Holder:
-        h = Holder(zookeeper.hosts, node_id)
+        h = Holder(zookeeper.hosts, node_id, tmp_path / f"holder{len(made)}.err")
         made.append(h)
         return h
 
@@ -292,8 +315,10 @@ def test_a_frozen_holder_learns_it_was_superseded_and_cannot_claim(coordinators:
     assert peer.claim_activation(1, lambda n: None) == 2
     os.kill(h.proc.pid, signal.SIGCONT)
     h.send("claim 1")
-    h.expect("lost:")
-    assert h.expect("refused").startswith("refused")
+    # Either order: the claim may meet the dead session (refused, then the loss is declared) or
+    # find it declared lost already.
+    got = h.expect_each(("lost:", "refused"))
+    assert got["refused"].startswith("refused"), got
     assert peer.activation_sequence() == 2 and peer.holds_live_lock
 
 
