@@ -34,7 +34,7 @@ typecheck: $(TSTAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider --durations=30
+	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup
 
 unit: $(TSTAMP)
 	$(BIN)/pytest -q tests/unit
