@@ -19,7 +19,9 @@ class ReplicatedPair(Cluster):
         root: Path,
         zookeeper: str | None = None,
         session_timeout: int = 2000,
+        coordinator_toml: str = "",  # more lines of [ha.coordinator]
         server_toml: tuple[str, str] = ("", ""),  # top-level lines for the primary, the backup
+        link_port: int | None = None,  # the backup reaches its primary here (a FaultProxy in front of it)
         **settings: Any,
     ) -> None:
         self.ports = [free_port(), free_port()]
@@ -27,9 +29,12 @@ class ReplicatedPair(Cluster):
         names = ["primary", "backup"]
         self.dirs = [root / n for n in names]
         self.data = self.dirs[0]
-        connectors = "".join(
-            f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, self.ports, strict=True)
-        )
+
+        def connectors(ports: list[int]) -> str:
+            return "".join(
+                f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, ports, strict=True)
+            )
+
         self.servers: list[BrokerProcess] = []
         settings.setdefault("retry_replication_wait", 200)
         for i, (name, port) in enumerate(zip(names, self.ports, strict=True)):
@@ -40,10 +45,12 @@ class ReplicatedPair(Cluster):
                 + server_toml[i]
                 + f'connector-ref = "{name}"\n'
                 f'static-connectors = ["{other}"]\n'
-                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{connectors}'
+                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n'
+                + connectors(self.ports if i == 0 or link_port is None else [link_port, self.ports[1]])
             )
             if zookeeper:
                 extra += f'[ha.coordinator]\nzookeeper = "{zookeeper}"\nsession-timeout = {session_timeout}\n'
+                extra += coordinator_toml
 
             self.servers.append(BrokerProcess(root / name, name=name, extra_toml=extra, **settings))
 
@@ -72,3 +79,11 @@ class ReplicatedPair(Cluster):
         self.wait_replication(1, "in-sync", timeout)
         self.wait_replication(0, "in-sync", timeout)
         self.wait_state(1, "passive", timeout)
+
+    def never_active(self, i: int, seconds: float) -> None:
+        """Server i stays inactive for `seconds` (polled)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            st = self.status(i)
+            assert st["state"] != "active", f"server {i} activated: {st}\n{self.servers[i].log_text()[-3000:]}"
+            time.sleep(0.1)
