@@ -464,6 +464,11 @@ class ReplicationBackupActivation(Activation):
                 self._sequence_read = None
                 self.replica = Replica(cfg, host.own_connector(), self._adopt, self._in_sync)
                 outcome, why = await self.replica.run(url)
+                if self.replica.disk_error is not None:
+                    # Nothing it failed to write was acknowledged; syncing again would meet the same
+                    # disk: stop as a primary does on a disk error (its primary carries on alone).
+                    host.storage_failed(self.replica.disk_error)
+                    return
                 if outcome is not Outcome.RETRY:
                     break
             if outcome is Outcome.TAKE_OVER:

@@ -10,6 +10,10 @@ on disk it answers REPLICA_SYNCED: from then on it is in sync, may take over, an
 follows the directory like a shared-store backup does (store/follower.py), so taking over reads
 only the tail.
 
+A disk error while applying (an OSError: EIO, ENOSPC, a failed fsync) is not acknowledged and
+ends the link; the activation then stops the server as a journal's disk error does (decision
+0037), instead of syncing again onto a disk that fails.
+
 The connection ends one of three ways, each an `Outcome`: the primary stopped or died while this
 backup was in sync (take over), the primary dropped this backup or the sync did not finish
 (start again from scratch), or the primary refused it (try again later).
@@ -140,6 +144,7 @@ class Replica:
         self._last_received = self.loop.time()
         self.moved: Path | None = None
         self.apply_error: str | None = None
+        self.disk_error: OSError | None = None  # this server's disk failed: it stops (not a resync)
         self._queued = 0  # bytes handed to the apply thread, not applied yet (loop thread)
         self._paused = False
         self._follow: asyncio.Task[None] | None = None
@@ -302,6 +307,8 @@ class Replica:
                 if stop:
                     break
         except (ReplicaError, OSError) as exc:
+            if isinstance(exc, OSError):
+                self.disk_error = exc
             self.apply_error = f"cannot apply the stream: {exc}"
             self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
         finally:

@@ -262,8 +262,9 @@ class Broker:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    def _storage_failed(self, err: BaseException) -> None:
-        """An I/O error in the store: tell every client, stop serving, leave the store to a backup.
+    def storage_failed(self, err: BaseException) -> None:
+        """An I/O error in the store (or a replicating backup's replica): tell every client, stop
+        serving, leave the store to a backup.
 
         Artemis's critical I/O error: a server never goes on with a journal it cannot write. The
         state byte stays live, so a shared-store backup takes over at once."""
@@ -394,7 +395,7 @@ class Broker:
         gc.disable()
         try:
             state = self.storage.load()
-            self.storage.set_failure_handler(self._storage_failed)
+            self.storage.set_failure_handler(self.storage_failed)
             self.storage.start()
             ids = IdGenerator(state.max_id + 1, state.id_reserved, self.storage.reserve_ids)
             self.postoffice = PostOffice(
