@@ -22,10 +22,11 @@ class ReplicatedPair(Cluster):
         coordinator_toml: str = "",  # more lines of [ha.coordinator]
         server_toml: tuple[str, str] = ("", ""),  # top-level lines for the primary, the backup
         link_port: int | None = None,  # the backup reaches its primary here (a FaultProxy in front of it)
+        stomp: bool = False,  # a STOMP acceptor on each server too (stomp_ports)
         **settings: Any,
     ) -> None:
         self.ports = [free_port(), free_port()]
-        self.stomp_ports = []
+        self.stomp_ports = [free_port(), free_port()] if stomp else []
         names = ["primary", "backup"]
         self.dirs = [root / n for n in names]
         self.data = self.dirs[0]
@@ -46,6 +47,11 @@ class ReplicatedPair(Cluster):
                 + f'connector-ref = "{name}"\n'
                 f'static-connectors = ["{other}"]\n'
                 f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n'
+                + (
+                    f'[[acceptors]]\nname = "stomp"\nprotocol = "stomp"\nbind = "127.0.0.1:{self.stomp_ports[i]}"\n'
+                    if stomp
+                    else ""
+                )
                 + connectors(self.ports if i == 0 or link_port is None else [link_port, self.ports[1]])
             )
             if zookeeper:
