@@ -25,6 +25,7 @@ from ..errors import ConfigError, IllegalState, TandemError
 from ..journal import Journal
 from ..journal.storeio import Tap
 from ..protocol import native as p
+from .activation_sequence import read_local_sequence
 from .announcer import announce
 from .coordination import Coordination
 from .host import ActivationHost
@@ -159,6 +160,10 @@ class Activation:
     def replication(self) -> dict[str, Any]:
         """Replication state for `status` (nothing outside the replication policies)."""
         return {}
+
+    async def activation_info(self) -> dict[str, Any]:
+        """The activation sequence as this server holds it and as ZooKeeper does (replication only)."""
+        return {"coordinator": "none", "local": None, "zookeeper": None, "verdict": None}
 
     def release(self, state: bytes | None) -> None:
         """The broker stopped serving: leave `state` (if any) and let go of every lock."""
@@ -344,6 +349,16 @@ def _coordination_status(co: Coordination | None) -> dict[str, Any]:
     return {"activation_sequence": co.local_sequence(), "coordinator": co.state()}
 
 
+async def _describe(co: Coordination | None, directory: Path) -> dict[str, Any]:
+    if co is not None:
+        return await co.describe()
+    try:
+        local: int | None = read_local_sequence(directory)
+    except TandemError:
+        local = None
+    return {"coordinator": "none", "local": local, "zookeeper": None, "verdict": None}
+
+
 def _quiet(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("reading ZooKeeper's activation sequence failed: %s", task.exception())
@@ -415,6 +430,9 @@ class ReplicationPrimaryActivation(LiveOnlyActivation):
     def replication(self) -> dict[str, Any]:
         out = {"replication": self.source.state(), "replication_peer": self.source.peer}
         return out | _coordination_status(self.coordination)
+
+    async def activation_info(self) -> dict[str, Any]:
+        return await _describe(self.coordination, self.host.config.data_path)
 
     def release(self, state: bytes | None) -> None:
         # A stopping primary, whatever the reason, hands over to a backup in sync (as Artemis's
@@ -530,6 +548,9 @@ class ReplicationBackupActivation(Activation):
             return await co.activate(self.nm.node_id)
         except TandemError as exc:
             return exc.message
+
+    async def activation_info(self) -> dict[str, Any]:
+        return await _describe(self.coordination, self.host.config.data_path)
 
     def replication(self) -> dict[str, Any]:
         r = self.replica

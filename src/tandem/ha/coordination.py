@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 from ..config import BrokerConfig, CoordinatorConfig
 from ..errors import TandemError
-from .activation_sequence import read_local_sequence, write_local_sequence
+from .activation_sequence import judge, read_local_sequence, write_local_sequence
 from .coordinator import AsyncCoordinator, Coordinator, StaleActivation
 from .host import ActivationHost
 from .network_check import NetworkCheck
@@ -112,6 +113,25 @@ class Coordination:
         if c.lost is not None:
             return f"session lost ({c.lost})"
         return "live lock held" if c.holds_live_lock else "connected"
+
+    async def describe(self) -> dict[str, Any]:
+        """This server's copy of the activation sequence beside ZooKeeper's value, read now over
+        its own session (`tandem admin activation show`); never raises: a failed read is named."""
+        local = self.local_sequence()
+        out: dict[str, Any] = {"local": local, "zookeeper": None, "verdict": None, "coordinator": self.state()}
+        c = self.coord
+        if c is None or c.lost is not None:
+            out["zookeeper_error"] = "no ZooKeeper session (yet)" if c is None else f"session lost ({c.lost})"
+            return out
+        try:
+            value = await asyncio.wait_for(c.activation_sequence(), self.zk.connect_timeout / 1000)
+        except (TandemError, TimeoutError) as exc:
+            out["zookeeper_error"] = f"cannot read ZooKeeper's value: {exc or 'no answer'}"
+            return out
+        out["zookeeper"] = value
+        if local is not None:
+            out["verdict"] = judge(local, value).value
+        return out
 
     def local_sequence(self) -> int | None:
         if self.sequence is not None:

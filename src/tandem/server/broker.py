@@ -77,6 +77,10 @@ class Activation(Protocol):
         """The broker stopped serving: leave `state` (if any), let go of every lock."""
         ...
 
+    async def activation_info(self) -> dict[str, Any]:
+        """The activation sequence: this server's copy, ZooKeeper's value, the verdict."""
+        ...
+
     @property
     def store_tap(self) -> Tap | None:
         """Where the store's file operations go besides the disk (a replicating primary's stream)."""
@@ -523,6 +527,19 @@ class Broker:
             return [{"node_id": self.node_id, "live": me, "backup": backup}]
         peers = [self.config.connector_url(n) for n in self.config.static_connectors]
         return [{"node_id": self.node_id, "live": peers[0] if peers else None, "backup": me}]
+
+    async def activation_info(self) -> dict[str, Any]:
+        """`broker.activation`: which server this is, and its activation sequence beside ZooKeeper's."""
+        out: dict[str, Any] = {
+            "name": self.config.name,
+            "node_id": self.node_id,
+            "ha_policy": self.config.ha_policy,
+            "state": self.ha_state,
+            "data_directory": str(self.config.data_path),
+        }
+        if self.activation is not None:
+            out.update(await self.activation.activation_info())
+        return out
 
     def status(self) -> dict[str, Any]:
         now = time.time()
