@@ -172,3 +172,57 @@ def test_a_backup_cut_off_while_the_primary_carried_on_refuses_to_activate_at_th
     assert "stale" in log.split("does not activate", 1)[1].splitlines()[0], log[-2000:]
     assert read_local_sequence(p.dirs[1]) == 1 and zookeeper.activation_sequence(node) == 2
     assert "activating" not in p.backup.log_text()
+
+
+def test_a_backup_dropped_before_its_first_zookeeper_read_answers_never_takes_over(
+    tmp_path: Path, zookeeper: ZooKeeperServer
+) -> None:
+    """The backup's first ZooKeeper session is slow (its requests held by a proxy) while it syncs;
+    its link is then cut, the primary drops it, bumps the sequence to 2 and confirms more alone,
+    and dies. The backup's read of the sequence, answered only now, must not make it current: it
+    must never activate without what the primary confirmed alone."""
+    link, zk_port = free_port(), free_port()
+    p = ReplicatedPair(
+        tmp_path / "pair",
+        zookeeper=zookeeper.hosts,
+        backup_zookeeper=f"127.0.0.1:{zk_port}",
+        link_port=link,
+        call_timeout=1000,
+        server_toml=(TTL, TTL),
+    )
+    with FaultProxy(p.ports[0], port=link) as proxy, FaultProxy(zookeeper.port, port=zk_port) as zk_proxy:
+        try:
+            p.primary.start()
+            p.wait_state(0, "active")
+            node = p.status(0)["node_id"]
+            load = Load()
+
+            async def run() -> None:
+                task = asyncio.create_task(load.run(p.url_of(0), "q"))
+                await load.until(200)
+                zk_proxy.cut("up")  # the backup's session request waits
+                await asyncio.to_thread(p.backup.start)
+                await asyncio.to_thread(p.wait_replication, 1, "in-sync")
+                proxy.blackhole()
+                n = len(load.confirmed)
+                await load.until(n + 300)  # confirmed without the backup, after the bump
+                assert (await asyncio.to_thread(p.status, 0))["activation_sequence"] == 2
+                await asyncio.to_thread(p.primary.kill)
+                await asyncio.wait_for(task, 20)
+                zk_proxy.heal()
+
+            asyncio.run(run())
+            deadline = time.monotonic() + 12  # the backup's read, its silence check, its claim
+            while time.monotonic() < deadline:
+                st = p.status(1)
+                if st["state"] == "active":
+                    missing = _missing(load, asyncio.run(drain_texts(p.url_of(1), "q")))
+                    raise AssertionError(
+                        f"a dropped backup activated (sequence {st['activation_sequence']}); "
+                        f"confirmed messages missing: {len(missing)}\n{p.backup.log_text()[-3000:]}"
+                    )
+                time.sleep(0.1)
+            assert zookeeper.activation_sequence(node) == 2
+            assert read_local_sequence(p.dirs[1]) < 2
+        finally:
+            p.kill_all()
