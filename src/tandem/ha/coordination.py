@@ -97,12 +97,8 @@ class Coordination:
         self.sequence = await c.claim_activation(expected, lambda v: write_local_sequence(directory, v))
         log.warning("carrying on without a backup: activation sequence now %d", self.sequence)
 
-    async def read_sequence(self, node_id: str) -> int:
-        """ZooKeeper's value, read by a backup when its primary accepts it."""
-        return await (await self.open(node_id)).activation_sequence()
-
     def copy_sequence(self, value: int) -> None:
-        """An in-sync backup's data is as current as the value read when its primary accepted it."""
+        """An in-sync backup's data is as current as the value its primary took it on with."""
         write_local_sequence(self.data_dir, value)
         self.sequence = value
 

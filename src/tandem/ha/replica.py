@@ -135,6 +135,7 @@ class Replica:
         self.total = 0
         self.copied = 0
         self.fsync = True
+        self.primary_sequence = -1  # the activation sequence the primary took us on with (-1: none)
         self.stop_failover: bool | None = None  # what the primary's REPLICA_STOP said, if it said
         self.result: asyncio.Future[tuple[Outcome, str]] = self.loop.create_future()
         self._proto: _Protocol | None = None
@@ -266,6 +267,7 @@ class Replica:
     def _accepted(self, pkt: p.ReplicaAccept) -> None:
         self.accepted = True
         self.fsync = pkt.backup_fsync
+        self.primary_sequence = pkt.activation_sequence
         self.state = "syncing"
         self._adopt(pkt.node_id)
         self._thread = threading.Thread(target=self._apply_loop, name="replica-apply", daemon=True)
