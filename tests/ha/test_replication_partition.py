@@ -212,16 +212,19 @@ def test_a_backup_dropped_before_its_first_zookeeper_read_answers_never_takes_ov
                 zk_proxy.heal()
 
             asyncio.run(run())
-            deadline = time.monotonic() + 12  # the backup's read, its silence check, its claim
-            while time.monotonic() < deadline:
+            deadline = time.monotonic() + 20  # its silence check, then its claim once the lock is free
+            while "does not activate" not in (log := p.backup.log_text()):
                 st = p.status(1)
                 if st["state"] == "active":
                     missing = _missing(load, asyncio.run(drain_texts(p.url_of(1), "q")))
                     raise AssertionError(
                         f"a dropped backup activated (sequence {st['activation_sequence']}); "
-                        f"confirmed messages missing: {len(missing)}\n{p.backup.log_text()[-3000:]}"
+                        f"confirmed messages missing: {len(missing)}\n{log[-3000:]}"
                     )
+                assert time.monotonic() < deadline, f"the backup never tried to activate:\n{log[-3000:]}"
                 time.sleep(0.1)
+            assert "stale" in log.split("does not activate", 1)[1].splitlines()[0], log[-2000:]
+            p.never_active(1, 1.0)
             assert zookeeper.activation_sequence(node) == 2
             assert read_local_sequence(p.dirs[1]) < 2
         finally:
