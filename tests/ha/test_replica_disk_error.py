@@ -12,7 +12,7 @@ import pytest
 
 from client_io import Load, drain_texts
 from replicated_pair import ReplicatedPair
-from tandem.ha.activation_sequence import read_local_sequence
+from tandem.ha.activation_sequence import SEQUENCE_FILE, read_local_sequence
 from zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -51,5 +51,30 @@ def test_a_disk_error_on_the_backup_stops_it_and_the_primary_carries_on(
         assert read_local_sequence(p.dirs[1]) < 2  # the failed replica can never take over
         missing = set(load.confirmed) - set(asyncio.run(drain_texts(p.url_of(0), "q")))
         assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
+    finally:
+        p.kill_all()
+
+
+def test_a_backup_that_cannot_write_its_copy_of_the_sequence_stops_instead_of_claiming_in_sync(
+    tmp_path: Path, zookeeper: ZooKeeperServer
+) -> None:
+    """Its `activation-sequence` cannot be replaced (a directory stands in its way): a backup that
+    stayed passive would say in-sync yet could never take over. It stops with status 3; the
+    primary carries on alone."""
+    p = ReplicatedPair(tmp_path / "pair", zookeeper=zookeeper.hosts)
+    try:
+        blocker = p.dirs[1] / SEQUENCE_FILE / "x"
+        blocker.mkdir(parents=True)
+        p.primary.start()
+        p.wait_state(0, "active")
+        p.backup.start()
+        try:
+            rc = p.backup.wait_exit(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the backup went on without its copy of the sequence:\n{p.backup.log_text()[-3000:]}")
+        assert rc == 3, p.backup.log_text()[-3000:]
+        assert "storage failure" in p.backup.log_text()
+        st = p.wait_replication(0, "unreplicated")
+        assert st["state"] == "active"
     finally:
         p.kill_all()
