@@ -526,7 +526,11 @@ class ReplicationBackupActivation(Activation):
             # The value the primary took this link on with, not one read from ZooKeeper now: a
             # read answered after a drop of this link would see the bump that makes this copy stale.
             if r.primary_sequence >= 0:
-                await asyncio.to_thread(co.copy_sequence, r.primary_sequence)
+                try:
+                    await asyncio.to_thread(co.copy_sequence, r.primary_sequence)
+                except OSError as exc:  # in sync, yet unable ever to take over: a disk error, as in the applier
+                    r.fail_disk(exc, f"cannot write the activation sequence: {exc}")
+                    return
             else:
                 log.warning("the primary sent no activation sequence (no coordinator?): this replica cannot take over")
         await self.host.start_backup()

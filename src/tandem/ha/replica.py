@@ -308,9 +308,11 @@ class Replica:
                     self.loop.call_soon_threadsafe(self._applied, top, synced, nbytes)
                 if stop:
                     break
-        except (ReplicaError, OSError) as exc:
-            if isinstance(exc, OSError):
-                self.disk_error = exc
+        except OSError as exc:
+            # Set here, not on the loop: run() must see it even when the link ended first.
+            self.disk_error, self.apply_error = exc, f"cannot apply the stream: {exc}"
+            self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
+        except ReplicaError as exc:
             self.apply_error = f"cannot apply the stream: {exc}"
             self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
         finally:
@@ -347,6 +349,12 @@ class Replica:
             self.end(Outcome.RESYNC, f"{why} before the sync completed")
         else:
             self.end(Outcome.RETRY, why)
+
+    def fail_disk(self, exc: OSError, why: str) -> None:
+        """This server's disk failed under the replica: end the link; the activation stops the server."""
+        self.disk_error = exc
+        self.apply_error = why
+        self.end(Outcome.RESYNC, why)
 
     def end(self, outcome: Outcome, why: str) -> None:
         if not self.result.done():
