@@ -23,7 +23,8 @@ class ReplicatedPair(Cluster):
         server_toml: tuple[str, str] = ("", ""),  # top-level lines for the primary, the backup
         link_port: int | None = None,  # the backup reaches its primary here (a FaultProxy in front of it)
         stomp: bool = False,  # a STOMP acceptor on each server too (stomp_ports)
-        backup_zookeeper: str | None = None,  # the backup's ZooKeeper address, if not `zookeeper` (a proxy)
+        primary_zookeeper: str | None = None,  # the primary's ZooKeeper address, if not `zookeeper` (a proxy)
+        backup_zookeeper: str | None = None,  # the backup's, likewise
         **settings: Any,
     ) -> None:
         self.ports = [free_port(), free_port()]
@@ -56,7 +57,7 @@ class ReplicatedPair(Cluster):
                 + connectors(self.ports if i == 0 or link_port is None else [link_port, self.ports[1]])
             )
             if zookeeper:
-                zk = backup_zookeeper if i == 1 and backup_zookeeper else zookeeper
+                zk = (primary_zookeeper, backup_zookeeper)[i] or zookeeper
                 extra += f'[ha.coordinator]\nzookeeper = "{zk}"\nsession-timeout = {session_timeout}\n'
                 extra += coordinator_toml
 

@@ -18,7 +18,7 @@ from zookeeper import ZooKeeperServer
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.mark.parametrize("stage", ["sync", "write"])
+@pytest.mark.parametrize("stage", ["sync"])  # "write" takes the same path (an OSError in the applier)
 def test_a_disk_error_on_the_backup_stops_it_and_the_primary_carries_on(
     tmp_path: Path, zookeeper: ZooKeeperServer, stage: str
 ) -> None:

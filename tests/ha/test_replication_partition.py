@@ -229,3 +229,33 @@ def test_a_backup_dropped_before_its_first_zookeeper_read_answers_never_takes_ov
             assert read_local_sequence(p.dirs[1]) < 2
         finally:
             p.kill_all()
+
+
+def test_a_primary_cut_off_from_zookeeper_stops_and_its_backup_serves_everything_it_confirmed(
+    tmp_path: Path, zookeeper: ZooKeeperServer
+) -> None:
+    """The primary's ZooKeeper link blackholed under load (the replication link intact): the
+    primary counts its session lost and stops (status 4), handing over to its backup, which
+    takes the lock once the session has expired. Never two active; nothing confirmed lost."""
+    zk_port = free_port()
+    p = ReplicatedPair(tmp_path / "pair", zookeeper=zookeeper.hosts, primary_zookeeper=f"127.0.0.1:{zk_port}")
+    with FaultProxy(zookeeper.port, port=zk_port) as zk_proxy, Watch(p) as watch:
+        try:
+            p.start_all()
+            load = Load()
+
+            async def run() -> None:
+                task = asyncio.create_task(load.run(p.url_of(0), "q"))
+                await load.until(300)
+                zk_proxy.blackhole()
+                await asyncio.wait_for(task, 30)  # ends when the primary stops
+
+            asyncio.run(run())
+            assert p.primary.wait_exit(20) == 4
+            p.wait_state(1, "active", timeout=20)
+            assert p.status(1)["activation_sequence"] == 2
+            missing = _missing(load, asyncio.run(drain_texts(p.url_of(1), "q")))
+            assert not missing, f"confirmed messages missing: {missing[:10]} ({len(missing)})"
+        finally:
+            p.kill_all()
+    watch.check()
