@@ -92,3 +92,36 @@ def exactly_once_across_a_kill(
 
     asyncio.run(main())
     return consumed, times
+
+
+class Load:
+    """One producer on one server (no failover); each confirmation recorded with its send index."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.confirmed: dict[str, int] = {}
+        self.stop = asyncio.Event()
+
+    async def run(self, url: str, queue: str) -> None:
+        conn = await aio.connect(url, ha=False, reconnect_attempts=0, auto_dedup=False)
+        try:
+            prod = (await conn.create_session()).create_producer(queue, window=2000)
+            while not self.stop.is_set():
+                name, i = f"L{self.sent}", self.sent
+                await prod.send_async(name, lambda exc, n=name, i=i: exc or self.confirmed.setdefault(n, i))
+                self.sent += 1
+                if self.sent % 32 == 0:
+                    await asyncio.sleep(0.002)
+        except tandem.TandemError:
+            pass
+        finally:
+            try:
+                await conn.close()
+            except tandem.TandemError:
+                pass
+
+    async def until(self, n: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.confirmed) < n:
+            assert time.monotonic() < deadline, f"only {len(self.confirmed)} of {n} sends confirmed"
+            await asyncio.sleep(0.02)

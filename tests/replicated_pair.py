@@ -19,17 +19,25 @@ class ReplicatedPair(Cluster):
         root: Path,
         zookeeper: str | None = None,
         session_timeout: int = 2000,
+        coordinator_toml: str = "",  # more lines of [ha.coordinator]
         server_toml: tuple[str, str] = ("", ""),  # top-level lines for the primary, the backup
+        link_port: int | None = None,  # the backup reaches its primary here (a FaultProxy in front of it)
+        stomp: bool = False,  # a STOMP acceptor on each server too (stomp_ports)
+        primary_zookeeper: str | None = None,  # the primary's ZooKeeper address, if not `zookeeper` (a proxy)
+        backup_zookeeper: str | None = None,  # the backup's, likewise
         **settings: Any,
     ) -> None:
         self.ports = [free_port(), free_port()]
-        self.stomp_ports = []
+        self.stomp_ports = [free_port(), free_port()] if stomp else []
         names = ["primary", "backup"]
         self.dirs = [root / n for n in names]
         self.data = self.dirs[0]
-        connectors = "".join(
-            f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, self.ports, strict=True)
-        )
+
+        def connectors(ports: list[int]) -> str:
+            return "".join(
+                f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, ports, strict=True)
+            )
+
         self.servers: list[BrokerProcess] = []
         settings.setdefault("retry_replication_wait", 200)
         for i, (name, port) in enumerate(zip(names, self.ports, strict=True)):
@@ -40,10 +48,18 @@ class ReplicatedPair(Cluster):
                 + server_toml[i]
                 + f'connector-ref = "{name}"\n'
                 f'static-connectors = ["{other}"]\n'
-                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{connectors}'
+                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n'
+                + (
+                    f'[[acceptors]]\nname = "stomp"\nprotocol = "stomp"\nbind = "127.0.0.1:{self.stomp_ports[i]}"\n'
+                    if stomp
+                    else ""
+                )
+                + connectors(self.ports if i == 0 or link_port is None else [link_port, self.ports[1]])
             )
             if zookeeper:
-                extra += f'[ha.coordinator]\nzookeeper = "{zookeeper}"\nsession-timeout = {session_timeout}\n'
+                zk = (primary_zookeeper, backup_zookeeper)[i] or zookeeper
+                extra += f'[ha.coordinator]\nzookeeper = "{zk}"\nsession-timeout = {session_timeout}\n'
+                extra += coordinator_toml
 
             self.servers.append(BrokerProcess(root / name, name=name, extra_toml=extra, **settings))
 
@@ -72,3 +88,11 @@ class ReplicatedPair(Cluster):
         self.wait_replication(1, "in-sync", timeout)
         self.wait_replication(0, "in-sync", timeout)
         self.wait_state(1, "passive", timeout)
+
+    def never_active(self, i: int, seconds: float) -> None:
+        """Server i stays inactive for `seconds` (polled)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            st = self.status(i)
+            assert st["state"] != "active", f"server {i} activated: {st}\n{self.servers[i].log_text()[-3000:]}"
+            time.sleep(0.1)

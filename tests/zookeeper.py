@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ha_pair import free_port
+from tandem.ha.coordinator import Coordinator
 
 SHARE = Path("/usr/share/java")
 # The jars the standalone server needs (the NIO connection factory, no admin server, slf4j-simple to its log).
@@ -104,6 +105,15 @@ class ZooKeeperServer:
     def resume(self) -> None:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGCONT)
+
+    def activation_sequence(self, node_id: str) -> int:
+        """ZooKeeper's activation sequence of `node_id`, read through a coordinator of our own."""
+        c = Coordinator(self.hosts, node_id, session_timeout=2000, connect_timeout=5000)
+        c.start()
+        try:
+            return c.activation_sequence()
+        finally:
+            c.close()
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

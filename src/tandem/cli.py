@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from . import __version__
 from .config import BrokerConfig, load_config
-from .errors import ConfigError, JournalIOError, LockLost, TandemError
+from .errors import ConfigError, IllegalState, JournalIOError, LockLost, TandemError
 
 DEFAULT_URL = os.environ.get("TANDEM_URL", "tcp://127.0.0.1:61616")
 
@@ -288,6 +288,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
         how = "its backup takes over" if args.failover else "clean stop, no failover"
         print(f"stopping the broker at {args.url} ({how})")
         return 0
+    if args.action == "activation":
+        return _admin_activation(args)
     if args.action == "status":
         status = _manage(args.url, "broker.status")
         if args.json:
@@ -295,6 +297,34 @@ def cmd_admin(args: argparse.Namespace) -> int:
         else:
             for k, v in status.items():
                 print(f"{k:18} {v}")
+    return 0
+
+
+def _admin_activation(args: argparse.Namespace) -> int:
+    if args.activation_action == "set":
+        # The server's own claims and bumps write both copies; a value set under a running server
+        # could let a stale replica activate or stop the current one: only with everything stopped.
+        raise IllegalState(
+            "a running server's activation sequence is not set by hand: stop both servers of the pair, "
+            "then `tandem data activation set DIR VALUE --zookeeper HOSTS --node-id ID` (docs/cli.md)"
+        )
+    info = _manage(args.url, "broker.activation")
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"server             {info['name']} ({info['ha_policy']}, {info['state']})")
+    print(f"node_id            {info['node_id']}")
+    print(f"local              {info['local'] if info['local'] is not None else '-'}   ({info['data_directory']})")
+    if info["coordinator"] == "none":
+        print("zookeeper          -   (no [ha.coordinator])")
+    else:
+        zk = info["zookeeper"]
+        note = f"  (claim of {-zk} in progress)" if isinstance(zk, int) and zk < 0 else ""
+        print(f"zookeeper          {zk if zk is not None else '-'}{note}")
+        if info.get("zookeeper_error"):
+            print(f"zookeeper_error    {info['zookeeper_error']}")
+        print(f"verdict            {info['verdict'] or '-'}")
+        print(f"coordinator        {info['coordinator']}")
     return 0
 
 
@@ -414,6 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     st = ads.add_parser("status", help="role, state (active/passive/waiting), node id, peer, uptime, counts")
     _add_url(st)
     st.add_argument("--json", action="store_true")
+    aa = ads.add_parser("activation", help="a running server's activation sequence (replication with ZooKeeper)")
+    aas = aa.add_subparsers(dest="activation_action", required=True)
+    x = aas.add_parser("show", help="this server's copy and ZooKeeper's value, read by the server now")
+    _add_url(x)
+    x.add_argument("--json", action="store_true")
+    x = aas.add_parser("set", help="refused on a running server: see `tandem data activation set`")
+    _add_url(x)
+    x.add_argument("value", type=int)
     sp = ads.add_parser("stop", help="stop the broker cleanly (no failover), or with --failover")
     _add_url(sp)
     sp.add_argument("--failover", action="store_true", help="leave the store live so the backup takes over")

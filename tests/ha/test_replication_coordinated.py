@@ -6,18 +6,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import tandem
 import tandem.aio as aio
+from client_io import Load
 from ha_pair import free_port
 from replicated_pair import ReplicatedPair
 from tandem.ha.activation_sequence import read_local_sequence
-from tandem.ha.coordinator import Coordinator
 from zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -37,48 +35,6 @@ def pair(tmp_path: Path, zookeeper: ZooKeeperServer) -> Any:
         p.kill_all()
 
 
-def _zk_sequence(zk: ZooKeeperServer, node_id: str) -> int:
-    c = Coordinator(zk.hosts, node_id, session_timeout=2000, connect_timeout=5000)
-    c.start()
-    try:
-        return c.activation_sequence()
-    finally:
-        c.close()
-
-
-class Load:
-    """One producer on one server (no failover); each confirmation recorded with its send index."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-        self.confirmed: dict[str, int] = {}
-        self.stop = asyncio.Event()
-
-    async def run(self, url: str, queue: str) -> None:
-        conn = await aio.connect(url, ha=False, reconnect_attempts=0, auto_dedup=False)
-        try:
-            prod = (await conn.create_session()).create_producer(queue, window=2000)
-            while not self.stop.is_set():
-                name, i = f"L{self.sent}", self.sent
-                await prod.send_async(name, lambda exc, n=name, i=i: exc or self.confirmed.setdefault(n, i))
-                self.sent += 1
-                if self.sent % 32 == 0:
-                    await asyncio.sleep(0.002)
-        except tandem.TandemError:
-            pass
-        finally:
-            try:
-                await conn.close()
-            except tandem.TandemError:
-                pass
-
-    async def until(self, n: int, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.confirmed) < n:
-            assert time.monotonic() < deadline, f"only {len(self.confirmed)} of {n} sends confirmed"
-            await asyncio.sleep(0.02)
-
-
 async def _drain(url: str, queue: str) -> set[str]:
     conn = await aio.connect(url)
     consumer = await (await conn.create_session(transacted=True)).create_consumer(queue)
@@ -88,14 +44,6 @@ async def _drain(url: str, queue: str) -> set[str]:
     await consumer.session.commit()
     await conn.close()
     return out
-
-
-def _never_active(p: ReplicatedPair, i: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        st = p.status(i)
-        assert st["state"] != "active", f"server {i} activated: {st}\n{p.servers[i].log_text()[-3000:]}"
-        time.sleep(0.1)
 
 
 def test_kill9_of_the_primary_the_backup_takes_the_lock_and_serves_every_confirmed_message(
@@ -119,7 +67,7 @@ def test_kill9_of_the_primary_the_backup_takes_the_lock_and_serves_every_confirm
     st = p.status(1)
     assert st["activation_sequence"] == 2, st
     assert read_local_sequence(p.dirs[1]) == 2
-    assert _zk_sequence(zookeeper, st["node_id"]) == 2
+    assert zookeeper.activation_sequence(st["node_id"]) == 2
     got = asyncio.run(_drain(p.url_of(1), "q"))
     missing = set(load.confirmed) - got
     assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
@@ -148,9 +96,9 @@ def test_a_backup_dropped_while_the_primary_carried_on_never_activates(pair: Any
         asyncio.run(run())
     finally:
         p.backup.signal(signal.SIGCONT)
-    assert _zk_sequence(zookeeper, node) == 2
+    assert zookeeper.activation_sequence(node) == 2
     assert read_local_sequence(p.dirs[1]) < 2
-    _never_active(p, 1, 6.0)  # past the primary's session (2 s) with a margin
+    p.never_active(1, 6.0)  # past the primary's session (2 s) with a margin
     assert "activating" not in p.backup.log_text()
 
 
@@ -216,5 +164,5 @@ def test_a_backup_that_reaches_no_network_check_target_does_not_take_over(pair: 
     """kill -9 of the primary; the backup, holding a current copy, reaches none of its targets: it stays inactive."""
     p = pair(server_toml=("", _checks(free_port()))).start_all()
     p.primary.kill()
-    _never_active(p, 1, 5.0)
+    p.never_active(1, 5.0)
     assert "network-check-list" in p.backup.log_text()

@@ -1,4 +1,4 @@
-"""A STOMP client after a kill -9 failover of a shared-store pair (real processes, stomp.py).
+"""A STOMP client after a kill -9 failover of a shared-store or a replicated pair (real processes, stomp.py).
 
 STOMP has no session reattachment: the client connects again, to the backup's STOMP acceptor,
 and must find there every persistent message it had a receipt for, and its durable
@@ -11,9 +11,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import stomp
 
 from ha_pair import Cluster
+from replicated_pair import ReplicatedPair
 
 
 class Inbox(stomp.ConnectionListener):
@@ -51,8 +53,12 @@ def connect(port: int, client_id: str) -> tuple[stomp.Connection12, Inbox]:
     return conn, inbox
 
 
-def test_stomp_client_finds_durable_messages_and_subscription_on_the_backup(tmp_path: Path) -> None:
-    c = Cluster(tmp_path, 1, stomp=True).start_all()
+@pytest.mark.parametrize("kind", ["shared-store", "replicated"])
+def test_stomp_client_finds_durable_messages_and_subscription_on_the_backup(tmp_path: Path, kind: str) -> None:
+    """With replication, a receipt means the backup has the message too: it is on the backup's own disk."""
+    c = (
+        Cluster(tmp_path, 1, stomp=True) if kind == "shared-store" else ReplicatedPair(tmp_path, stomp=True)
+    ).start_all()
     try:
         conn, inbox = connect(c.stomp_ports[0], "ticker")
         conn.subscribe("/topic/prices", "p", ack="client-individual", **{"durable-subscription-name": "prices"})

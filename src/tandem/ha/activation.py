@@ -25,6 +25,7 @@ from ..errors import ConfigError, IllegalState, TandemError
 from ..journal import Journal
 from ..journal.storeio import Tap
 from ..protocol import native as p
+from .activation_sequence import read_local_sequence
 from .announcer import announce
 from .coordination import Coordination
 from .host import ActivationHost
@@ -159,6 +160,10 @@ class Activation:
     def replication(self) -> dict[str, Any]:
         """Replication state for `status` (nothing outside the replication policies)."""
         return {}
+
+    async def activation_info(self) -> dict[str, Any]:
+        """The activation sequence as this server holds it and as ZooKeeper does (replication only)."""
+        return {"coordinator": "none", "local": None, "zookeeper": None, "verdict": None}
 
     def release(self, state: bytes | None) -> None:
         """The broker stopped serving: leave `state` (if any) and let go of every lock."""
@@ -344,9 +349,19 @@ def _coordination_status(co: Coordination | None) -> dict[str, Any]:
     return {"activation_sequence": co.local_sequence(), "coordinator": co.state()}
 
 
+async def _describe(co: Coordination | None, directory: Path) -> dict[str, Any]:
+    if co is not None:
+        return await co.describe()
+    try:
+        local: int | None = read_local_sequence(directory)
+    except TandemError:
+        local = None
+    return {"coordinator": "none", "local": local, "zookeeper": None, "verdict": None}
+
+
 def _quiet(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.warning("reading ZooKeeper's activation sequence failed: %s", task.exception())
+        log.warning("opening the ZooKeeper session failed: %s", task.exception())
 
 
 def _uncoordinated(host: ActivationHost) -> None:
@@ -385,6 +400,7 @@ class ReplicationPrimaryActivation(LiveOnlyActivation):
                 co.close()
                 raise IllegalState(f"not activating: {why}")
             self.source.on_alone = self._alone
+            self.source.activation_sequence = lambda: -1 if co.sequence is None else co.sequence
         self.source.node_id = self.nm.node_id
         self.source.start()
         await super().start()
@@ -416,6 +432,9 @@ class ReplicationPrimaryActivation(LiveOnlyActivation):
         out = {"replication": self.source.state(), "replication_peer": self.source.peer}
         return out | _coordination_status(self.coordination)
 
+    async def activation_info(self) -> dict[str, Any]:
+        return await _describe(self.coordination, self.host.config.data_path)
+
     def release(self, state: bytes | None) -> None:
         # A stopping primary, whatever the reason, hands over to a backup in sync (as Artemis's
         # replication does: not configurable).
@@ -439,7 +458,7 @@ class ReplicationBackupActivation(Activation):
         self.retry = host.config.retry_replication_wait / 1000
         self.taken_over = False
         self.coordination = _coordination(host)
-        self._sequence_read: asyncio.Task[int] | None = None
+        self._session: asyncio.Task[Any] | None = None
 
     async def start(self) -> None:
         if self.coordination is None:
@@ -461,9 +480,13 @@ class ReplicationBackupActivation(Activation):
             for url in urls:
                 if url == host.own_connector():
                     continue
-                self._sequence_read = None
                 self.replica = Replica(cfg, host.own_connector(), self._adopt, self._in_sync)
                 outcome, why = await self.replica.run(url)
+                if self.replica.disk_error is not None:
+                    # Nothing it failed to write was acknowledged; syncing again would meet the same
+                    # disk: stop as a primary does on a disk error (its primary carries on alone).
+                    host.storage_failed(self.replica.disk_error)
+                    return
                 if outcome is not Outcome.RETRY:
                     break
             if outcome is Outcome.TAKE_OVER:
@@ -491,29 +514,25 @@ class ReplicationBackupActivation(Activation):
     def _adopt(self, node_id: str) -> None:
         """A backup serves its primary's node: clients fail over within one node id."""
         self.nm.set_node_id(node_id)
-        if self.coordination is not None:
-            # Read now, as the primary accepts us: a drop from here on bumps ZooKeeper's value
-            # past it, and only a replica that reaches in-sync on this link copies it.
-            read = asyncio.get_running_loop().create_task(self.coordination.read_sequence(node_id))
-            read.add_done_callback(_quiet)  # a link that never reaches in-sync never looks at it
-            self._sequence_read = read
+        if self.coordination is not None and self._session is None:
+            # Open the session now, so that a takeover does not wait for it.
+            session = asyncio.get_running_loop().create_task(self.coordination.open(node_id))
+            session.add_done_callback(_quiet)
+            self._session = session
 
     async def _in_sync(self) -> None:
-        co, read = self.coordination, self._sequence_read
-        if co is not None and read is not None:
-            # A drop of this link from now on is told to us (REPLICA_STOP) or, link cut, bumps only
-            # after call-timeout: far later than this one round trip.
-            await asyncio.wait([read], timeout=co.zk.connect_timeout / 1000)
-            if read.done() and not read.cancelled() and read.exception() is None:
-                value = read.result()
-                if value >= 0:
-                    await asyncio.to_thread(co.copy_sequence, value)
-                else:
-                    log.warning(
-                        "ZooKeeper's activation sequence is mid-claim (%d): this replica cannot take over", value
-                    )
+        co, r = self.coordination, self.replica
+        if co is not None and r is not None:
+            # The value the primary took this link on with, not one read from ZooKeeper now: a
+            # read answered after a drop of this link would see the bump that makes this copy stale.
+            if r.primary_sequence >= 0:
+                try:
+                    await asyncio.to_thread(co.copy_sequence, r.primary_sequence)
+                except OSError as exc:  # in sync, yet unable ever to take over: a disk error, as in the applier
+                    r.fail_disk(exc, f"cannot write the activation sequence: {exc}")
+                    return
             else:
-                log.warning("ZooKeeper's activation sequence could not be read: no takeover from this sync")
+                log.warning("the primary sent no activation sequence (no coordinator?): this replica cannot take over")
         await self.host.start_backup()
 
     async def _may_take_over(self) -> str | None:
@@ -521,10 +540,16 @@ class ReplicationBackupActivation(Activation):
         co = self.coordination
         if co is None:
             return None
+        if self._session is not None:
+            await asyncio.wait([self._session])  # one session: let the one being opened finish
+            self._session = None
         try:
             return await co.activate(self.nm.node_id)
         except TandemError as exc:
             return exc.message
+
+    async def activation_info(self) -> dict[str, Any]:
+        return await _describe(self.coordination, self.host.config.data_path)
 
     def replication(self) -> dict[str, Any]:
         r = self.replica

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 from ..config import BrokerConfig, CoordinatorConfig
 from ..errors import TandemError
-from .activation_sequence import read_local_sequence, write_local_sequence
+from .activation_sequence import judge, read_local_sequence, write_local_sequence
 from .coordinator import AsyncCoordinator, Coordinator, StaleActivation
 from .host import ActivationHost
 from .network_check import NetworkCheck
@@ -96,12 +97,8 @@ class Coordination:
         self.sequence = await c.claim_activation(expected, lambda v: write_local_sequence(directory, v))
         log.warning("carrying on without a backup: activation sequence now %d", self.sequence)
 
-    async def read_sequence(self, node_id: str) -> int:
-        """ZooKeeper's value, read by a backup when its primary accepts it."""
-        return await (await self.open(node_id)).activation_sequence()
-
     def copy_sequence(self, value: int) -> None:
-        """An in-sync backup's data is as current as the value read when its primary accepted it."""
+        """An in-sync backup's data is as current as the value its primary took it on with."""
         write_local_sequence(self.data_dir, value)
         self.sequence = value
 
@@ -112,6 +109,25 @@ class Coordination:
         if c.lost is not None:
             return f"session lost ({c.lost})"
         return "live lock held" if c.holds_live_lock else "connected"
+
+    async def describe(self) -> dict[str, Any]:
+        """This server's copy of the activation sequence beside ZooKeeper's value, read now over
+        its own session (`tandem admin activation show`); never raises: a failed read is named."""
+        local = self.local_sequence()
+        out: dict[str, Any] = {"local": local, "zookeeper": None, "verdict": None, "coordinator": self.state()}
+        c = self.coord
+        if c is None or c.lost is not None:
+            out["zookeeper_error"] = "no ZooKeeper session (yet)" if c is None else f"session lost ({c.lost})"
+            return out
+        try:
+            value = await asyncio.wait_for(c.activation_sequence(), self.zk.connect_timeout / 1000)
+        except (TandemError, TimeoutError) as exc:
+            out["zookeeper_error"] = f"cannot read ZooKeeper's value: {exc or 'no answer'}"
+            return out
+        out["zookeeper"] = value
+        if local is not None:
+            out["verdict"] = judge(local, value).value
+        return out
 
     def local_sequence(self) -> int | None:
         if self.sequence is not None:

@@ -2,8 +2,8 @@
 
 The broker satisfies this Protocol; ha/ never imports server/. These are the only calls
 an activation makes into its broker: start as a backup (passive, following the store),
-start as live (serve), stop serving, stop, stop at once after losing the live lock, and
-the state it reports while waiting. A new HA mode is a new class in ha/ written against
+start as live (serve), stop serving, stop, stop at once after losing the live lock or
+on a disk error, and the state it reports while waiting. A new HA mode is a new class in ha/ written against
 this interface; the broker does not change.
 """
 
@@ -48,4 +48,8 @@ class ActivationHost(Protocol):
 
     def lock_lost(self, reason: str) -> None:
         """The live lock is no longer ours: stop at once, writing nothing more to the store."""
+        ...
+
+    def storage_failed(self, err: BaseException) -> None:
+        """An I/O error on this server's disk: stop (status 3), as after a journal's disk error."""
         ...

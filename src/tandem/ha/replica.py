@@ -10,6 +10,10 @@ on disk it answers REPLICA_SYNCED: from then on it is in sync, may take over, an
 follows the directory like a shared-store backup does (store/follower.py), so taking over reads
 only the tail.
 
+A disk error while applying (an OSError: EIO, ENOSPC, a failed fsync) is not acknowledged and
+ends the link; the activation then stops the server as a journal's disk error does (decision
+0037), instead of syncing again onto a disk that fails.
+
 The connection ends one of three ways, each an `Outcome`: the primary stopped or died while this
 backup was in sync (take over), the primary dropped this backup or the sync did not finish
 (start again from scratch), or the primary refused it (try again later).
@@ -131,6 +135,7 @@ class Replica:
         self.total = 0
         self.copied = 0
         self.fsync = True
+        self.primary_sequence = -1  # the activation sequence the primary took us on with (-1: none)
         self.stop_failover: bool | None = None  # what the primary's REPLICA_STOP said, if it said
         self.result: asyncio.Future[tuple[Outcome, str]] = self.loop.create_future()
         self._proto: _Protocol | None = None
@@ -140,6 +145,7 @@ class Replica:
         self._last_received = self.loop.time()
         self.moved: Path | None = None
         self.apply_error: str | None = None
+        self.disk_error: OSError | None = None  # this server's disk failed: it stops (not a resync)
         self._queued = 0  # bytes handed to the apply thread, not applied yet (loop thread)
         self._paused = False
         self._follow: asyncio.Task[None] | None = None
@@ -261,6 +267,7 @@ class Replica:
     def _accepted(self, pkt: p.ReplicaAccept) -> None:
         self.accepted = True
         self.fsync = pkt.backup_fsync
+        self.primary_sequence = pkt.activation_sequence
         self.state = "syncing"
         self._adopt(pkt.node_id)
         self._thread = threading.Thread(target=self._apply_loop, name="replica-apply", daemon=True)
@@ -301,7 +308,11 @@ class Replica:
                     self.loop.call_soon_threadsafe(self._applied, top, synced, nbytes)
                 if stop:
                     break
-        except (ReplicaError, OSError) as exc:
+        except OSError as exc:
+            # Set here, not on the loop: run() must see it even when the link ended first.
+            self.disk_error, self.apply_error = exc, f"cannot apply the stream: {exc}"
+            self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
+        except ReplicaError as exc:
             self.apply_error = f"cannot apply the stream: {exc}"
             self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
         finally:
@@ -338,6 +349,12 @@ class Replica:
             self.end(Outcome.RESYNC, f"{why} before the sync completed")
         else:
             self.end(Outcome.RETRY, why)
+
+    def fail_disk(self, exc: OSError, why: str) -> None:
+        """This server's disk failed under the replica: end the link; the activation stops the server."""
+        self.disk_error = exc
+        self.apply_error = why
+        self.end(Outcome.RESYNC, why)
 
     def end(self, outcome: Outcome, why: str) -> None:
         if not self.result.done():

@@ -257,6 +257,7 @@ class ReplicationSource:
         self._counter = itertools.count()
         self._watchdog: asyncio.Task[None] | None = None
         self.node_id = ""  # the node the primary serves: its backup takes it on
+        self.activation_sequence: Callable[[], int] = lambda: -1  # the coordinated value now (-1: none)
         # With a coordinator: called (on the loop) when a backup is dropped; every confirmation
         # waits until `release()` (the sequence is bumped) or for ever (the lock is lost).
         self.on_alone: Callable[[], None] | None = None
@@ -323,7 +324,8 @@ class ReplicationSource:
         link.replica = b
         with self._lock:
             self.backup = b
-        link.send(p.ReplicaAccept(self.node_id, self.cfg.backup_fsync))
+        # No bump is under way (refused above): the value includes every earlier drop, none of this link.
+        link.send(p.ReplicaAccept(self.node_id, self.cfg.backup_fsync, self.activation_sequence()))
         timeout = self.cfg.initial_replication_sync_timeout / 1000
         b.task = asyncio.get_running_loop().create_task(b.sync(journals, data_dir, timeout), name="replication-sync")
         log.warning("backup %s (from %s) connected: initial sync", pkt.connector, link.peer)

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from ..protocol.fileops import COPY, CREATE, PUT, RENAME, UNLINK, WRITE, FileOp, problem
 from . import files as jf
+from .faults import Faults
 
 
 class Tap(Protocol):
@@ -134,6 +135,7 @@ class Applier:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._faults = Faults.from_env("replica")  # tests only (journal/faults.py)
         self._fds: dict[tuple[str, str], int] = {}
         self._dirty: set[tuple[str, str]] = set()
         self._dirty_dirs: set[str] = set()
@@ -174,6 +176,8 @@ class Applier:
             if why is not None:
                 raise ReplicaError(why)
             code = op.op
+            if self._faults is not None:
+                self._faults.hit("write")
             if code == WRITE or code == COPY:
                 fd = self._fd(kind, op.name, create=code == COPY)
                 _pwrite_all(fd, op.data, op.offset)
@@ -207,6 +211,8 @@ class Applier:
                 self._dirty_dirs.add(kind)
 
     def sync(self) -> None:
+        if self._faults is not None:
+            self._faults.hit("sync")
         for key in self._dirty:
             os.fdatasync(self._fds[key])
         self._dirty.clear()

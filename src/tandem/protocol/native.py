@@ -267,6 +267,9 @@ class ReplicaAccept(Packet, tag=43):
 
     node_id: str
     backup_fsync: bool = True
+    # The primary's activation sequence as it takes the backup on (-1: no coordinator). Every
+    # earlier drop is in it, no drop of this link is: the value an in-sync replica may hold.
+    activation_sequence: int = -1
 
 
 class ReplicaSyncStart(Packet, tag=44):

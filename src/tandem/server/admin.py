@@ -40,6 +40,7 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 class Admin:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
+        self._pending: set[asyncio.Task[Any]] = set()  # answers that wait for ZooKeeper
         self._ops: dict[str, Callable[..., Any]] = {
             "queue.create": self.queue_create,
             "queue.delete": self.queue_delete,
@@ -49,6 +50,7 @@ class Admin:
             "address.delete": self.address_delete,
             "address.list": self.address_list,
             "broker.status": self.broker_status,
+            "broker.activation": self.broker_activation,
             "broker.stop": self.broker_stop,
             "cluster.announce": self.cluster_announce,
             "tx.status": self.tx_status,
@@ -155,6 +157,18 @@ class Admin:
     # ---------------------------------------------------------------- broker
     def broker_status(self, conn: NativeConnection | None, reply: Reply) -> None:
         reply(self.broker.status())
+
+    def broker_activation(self, conn: NativeConnection | None, reply: Reply) -> None:
+        """The activation sequence, this server's copy and ZooKeeper's (`tandem admin activation show`)."""
+        task = asyncio.get_running_loop().create_task(self.broker.activation_info())
+        self._pending.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._pending.discard(t)
+            if not t.cancelled():
+                reply(t.result())
+
+        task.add_done_callback(done)
 
     def broker_stop(self, conn: NativeConnection | None, reply: Reply, failover: bool = False) -> None:
         """Stop the broker: cleanly (state P: no failover) or leaving state L so its backup takes over."""

@@ -77,6 +77,10 @@ class Activation(Protocol):
         """The broker stopped serving: leave `state` (if any), let go of every lock."""
         ...
 
+    async def activation_info(self) -> dict[str, Any]:
+        """The activation sequence: this server's copy, ZooKeeper's value, the verdict."""
+        ...
+
     @property
     def store_tap(self) -> Tap | None:
         """Where the store's file operations go besides the disk (a replicating primary's stream)."""
@@ -265,8 +269,9 @@ class Broker:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    def _storage_failed(self, err: BaseException) -> None:
-        """An I/O error in the store: tell every client, stop serving, leave the store to a backup.
+    def storage_failed(self, err: BaseException) -> None:
+        """An I/O error in the store (or a replicating backup's replica): tell every client, stop
+        serving, leave the store to a backup.
 
         Artemis's critical I/O error: a server never goes on with a journal it cannot write. The
         state byte stays live, so a shared-store backup takes over at once."""
@@ -397,7 +402,7 @@ class Broker:
         gc.disable()
         try:
             state = self.storage.load()
-            self.storage.set_failure_handler(self._storage_failed)
+            self.storage.set_failure_handler(self.storage_failed)
             self.storage.start()
             ids = IdGenerator(state.max_id + 1, state.id_reserved, self.storage.reserve_ids)
             self.postoffice = PostOffice(
@@ -525,6 +530,19 @@ class Broker:
             return [{"node_id": self.node_id, "live": me, "backup": backup}]
         peers = [self.config.connector_url(n) for n in self.config.static_connectors]
         return [{"node_id": self.node_id, "live": peers[0] if peers else None, "backup": me}]
+
+    async def activation_info(self) -> dict[str, Any]:
+        """`broker.activation`: which server this is, and its activation sequence beside ZooKeeper's."""
+        out: dict[str, Any] = {
+            "name": self.config.name,
+            "node_id": self.node_id,
+            "ha_policy": self.config.ha_policy,
+            "state": self.ha_state,
+            "data_directory": str(self.config.data_path),
+        }
+        if self.activation is not None:
+            out.update(await self.activation.activation_info())
+        return out
 
     def status(self) -> dict[str, Any]:
         now = time.time()
