@@ -185,7 +185,12 @@ class NativeConnection(asyncio.Protocol):
         self.write(_encode(packet))
 
     def confirm(self, channel: int, upto: int) -> None:
-        self._confirms[channel] = upto
+        # Confirmations are cumulative, and may come out of order (a slice whose wait went through
+        # the bindings journal runs after a later slice's): a lower one never undoes a higher one.
+        # Each waited for everything stored before it, so the highest covers the lower ones.
+        confirms = self._confirms
+        if upto > confirms.get(channel, 0):
+            confirms[channel] = upto
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
