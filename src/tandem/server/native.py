@@ -528,6 +528,9 @@ class NativeConnection(asyncio.Protocol):
     def on_replica_synced(self, pkt: p.ReplicaSynced) -> None:
         self._replica_of(pkt).on_synced(pkt.position)
 
+    def on_replica_failback(self, pkt: p.ReplicaFailback) -> None:
+        self._replica_of(pkt).on_failback()
+
     def _reply_after_bindings(self, channel: int, cmd: int, result: Any) -> None:
         self._send_after(self.broker.storage.after_bindings_durable, p.Response(channel, cmd, result))
 
@@ -583,6 +586,7 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.ReplicaStart: NativeConnection.on_replica_start,
     p.ReplicaAck: NativeConnection.on_replica_ack,
     p.ReplicaSynced: NativeConnection.on_replica_synced,
+    p.ReplicaFailback: NativeConnection.on_replica_failback,
 }
 
 
