@@ -6,6 +6,8 @@ old backup (restart-backup) becomes its backup again."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,22 @@ def pair(tmp_path: Path) -> Any:
     yield make
     for p in made:
         p.kill_all()
+
+
+def _admin_status(url: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "admin", "status", "--url", url], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _row(text: str, key: str) -> str:
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return value.strip()
+    raise AssertionError(f"no {key!r} in:\n{text}")
 
 
 async def _send(url: str, queue: str, prefix: str, n: int) -> list[str]:
@@ -62,14 +80,26 @@ def test_the_restarted_primary_syncs_as_backup_fails_back_and_the_old_backup_is_
     before = asyncio.run(_send(p.url_of(0), "fb", "a", 300))
     p.primary.kill()
     p.wait_state(1, "active", timeout=20)
+    st = p.status(1)
+    assert (st["role"], st["replication"], st["replication_peer"]) == ("backup", "unreplicated", None)
     while_down = asyncio.run(_send(p.url_of(1), "fb", "b", 300))  # only on the backup's disk
     p.primary.start()
-    st = p.wait_state(0, "active", timeout=30)
+    p.wait_state(0, "active", timeout=30)
     p.wait_in_sync()
-    st = p.status(0)
-    assert st["role"] == "primary" and st["replication"] == "in-sync"
-    st = p.status(1)
-    assert st["role"] == "backup" and st["state"] == "passive"
+    primary = _admin_status(p.url_of(0))
+    assert (_row(primary, "role"), _row(primary, "state"), _row(primary, "replication")) == (
+        "primary",
+        "active",
+        "in-sync",
+    )
+    assert _row(primary, "replication_peer") == f"127.0.0.1:{p.ports[1]}"
+    backup = _admin_status(p.url_of(1))
+    assert (_row(backup, "role"), _row(backup, "state"), _row(backup, "replication")) == (
+        "backup",
+        "passive",
+        "in-sync",
+    )
+    assert _row(backup, "replication_peer") == f"127.0.0.1:{p.ports[0]}"
     assert (p.dirs[0] / "oldreplica.1" / "journal").is_dir(), "the primary's stale data was not moved aside"
     primary_log, backup_log = p.primary.log_text(), p.backup.log_text()
     assert "active server for this node found" in primary_log
@@ -111,7 +141,9 @@ def test_without_allow_failback_the_restarted_primary_stays_a_backup_and_takes_o
     p.primary.start()
     p.wait_replication(0, "in-sync")
     p.wait_replication(1, "in-sync")
-    p.wait_state(0, "passive")
+    st = p.wait_state(0, "passive")
+    st = p.status(0)
+    assert (st["role"], st["replication_peer"]) == ("primary", f"127.0.0.1:{p.ports[1]}")
     after = asyncio.run(_send(p.url_of(1), "nf", "c", 200))  # replicated to the restarted primary
     assert p.status(1)["state"] == "active" and p.status(0)["state"] == "passive"
     assert "asking it to step down" not in p.primary.log_text()
@@ -119,6 +151,18 @@ def test_without_allow_failback_the_restarted_primary_stays_a_backup_and_takes_o
     p.wait_state(0, "active", timeout=20)
     got = asyncio.run(drain_texts(p.url_of(0), "nf"))
     assert sorted(got) == sorted(before + while_down + after)
+
+
+def test_without_restart_backup_the_server_that_handed_the_node_back_stops(pair: Any) -> None:
+    """restart-backup = false on the backup: after failback it stops (status 0) instead of syncing again."""
+    p = pair(server_toml=("", "restart-backup = false\n")).start_all()
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=20)
+    p.primary.start()
+    p.wait_state(0, "active", timeout=30)
+    assert p.backup.wait_exit(20) == 0
+    assert "restart-backup = false: stopping" in p.backup.log_text()
+    assert p.status(0)["replication"] == "unreplicated"
 
 
 def test_without_check_for_live_server_an_uncoordinated_primary_serves_its_stale_copy_and_says_so(
