@@ -595,6 +595,11 @@ class ReplicationPrimaryActivation(ReplicationActivation):
     async def start(self) -> None:
         await super().start()
         host, cfg, co = self.host, self.host.config, self.coordination
+        if cfg.check_for_live_server and not cfg.static_connectors:
+            log.warning(
+                "check-for-live-server = true but no static-connectors: this primary cannot look for a "
+                "server active for its node (set static-connectors to its backup's connector)"
+            )
         if cfg.check_for_live_server:
             url = await find_active(cfg, host.own_connector(), self.nm.node_id)
             if url is not None:
