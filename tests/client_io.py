@@ -34,24 +34,32 @@ async def drain_texts(url: str, queue: str, wait: float = 0.5) -> list[str]:
 
 
 def exactly_once_across_a_kill(
-    url: str, kill: Callable[[], None], total: int = 3000
+    url: str, kill: Callable[[], None], total: int = 3000, until_killed: bool = False
 ) -> tuple[list[int], dict[str, float]]:
     """A producer (auto_dedup, send() after send()) and a transacted consumer on a pair's `url`;
     `kill` (kill -9 of the active server) runs once a third is confirmed. Returns what was consumed
-    (committed) and when: "kill", "first_send" and "first_receive" after it (monotonic seconds)."""
+    (committed) and when: "kill", "first_send" and "first_receive" after it (monotonic seconds),
+    and "sent": how many were sent (`total`; with `until_killed`, more if `kill` took longer: the
+    producer goes on until it returns, so a long `kill` such as failback cycles runs under load)."""
     confirmed: list[int] = []
     consumed: list[int] = []
     times: dict[str, float] = {}
+    killed = asyncio.Event()
+    produced = asyncio.Event()
 
     async def produce() -> None:
         conn = await aio.connect(url, retry_interval=50)
         prod = (await conn.create_session()).create_producer("work")
-        for i in range(total):
+        i = 0
+        while i < total or (until_killed and not killed.is_set()):
             await prod.send(str(i))  # auto_dedup: resent after failover if unconfirmed
             confirmed.append(i)
             if "kill" in times and "first_send" not in times:
                 times["first_send"] = time.monotonic()
             await asyncio.sleep(0.0005)
+            i += 1
+        times["sent"] = i
+        produced.set()
         await conn.close()
 
     async def consume() -> None:
@@ -60,7 +68,7 @@ def exactly_once_across_a_kill(
         consumer = await session.create_consumer("work")
         batch: list[int] = []
         deadline = time.monotonic() + 120
-        while len(consumed) < total and time.monotonic() < deadline:
+        while not (produced.is_set() and len(consumed) >= times["sent"]) and time.monotonic() < deadline:
             try:
                 msg = await consumer.receive(1.0)
                 if msg is not None:
@@ -88,6 +96,7 @@ def exactly_once_across_a_kill(
             await asyncio.sleep(0.01)
         await asyncio.get_running_loop().run_in_executor(None, kill)
         times["kill"] = time.monotonic()
+        killed.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 150)
 
     asyncio.run(main())

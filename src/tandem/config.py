@@ -222,8 +222,8 @@ class BrokerConfig(_Conf, frozen=True):
     # High availability (Artemis's ha-policy with a shared store).
     ha_policy: HaPolicyName = "live-only"
     failover_on_shutdown: bool = False
-    allow_failback: bool = True
-    restart_backup: bool = True
+    allow_failback: bool = True  # a primary back in sync asks for its node back; the active server hands it over
+    restart_backup: bool = True  # a server that handed its node back becomes a backup again (else it stops)
     lock_check_period: int = 50  # ms between attempts at a lock held by another server
     connectors: list[ConnectorConfig] = []
     connector_ref: str | None = None  # this server's connector, told to clients (default: its native acceptor)
@@ -244,6 +244,9 @@ class BrokerConfig(_Conf, frozen=True):
     max_saved_replicated_journal_size: int = 2  # oldreplica.N directories a backup keeps (-1: all)
     call_timeout: int = 30_000  # ms a primary waits for its backup's acknowledgement before dropping it
     retry_replication_wait: int = 2_000  # ms before a backup tries its primary again
+    # (primary) At start, look for a server active with this node id and sync from it as a backup
+    # (Artemis's check-for-live-server, default false there: a stale primary would serve again).
+    check_for_live_server: bool = True
 
     # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
     address_settings: dict[str, AddressSettingsConfig] = {}

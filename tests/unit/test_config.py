@@ -49,6 +49,7 @@ ha-policy = "shared-store-backup"
 failover-on-shutdown = true
 allow-failback = false
 restart-backup = false
+check-for-live-server = false
 lock-check-period = 20
 connector-ref = "me"
 static-connectors = ["peer"]
@@ -229,6 +230,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         failover_on_shutdown=True,
         allow_failback=False,
         restart_backup=False,
+        check_for_live_server=False,
         lock_check_period=20,
         connectors=[ConnectorConfig("me", "127.0.0.1:7000"), ConnectorConfig("peer", "127.0.0.1:7002")],
         connector_ref="me",
@@ -314,6 +316,9 @@ def test_ill_typed_value_names_key_and_file(tmp_path: Path) -> None:
     ("text", "key"),
     [
         ("journal-datasync = 1", "journal-datasync"),
+        ('check-for-live-server = "yes"', "check-for-live-server"),
+        ("allow-failback = 0", "allow-failback"),
+        ("restart-backup = []", "restart-backup"),
         ('log-level = "trace"', "log-level"),
         ('default-routing-type = "broadcast"', "default-routing-type"),
         ("acceptors = 3", "acceptors"),
@@ -472,6 +477,13 @@ def test_connection_limit_keys() -> None:
         load_config(None, connection_ttl=60_000, connection_ttl_max=30_000)
     with pytest.raises(ConfigError, match="handshake-timeout"):
         load_config(None, handshake_timeout=0)
+
+
+def test_failback_defaults() -> None:
+    """A restarted primary looks for a server active with its node id (unlike Artemis's default),
+    fails back to it, and the server that stepped down becomes a backup again."""
+    cfg = load_config(None)
+    assert (cfg.check_for_live_server, cfg.allow_failback, cfg.restart_backup) == (True, True, True)
 
 
 # ------------------------------------------------- coordinator and network check

@@ -63,6 +63,7 @@ SAMPLES: list[n.Packet] = [
     n.ReplicaStart("u", "p", "h:1"),
     n.ReplicaAck(2**40),
     n.ReplicaSynced(7),
+    n.ReplicaFailback(),
     n.ReplicaAccept("node-1", False),
     n.ReplicaSyncStart(3, 10 << 20),
     n.ReplicaOps(5, "journal", 123, msgspec.Raw(msgspec.msgpack.encode([[2, "tandem-data-1.tj", 32, b"rec"]]))),

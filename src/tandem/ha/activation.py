@@ -29,6 +29,7 @@ from .activation_sequence import read_local_sequence
 from .announcer import announce
 from .coordination import Coordination
 from .host import ActivationHost
+from .live_check import find_active
 from .node_manager import FAILBACK, LIVE, NOT_STARTED, PAUSED, NodeManager
 from .replica import Outcome, Replica
 from .source import Link, ReplicationSource
@@ -379,86 +380,30 @@ def _uncoordinated(host: ActivationHost) -> None:
     )
 
 
-class ReplicationPrimaryActivation(LiveOnlyActivation):
-    """Serves its own data directory, as live-only does, and streams it to a backup (ha/source.py)."""
+class ReplicationActivation(Activation):
+    """Both replication policies, one life: follow an active server as its backup (ha/replica.py)
+    until it goes or hands over, then serve the node with a replication source (ha/source.py),
+    which takes a backup in turn, until this server hands over (failback) or stops.
 
-    role = "primary"
+    A replication-backup starts by following; a replication-primary serves at once, unless
+    check-for-live-server finds a server active for its node: then it follows that one first and,
+    with allow-failback, asks it for the node back once in sync (decision 0035). A server asked
+    so steps down as a clean stop hands over, then follows again (restart-backup) or stops.
+    """
 
     def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
         super().__init__(host, nm)
-        self.source = ReplicationSource(host.config)
+        cfg = host.config
+        self.retry = cfg.retry_replication_wait / 1000
+        self.allow_failback = cfg.allow_failback
+        self.restart_backup = cfg.restart_backup
         self.coordination = _coordination(host)
-        self._bumping: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        co = self.coordination
-        if co is None:
-            _uncoordinated(self.host)
-        else:
-            why = await co.activate(self.nm.node_id)
-            if why is not None:
-                co.close()
-                raise IllegalState(f"not activating: {why}")
-            self.source.on_alone = self._alone
-            self.source.activation_sequence = lambda: -1 if co.sequence is None else co.sequence
-        self.source.node_id = self.nm.node_id
-        self.source.start()
-        await super().start()
-        if co is not None:
-            co.watch()
-
-    def _alone(self) -> None:
-        if self._bumping is None or self._bumping.done():
-            self._bumping = asyncio.get_running_loop().create_task(self._bump(), name="activation-bump")
-
-    async def _bump(self) -> None:
-        """The backup is dropped: record in ZooKeeper that this copy alone is current, then confirm."""
-        assert self.coordination is not None
-        try:
-            await self.coordination.bump()
-        except Exception as exc:  # SessionLost, ZooKeeper unavailable: no proof we may go on
-            self.host.lock_lost(f"could not record that it carries on without its backup: {exc}")
-            return
-        self.source.release()
-
-    @property
-    def store_tap(self) -> Tap | None:
-        return self.source
-
-    def accept_replica(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
-        self.source.accept(link, pkt, journals, data_dir)
-
-    def replication(self) -> dict[str, Any]:
-        out = {"replication": self.source.state(), "replication_peer": self.source.peer}
-        return out | _coordination_status(self.coordination)
-
-    async def activation_info(self) -> dict[str, Any]:
-        return await _describe(self.coordination, self.host.config.data_path)
-
-    def release(self, state: bytes | None) -> None:
-        # A stopping primary, whatever the reason, hands over to a backup in sync (as Artemis's
-        # replication does: not configurable).
-        self.source.close(failover=True)
-        if self._bumping is not None:
-            self._bumping.cancel()
-        if self.coordination is not None:
-            self.coordination.close()
-        super().release(state)
-
-
-class ReplicationBackupActivation(Activation):
-    """Replicates a primary into its own data directory (ha/replica.py); takes over when the
-    primary goes while it is in sync. Never activates on its own at a cold start."""
-
-    role = "backup"
-
-    def __init__(self, host: ActivationHost, nm: NodeManager) -> None:
-        super().__init__(host, nm)
         self.replica: Replica | None = None
-        self.retry = host.config.retry_replication_wait / 1000
-        self.taken_over = False
-        self.coordination = _coordination(host)
+        self.source: ReplicationSource | None = None  # while serving
+        self.following = True  # (False once serving)
+        self.failback_from: str | None = None  # the backup that asked for the node back
         self._session: asyncio.Task[Any] | None = None
+        self._bumping: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.coordination is None:
@@ -470,6 +415,29 @@ class ReplicationBackupActivation(Activation):
             )
 
     async def run(self) -> None:
+        host = self.host
+        while True:
+            if self.following:
+                if not await self._follow():
+                    return
+                await self._serve()
+            if not await self._serving():
+                return  # the lock is lost: the broker stops
+            await self._step_down()
+            if not self.restart_backup:
+                log.warning("handed the node over; restart-backup = false: stopping")
+                await host.stop(leave_state=False)
+                return
+            self.following = True
+
+    # ------------------------------------------------------------ as a backup
+    def _asks_failback(self) -> bool:
+        """A primary following the server that took its node over asks for it back once in sync."""
+        return False
+
+    async def _follow(self) -> bool:
+        """Replicate an active server until this replica, in sync, may take over (True), or its
+        disk fails (False: the broker stops)."""
         host = self.host
         cfg = host.config
         urls = [cfg.connector_url(n) for n in cfg.static_connectors]
@@ -486,7 +454,7 @@ class ReplicationBackupActivation(Activation):
                     # Nothing it failed to write was acknowledged; syncing again would meet the same
                     # disk: stop as a primary does on a disk error (its primary carries on alone).
                     host.storage_failed(self.replica.disk_error)
-                    return
+                    return False
                 if outcome is not Outcome.RETRY:
                     break
             if outcome is Outcome.TAKE_OVER:
@@ -502,14 +470,7 @@ class ReplicationBackupActivation(Activation):
             host.report("waiting")
             await asyncio.sleep(self.retry)
         log.warning("primary is gone (%s): backup activating", why, extra={"node_id": self.nm.node_id})
-        self.taken_over = True
-        self.nm.set_state(LIVE)
-        await host.start_live()
-        if self.coordination is not None:
-            self.coordination.watch()
-        while not self._lock_lost():  # noqa: ASYNC110 - a file lock has no event to await
-            await asyncio.sleep(self.poll)
-        host.lock_lost(self.lost_reason)
+        return True
 
     def _adopt(self, node_id: str) -> None:
         """A backup serves its primary's node: clients fail over within one node id."""
@@ -534,6 +495,10 @@ class ReplicationBackupActivation(Activation):
             else:
                 log.warning("the primary sent no activation sequence (no coordinator?): this replica cannot take over")
         await self.host.start_backup()
+        r = self.replica
+        if r is not None and self._asks_failback():
+            log.warning("in sync with the active server %s: asking it to step down (allow-failback)", r.peer)
+            r.request_failback()
 
     async def _may_take_over(self) -> str | None:
         """None if this in-sync replica may activate (uncoordinated: always), else why not."""
@@ -551,17 +516,150 @@ class ReplicationBackupActivation(Activation):
     async def activation_info(self) -> dict[str, Any]:
         return await _describe(self.coordination, self.host.config.data_path)
 
+    # ------------------------------------------------------------- as active
+    async def _serve(self) -> None:
+        """Serve the node (the live lock, and the coordinator's when there is one, are ours)."""
+        source = ReplicationSource(self.host.config)
+        source.node_id = self.nm.node_id
+        source.on_failback = self._failback_asked
+        co = self.coordination
+        if co is not None:
+            source.on_alone = self._alone
+            source.activation_sequence = lambda: -1 if co.sequence is None else co.sequence
+        source.start()
+        self.source = source
+        self.following = False
+        self.failback_from = None
+        self.nm.set_state(LIVE)
+        await self.host.start_live()
+        if self.coordination is not None:
+            self.coordination.watch()
+
+    async def _serving(self) -> bool:
+        """Until a backup in sync asks for the node (True) or the lock is lost (False: stopping)."""
+        while self.failback_from is None:
+            if self._lock_lost():
+                self.host.lock_lost(self.lost_reason)
+                return False
+            await asyncio.sleep(self.poll)
+        return True
+
+    def _failback_asked(self, connector: str) -> None:
+        if not self.allow_failback:
+            log.warning("backup %s asks for the node back: refused (allow-failback = false)", connector)
+        elif self.failback_from is None:
+            self.failback_from = connector
+
+    async def _step_down(self) -> None:
+        """Hand the node to the backup that asked, as a clean stop does: no client served any more,
+        every batch streamed and acknowledged, then REPLICA_STOP(failover) tells it to take over."""
+        log.warning("failback: stepping down for %s, which takes the node over", self.failback_from)
+        await self.host.stop_live()
+        co, source = self.coordination, self.source
+        if co is not None:
+            await asyncio.to_thread(co.close)  # the live lock goes now: the backup claims it
+            self.coordination = _coordination(self.host)
+            self._session = None
+        if self._bumping is not None:
+            self._bumping.cancel()
+        self.source = None
+        if source is not None:
+            source.close(failover=True)
+        self.host.report("waiting")
+
+    def _alone(self) -> None:
+        if self._bumping is None or self._bumping.done():
+            self._bumping = asyncio.get_running_loop().create_task(self._bump(), name="activation-bump")
+
+    async def _bump(self) -> None:
+        """The backup is dropped: record in ZooKeeper that this copy alone is current, then confirm."""
+        co, source = self.coordination, self.source
+        assert co is not None and source is not None
+        try:
+            await co.bump()
+        except Exception as exc:  # SessionLost, ZooKeeper unavailable: no proof we may go on
+            self.host.lock_lost(f"could not record that it carries on without its backup: {exc}")
+            return
+        source.release()
+
+    @property
+    def store_tap(self) -> Tap | None:
+        return self.source
+
+    def accept_replica(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+        if self.source is None:
+            super().accept_replica(link, pkt, journals, data_dir)
+        else:
+            self.source.accept(link, pkt, journals, data_dir)
+
     def replication(self) -> dict[str, Any]:
-        r = self.replica
         co = _coordination_status(self.coordination)
-        if self.taken_over or r is None:
-            return {"replication": "unreplicated", "replication_peer": None} | co
-        return {"replication": r.status(), "replication_peer": r.peer} | co
+        s, r = self.source, self.replica
+        if s is not None:
+            return {"replication": s.state(), "replication_peer": s.peer} | co
+        if self.following and r is not None:
+            return {"replication": r.status(), "replication_peer": r.peer} | co
+        return {"replication": "unreplicated", "replication_peer": None} | co
 
     def release(self, state: bytes | None) -> None:
+        # A stopping server that serves, whatever the reason, hands over to a backup in sync (as
+        # Artemis's replication does: not configurable).
+        if self.source is not None:
+            self.source.close(failover=True)
+        if self._bumping is not None:
+            self._bumping.cancel()
         if self.coordination is not None:
             self.coordination.close()
         super().release(state)
+
+
+class ReplicationPrimaryActivation(ReplicationActivation):
+    """Serves its own data directory and streams it to a backup, unless a server is active for
+    its node already (check-for-live-server): then it syncs from that one as a backup first."""
+
+    role = "primary"
+
+    async def start(self) -> None:
+        await super().start()
+        host, cfg, co = self.host, self.host.config, self.coordination
+        if cfg.check_for_live_server and not cfg.static_connectors:
+            log.warning(
+                "check-for-live-server = true but no static-connectors: this primary cannot look for a "
+                "server active for its node (set static-connectors to its backup's connector)"
+            )
+        if cfg.check_for_live_server:
+            url = await find_active(cfg, host.own_connector(), self.nm.node_id)
+            if url is not None:
+                log.warning(
+                    "an active server for this node found at %s: syncing from it as a backup%s",
+                    url,
+                    ", then failing back (allow-failback)" if self.allow_failback else "",
+                )
+                return  # run() follows it
+        elif co is None:
+            log.warning(
+                "check-for-live-server = false and no coordinator: if a backup took this node over "
+                "while this server was down, both now serve it, this one with its stale data (see docs/ha.md)"
+            )
+        if co is not None:
+            why = await co.activate(self.nm.node_id)
+            if why is not None:
+                co.close()
+                raise IllegalState(f"not activating: {why}")
+        await self._serve()
+
+    def _asks_failback(self) -> bool:
+        return self.allow_failback
+
+    def stop_state(self, failover: bool) -> bytes:
+        return PAUSED
+
+
+class ReplicationBackupActivation(ReplicationActivation):
+    """Replicates a primary into its own data directory; takes over when the primary goes while
+    it is in sync, and serves as a primary does. Never activates on its own at a cold start."""
+
+    role = "backup"
 
 
 def make_activation(host: ActivationHost, nm: NodeManager) -> Activation:

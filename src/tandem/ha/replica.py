@@ -338,6 +338,10 @@ class Replica:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
 
+    def request_failback(self) -> None:
+        """(In sync) ask the server we replicate to step down and hand its node to us."""
+        self._send(p.ReplicaFailback())
+
     # ---------------------------------------------------------------- end
     def lost(self, why: str) -> None:
         """The link is gone: take over if in sync (and not dropped by a primary that lives on)."""

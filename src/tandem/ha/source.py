@@ -95,6 +95,7 @@ class BackupStream:
         self.floor = 0  # ... of positions above this one
         self.acked = 0
         self.synced = False
+        self.wants_failback = False  # asked before its sync task saw REPLICA_SYNCED (same read)
         self.total = 0
         self.copied = 0
         self.sent_at: deque[tuple[int, float]] = deque()  # gated positions sent, not acknowledged yet
@@ -115,6 +116,9 @@ class BackupStream:
     def on_synced(self, position: int) -> None:
         if not self.done.done():
             self.done.set_result(position)
+
+    def on_failback(self) -> None:
+        self.source.failback(self)
 
     def link_closed(self) -> None:
         self.source.drop(self, "its connection closed", tell=False)
@@ -170,6 +174,8 @@ class BackupStream:
                 raise IllegalState(f"the backup reported in sync at {position}, not {floor}")
             self.synced = True
             log.warning("backup %s is in sync: replicating", self.connector)
+            if self.wants_failback:
+                self.source.failback(self)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
@@ -262,6 +268,8 @@ class ReplicationSource:
         # waits until `release()` (the sequence is bumped) or for ever (the lock is lost).
         self.on_alone: Callable[[], None] | None = None
         self._held = False
+        # Called (on the loop) when the backup, in sync, asks for the node back (a returning primary).
+        self.on_failback: Callable[[str], None] | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -354,6 +362,15 @@ class ReplicationSource:
             b.link.send(p.ReplicaStop(False, reason))
             b.link.close()
         log.warning("backup %s dropped (%s, was %s): carrying on without a backup", b.connector, reason, was)
+
+    def failback(self, b: BackupStream) -> None:
+        """The backup asks to take the node back: only one in sync may (it has every confirmed write)."""
+        if b.closed or b is not self.backup:
+            return
+        if not b.synced:
+            b.wants_failback = True  # it says it is in sync; the sync task has not seen it yet
+        elif self.on_failback is not None:
+            self.on_failback(b.connector)
 
     def release(self) -> None:
         """The coordinator recorded that this primary carries on alone: confirm what waited."""

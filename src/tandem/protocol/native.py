@@ -303,6 +303,10 @@ class ReplicaStop(Packet, tag=47):
     reason: str
 
 
+class ReplicaFailback(Packet, tag=48):
+    """A returning primary, in sync as this server's backup, asks it to hand the node back (failback)."""
+
+
 ClientPacket = (
     Hello
     | Ping
@@ -326,6 +330,7 @@ ClientPacket = (
     | ReplicaStart
     | ReplicaAck
     | ReplicaSynced
+    | ReplicaFailback
 )
 ServerPacket = (
     HelloOk

@@ -187,12 +187,13 @@ class Broker:
         follower = await self._stop_following()
         warm = follower.finish() if follower is not None else None
         self.warm_activation = warm is not None
+        tap = self.activation.store_tap if self.activation is not None else None
         if warm is not None:
+            warm.set_tap(tap)
             self.storage = warm
         elif cfg.persistence_enabled:
             if follower is not None:
                 log.warning("warm takeover not possible (%s): loading the journal", follower.problem or "compaction")
-            tap = self.activation.store_tap if self.activation is not None else None
             self.storage = JournalStorage(cfg.data_path, journal_settings(cfg), tap)
         else:
             self.storage = NullStorage()

@@ -185,7 +185,12 @@ class NativeConnection(asyncio.Protocol):
         self.write(_encode(packet))
 
     def confirm(self, channel: int, upto: int) -> None:
-        self._confirms[channel] = upto
+        # Confirmations are cumulative, and may come out of order (a slice whose wait went through
+        # the bindings journal runs after a later slice's): a lower one never undoes a higher one.
+        # Each waited for everything stored before it, so the highest covers the lower ones.
+        confirms = self._confirms
+        if upto > confirms.get(channel, 0):
+            confirms[channel] = upto
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -523,6 +528,9 @@ class NativeConnection(asyncio.Protocol):
     def on_replica_synced(self, pkt: p.ReplicaSynced) -> None:
         self._replica_of(pkt).on_synced(pkt.position)
 
+    def on_replica_failback(self, pkt: p.ReplicaFailback) -> None:
+        self._replica_of(pkt).on_failback()
+
     def _reply_after_bindings(self, channel: int, cmd: int, result: Any) -> None:
         self._send_after(self.broker.storage.after_bindings_durable, p.Response(channel, cmd, result))
 
@@ -578,6 +586,7 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.ReplicaStart: NativeConnection.on_replica_start,
     p.ReplicaAck: NativeConnection.on_replica_ack,
     p.ReplicaSynced: NativeConnection.on_replica_synced,
+    p.ReplicaFailback: NativeConnection.on_replica_failback,
 }
 
 

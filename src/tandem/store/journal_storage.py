@@ -118,6 +118,11 @@ class JournalStorage:
         state.messages = self._iter_messages(live)
         return state
 
+    def set_tap(self, tap: Tap | None) -> None:
+        """Before `start`: stream every change from now on (a backup that took over replicates in turn)."""
+        self.bindings.tap = tap
+        self.messages.tap = tap
+
     def adopt_followed(self, bindings: dict[int, LiveRecord], messages: dict[int, LiveRecord], follower: Any) -> None:
         """Journals already read by a follower (store/follower.py): `load` builds from what it built."""
         self._followed = (bindings, messages, follower)

@@ -1,0 +1,227 @@
+"""Failback of a replicated pair, real processes (decision 0035): kill -9 of the primary, the
+backup serves and takes a replica; the restarted primary finds it (check-for-live-server), syncs
+from it as a backup, and with allow-failback asks it to step down and serves again, while the
+old backup (restart-backup) becomes its backup again."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tandem.aio as aio
+from client_io import drain_texts, exactly_once_across_a_kill
+from replicated_pair import ReplicatedPair
+from zookeeper import ZooKeeperServer
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Any:
+    made: list[ReplicatedPair] = []
+
+    def make(**settings: Any) -> ReplicatedPair:
+        p = ReplicatedPair(tmp_path / f"pair{len(made)}", **settings)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.kill_all()
+
+
+def _admin_status(url: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "admin", "status", "--url", url], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _row(text: str, key: str) -> str:
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return value.strip()
+    raise AssertionError(f"no {key!r} in:\n{text}")
+
+
+async def _send(url: str, queue: str, prefix: str, n: int) -> list[str]:
+    conn = await aio.connect(url)
+    prod = (await conn.create_session()).create_producer(queue)
+    for i in range(n):
+        await prod.send_async(f"{prefix}{i}")
+    await prod.flush()  # every send confirmed
+    await conn.close()
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def _fail_back(p: ReplicatedPair) -> None:
+    """kill -9 of the primary; the backup serves; the primary, restarted, syncs from it and takes
+    over again; the old backup is its in-sync backup once more."""
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=20)
+    p.wait_replication(1, "unreplicated")
+    p.primary.start()
+    p.wait_state(0, "active", timeout=30)
+    p.wait_in_sync()
+
+
+def test_the_restarted_primary_syncs_as_backup_fails_back_and_the_old_backup_is_its_backup_again(pair: Any) -> None:
+    """(a) Messages sent before the kill and to the backup while it served are all on the primary
+    after failback, once each; its old data is kept aside; status tells each step truthfully."""
+    p = pair().start_all()
+    before = asyncio.run(_send(p.url_of(0), "fb", "a", 300))
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=20)
+    st = p.status(1)
+    assert (st["role"], st["replication"], st["replication_peer"]) == ("backup", "unreplicated", None)
+    while_down = asyncio.run(_send(p.url_of(1), "fb", "b", 300))  # only on the backup's disk
+    p.primary.start()
+    p.wait_state(0, "active", timeout=30)
+    p.wait_in_sync()
+    primary = _admin_status(p.url_of(0))
+    assert (_row(primary, "role"), _row(primary, "state"), _row(primary, "replication")) == (
+        "primary",
+        "active",
+        "in-sync",
+    )
+    assert _row(primary, "replication_peer") == f"127.0.0.1:{p.ports[1]}"
+    backup = _admin_status(p.url_of(1))
+    assert (_row(backup, "role"), _row(backup, "state"), _row(backup, "replication")) == (
+        "backup",
+        "passive",
+        "in-sync",
+    )
+    assert _row(backup, "replication_peer") == f"127.0.0.1:{p.ports[0]}"
+    assert (p.dirs[0] / "oldreplica.1" / "journal").is_dir(), "the primary's stale data was not moved aside"
+    primary_log, backup_log = p.primary.log_text(), p.backup.log_text()
+    assert "active server for this node found" in primary_log
+    assert "asking it to step down" in primary_log
+    assert "failback: stepping down" in backup_log
+    got = asyncio.run(drain_texts(p.url_of(0), "fb"))
+    assert sorted(got) == sorted(before + while_down)
+
+
+@pytest.mark.timeout(150)
+def test_three_failback_cycles_under_load_lose_and_duplicate_nothing(pair: Any) -> None:
+    """(b) An auto-dedup producer and a transacted consumer on the pair's URL through three
+    kill -9 / failback cycles: every confirmed message consumed exactly once."""
+    p = pair().start_all()
+
+    def three_cycles() -> None:
+        for _ in range(3):
+            _fail_back(p)
+
+    consumed, times = exactly_once_across_a_kill(p.url, three_cycles, total=2000, until_killed=True)
+    total = int(times["sent"])
+    dupes = [k for k, n in Counter(consumed).items() if n > 1]
+    assert not dupes, f"consumed twice: {dupes[:10]}"
+    assert sorted(consumed) == list(range(total)), f"lost: {sorted(set(range(total)) - set(consumed))[:10]}"
+    assert p.primary.log_text().count("asking it to step down") == 3
+    assert p.status(0)["state"] == "active" and p.status(1)["state"] == "passive"
+
+
+def test_without_allow_failback_the_restarted_primary_stays_a_backup_and_takes_over_at_the_next_failure(
+    pair: Any,
+) -> None:
+    """(c) allow-failback = false: the restarted primary syncs and stays the backup of the server
+    that took over; when that one dies, it takes over with everything."""
+    p = pair(server_toml=("allow-failback = false\n", "")).start_all()
+    before = asyncio.run(_send(p.url_of(0), "nf", "a", 200))
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=20)
+    while_down = asyncio.run(_send(p.url_of(1), "nf", "b", 200))
+    p.primary.start()
+    p.wait_replication(0, "in-sync")
+    p.wait_replication(1, "in-sync")
+    st = p.wait_state(0, "passive")
+    st = p.status(0)
+    assert (st["role"], st["replication_peer"]) == ("primary", f"127.0.0.1:{p.ports[1]}")
+    after = asyncio.run(_send(p.url_of(1), "nf", "c", 200))  # replicated to the restarted primary
+    assert p.status(1)["state"] == "active" and p.status(0)["state"] == "passive"
+    assert "asking it to step down" not in p.primary.log_text()
+    p.backup.kill()
+    p.wait_state(0, "active", timeout=20)
+    got = asyncio.run(drain_texts(p.url_of(0), "nf"))
+    assert sorted(got) == sorted(before + while_down + after)
+
+
+def test_without_restart_backup_the_server_that_handed_the_node_back_stops(pair: Any) -> None:
+    """restart-backup = false on the backup: after failback it stops (status 0) instead of syncing again."""
+    p = pair(server_toml=("", "restart-backup = false\n")).start_all()
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=20)
+    p.primary.start()
+    p.wait_state(0, "active", timeout=30)
+    assert p.backup.wait_exit(20) == 0
+    assert "restart-backup = false: stopping" in p.backup.log_text()
+    assert p.status(0)["replication"] == "unreplicated"
+
+
+def test_without_check_for_live_server_an_uncoordinated_primary_serves_its_stale_copy_and_says_so(
+    pair: Any,
+) -> None:
+    """(d) check-for-live-server = false, no coordinator: the restarted primary cannot know a backup
+    took over; it serves its own (stale) data beside the backup: the split brain docs/ha.md warns
+    of, and the warning it logs at start."""
+    p = pair(server_toml=("check-for-live-server = false\n", "")).start_all()
+    before = asyncio.run(_send(p.url_of(0), "st", "a", 100))
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=20)
+    asyncio.run(_send(p.url_of(1), "st", "b", 100))
+    p.primary.start()
+    p.wait_state(0, "active")
+    assert p.status(1)["state"] == "active"  # two active servers for one node id
+    assert "check-for-live-server = false" in p.primary.log_text()
+    assert sorted(asyncio.run(drain_texts(p.url_of(0), "st"))) == sorted(before)  # stale: no b*
+
+
+def test_without_check_for_live_server_a_coordinated_primary_is_refused_as_stale(
+    tmp_path: Path, zookeeper: ZooKeeperServer
+) -> None:
+    """(d) check-for-live-server = false with ZooKeeper: while the backup serves, its live lock keeps
+    the restarted primary out; once it is gone too, the activation sequence refuses the stale copy."""
+    no_check = ("check-for-live-server = false\n", "")
+    p = ReplicatedPair(tmp_path / "pair", zookeeper=zookeeper.hosts, server_toml=no_check)
+    try:
+        p.start_all()
+        p.primary.kill()
+        p.wait_state(1, "active", timeout=20)
+        p.backup.kill()  # nobody holds the live lock: only the sequence stands in the stale copy's way
+        with pytest.raises(RuntimeError) as info:
+            p.primary.start()
+        assert "this data is stale" in str(info.value) and "activation sequence" in str(info.value)
+    finally:
+        p.kill_all()
+
+
+@pytest.mark.timeout(120)
+def test_a_coordinated_failback_cycle(tmp_path: Path, zookeeper: ZooKeeperServer) -> None:
+    """With ZooKeeper: the returning primary copies the sequence as a backup does, claims the next
+    one when it takes over, and the stepped-down server serves the pair again as its backup."""
+    p = ReplicatedPair(tmp_path / "pair", zookeeper=zookeeper.hosts)
+    try:
+        p.start_all()
+        seq0 = p.status(0)["activation_sequence"]
+        before = asyncio.run(_send(p.url_of(0), "zk", "a", 200))
+        p.primary.kill()
+        p.wait_state(1, "active", timeout=30)
+        seq1 = p.status(1)["activation_sequence"]
+        while_down = asyncio.run(_send(p.url_of(1), "zk", "b", 200))
+        p.primary.start()
+        p.wait_state(0, "active", timeout=40)
+        p.wait_in_sync()
+        st = p.status(0)
+        assert st["activation_sequence"] > seq1 > seq0  # each activation claims the next value
+        assert p.status(1)["activation_sequence"] == st["activation_sequence"]  # copied once in sync
+        assert st["coordinator"] == "live lock held"
+        assert sorted(asyncio.run(drain_texts(p.url_of(0), "zk"))) == sorted(before + while_down)
+    finally:
+        p.kill_all()
