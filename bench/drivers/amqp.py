@@ -535,15 +535,19 @@ def consumer(worker: Worker, stats: ConsumerStats) -> None:
 # -- queue preparation ---------------------------------------------------
 
 
-async def _reset_queue(host: str, port: int, queue: str) -> None:
-    """Delete ``queue`` and declare it again as a durable classic queue."""
+async def _reset_queue(host: str, port: int, queue: str, queue_type: str = "classic") -> None:
+    """Delete ``queue`` and declare it again as a durable classic (or quorum) queue."""
     proto = await connect(host, port, AmqpClient)
     try:
         await proto.rpc(commands.Queue.Delete(queue=queue), CHANNEL, commands.Queue.DeleteOk)
         await proto.rpc(
             # Durable, not auto-delete, no arguments: a classic queue, exactly
             # what RabbitMQ's STOMP plugin itself declares for /queue/NAME.
-            commands.Queue.Declare(queue=queue, durable=True),
+            commands.Queue.Declare(
+                queue=queue,
+                durable=True,
+                arguments={"x-queue-type": "quorum"} if queue_type == "quorum" else None,
+            ),
             CHANNEL,
             commands.Queue.DeclareOk,
         )
@@ -551,15 +555,15 @@ async def _reset_queue(host: str, port: int, queue: str) -> None:
         await proto.close()
 
 
-def reset_queue(host: str, port: int, queue: str) -> None:
+def reset_queue(host: str, port: int, queue: str, queue_type: str = "classic") -> None:
     """Synchronous wrapper of :func:`_reset_queue` (used by the harness too)."""
-    asyncio.run(_reset_queue(host, port, queue))
+    asyncio.run(_reset_queue(host, port, queue, queue_type))
 
 
 def prepare(args: argparse.Namespace) -> None:
     """Make the queue fresh before the run unless ``--no-prepare``."""
     if not args.no_prepare:
-        reset_queue(args.host, args.port, args.queue)
+        reset_queue(args.host, args.port, args.queue, args.queue_type)
 
 
 def main() -> None:
@@ -573,6 +577,12 @@ def main() -> None:
         help="one Basic.Ack per message, or one multiple=true ack per read batch",
     )
     parser.add_argument("--no-prepare", action="store_true", help="do not delete/declare the queue first")
+    parser.add_argument(
+        "--queue-type",
+        choices=("classic", "quorum"),
+        default="classic",
+        help="declare the queue with x-queue-type: quorum (replicated over the cluster's nodes)",
+    )
     args = parser.parse_args()
     report = run_benchmark(args, CLIENT, producer, consumer, prepare)
     report["ack"] = args.ack
