@@ -62,8 +62,9 @@ def say(msg: str) -> None:
 class ReplicatedPair:
     """Server 0 the replication primary, server 1 its backup, each on its own data directory."""
 
-    def __init__(self, root: Path, backup_fsync: bool) -> None:
+    def __init__(self, root: Path, backup_fsync: bool, backup_root: Path | None = None) -> None:
         self.root = root
+        dirs = (root / "primary", (backup_root or root) / "backup")
         self.ports = (_free_port(), _free_port())
         self.procs: list[subprocess.Popen[bytes] | None] = [None, None]
         names = ("primary", "backup")
@@ -72,7 +73,7 @@ class ReplicatedPair:
         )
         for i, name in enumerate(names):
             (root / f"{name}.toml").write_text(
-                f'name = "{name}"\ndata-directory = "{root / name}"\n'
+                f'name = "{name}"\ndata-directory = "{dirs[i]}"\n'
                 f'ha-policy = "replication-{name}"\nallow-uncoordinated = true\n'
                 f"backup-fsync = {'true' if backup_fsync else 'false'}\nretry-replication-wait = 200\n"
                 f'connector-ref = "{name}"\nstatic-connectors = ["{names[1 - i]}"]\n'
@@ -285,7 +286,10 @@ def _gaps(at: list[float], lat: list[float], t0: float, t1: float) -> dict[str, 
 
 def part_sync_and_failover(a: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="tandem-replbench-sync-"))
-    pair = ReplicatedPair(root, True)
+    backup_root = None
+    if a.backup_root:
+        backup_root = Path(tempfile.mkdtemp(prefix="tandem-replbench-backup-", dir=a.backup_root))
+    pair = ReplicatedPair(root, True, backup_root)
     result: dict[str, Any] = {"backlog_messages": a.backlog, "stall_window": a.stall_window, "backup_fsync": True}
     try:
         pair.start(0)
@@ -356,6 +360,8 @@ def part_sync_and_failover(a: argparse.Namespace) -> dict[str, Any]:
             say(f"kept {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+            if backup_root is not None:
+                shutil.rmtree(backup_root, ignore_errors=True)
     return result
 
 
@@ -418,6 +424,10 @@ def main() -> int:
     ap.add_argument("--stall-window", type=int, default=16, help="unconfirmed sends of the producer during the sync")
     ap.add_argument("--pairs", default="1+1,4+4")
     ap.add_argument("--parts", default="throughput,rabbitmq,sync", help="which parts to run")
+    ap.add_argument(
+        "--backup-root",
+        help="where the sync part's backup keeps its data (another disk; by default beside the primary's)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the sync part's data directories and logs")
     ap.add_argument("--out", default=str(BENCH / "results"))
     ap.add_argument("--note", default="", help="what the reader should know about this run (machine load)")
