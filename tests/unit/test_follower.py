@@ -113,3 +113,31 @@ def test_follower_starts_over_when_compaction_replaces_the_files(tmp_path: Path)
     fresh = JournalFollower(Journal(tmp_path, "t", settings))
     assert fresh.poll() is True
     assert set(fresh.live) == set(range(150, 200))
+
+
+def test_a_follower_poll_reads_a_short_slice(tmp_path: Path) -> None:
+    """A warm backup's follower runs on the broker's event loop, which also sends a replicating
+    backup's acknowledgements: one poll reads a few MiB at most (then says there is more), so a
+    backup warming up on a big store does not hold up the primary's confirmations."""
+    from tandem.journal import Journal, JournalSettings
+    from tandem.journal.follower import JournalFollower
+
+    settings = JournalSettings(file_size=1 << 20, buffer_timeout_ns=0)
+    j = Journal(tmp_path, "t", settings)
+    j.load()
+    j.start_sync()
+    for i in range(1, 12_001):
+        j.add(i, 1, b"x" * 1024)
+    j.flush_sync()
+    j.close_sync()
+    follower = JournalFollower(Journal(tmp_path, "t", settings))
+    slices = []
+    for _ in range(100):
+        before = follower.bytes_read
+        done = follower.poll()
+        slices.append(follower.bytes_read - before)
+        if done is True:
+            break
+    assert done is True and set(follower.live) == set(range(1, 12_001))
+    assert len(slices) > 3, slices
+    assert max(slices) <= 4 << 20, slices
