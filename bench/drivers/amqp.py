@@ -28,6 +28,7 @@ import contextlib
 import struct
 import sys
 import time
+from array import array
 from collections import deque
 from pathlib import Path
 from typing import Any, cast
@@ -292,6 +293,8 @@ class Producer(AmqpClient):
         self.acked_in_batch = False
         self.first_send_ns = 0
         self.last_confirm_ns = 0
+        self.sent_ns = array("q")  # the send time of delivery tag i + 1
+        self.confirm_latencies = array("q")
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.prefix = b""
         self.tail = b""
@@ -329,10 +332,12 @@ class Producer(AmqpClient):
         n = min(self.window - inflight, self.count - self.published)
         if n <= 0 or self.transport is None:
             return
-        prefix, tail, now = self.prefix, self.tail, time.monotonic_ns
+        prefix, tail, now, sent = self.prefix, self.tail, time.monotonic_ns, self.sent_ns
         parts: list[bytes] = []
         for _ in range(n):
-            parts += (prefix, now().to_bytes(8, "big"), tail)
+            t = now()
+            sent.append(t)
+            parts += (prefix, t.to_bytes(8, "big"), tail)
         self.published += n
         self.transport.write(b"".join(parts))
 
@@ -344,18 +349,25 @@ class Producer(AmqpClient):
             multiple = buf[start + 12] & 1
             if method == _BASIC_NACK:
                 self.nacked += 1
+            now = time.monotonic_ns()
             if multiple:
                 if tag > self.floor:
+                    above, sent, lat = self.above, self.sent_ns, self.confirm_latencies
+                    for t in range(self.floor + 1, tag + 1):
+                        if t not in above:
+                            lat.append(now - sent[t - 1])
                     self.floor = tag
                     if self.above:
                         self.above = {t for t in self.above if t > tag}
             elif tag == self.floor + 1:
+                self.confirm_latencies.append(now - self.sent_ns[tag - 1])
                 self.floor = tag
                 above = self.above
                 while above and self.floor + 1 in above:
                     self.floor += 1
                     above.discard(self.floor)
-            else:
+            elif tag > self.floor and tag not in self.above:
+                self.confirm_latencies.append(now - self.sent_ns[tag - 1])
                 self.above.add(tag)
             self.acked_in_batch = True
         else:
@@ -402,6 +414,7 @@ async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
             stats.confirmed = proto.floor + len(proto.above)
             stats.first_send_ns = proto.first_send_ns
             stats.last_confirm_ns = proto.last_confirm_ns
+            stats.confirm_latencies = proto.confirm_latencies
     finally:
         await proto.close()
 
