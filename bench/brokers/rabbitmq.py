@@ -142,6 +142,8 @@ class RabbitMQNode:
         keep_dir: bool = False,
         log_level: str = "warning",
         start_timeout: float = 120.0,
+        cookie: str | None = None,
+        own_epmd: bool = True,
     ) -> None:
         """Choose ports and paths; nothing is started until :meth:`start`."""
         if host != "127.0.0.1":
@@ -156,6 +158,8 @@ class RabbitMQNode:
         self.keep_dir = keep_dir or base_dir is not None
         self.log_level = log_level
         self.start_timeout = start_timeout
+        self.cookie = cookie  # nodes of one cluster share theirs
+        self.own_epmd = own_epmd  # False: another node of the cluster runs the epmd on epmd_port
         self.base_dir: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.epmd_process: subprocess.Popen[bytes] | None = None
@@ -186,7 +190,7 @@ class RabbitMQNode:
             (base / sub).mkdir(exist_ok=True)
         cookie = base / "home" / ".erlang.cookie"
         if not cookie.exists():
-            cookie.write_text(secrets.token_hex(20))
+            cookie.write_text(self.cookie or secrets.token_hex(20))
         cookie.chmod(0o400)
         (base / "etc" / "rabbitmq.conf").write_text(
             _CONFIG.format(stomp_port=self.stomp_port, log_level=self.log_level)
@@ -248,7 +252,8 @@ class RabbitMQNode:
         self._prepare()
         assert self.base_dir is not None
         try:
-            self._start_epmd()
+            if self.own_epmd:
+                self._start_epmd()
             out = (self.log_dir / "startup_stdout.log").open("wb")
             with out:
                 self.process = subprocess.Popen(
@@ -373,6 +378,60 @@ class RabbitMQNode:
         tb: TracebackType | None,
     ) -> None:
         """Stop the node."""
+        self.stop()
+
+
+class RabbitMQCluster:
+    """Private nodes on loopback that share one epmd and one Erlang cookie, joined into a cluster
+    with `rabbitmqctl join_cluster` (a context manager). Node 0 runs the epmd."""
+
+    def __init__(self, size: int = 3, log_level: str = "warning") -> None:
+        epmd_port = free_port()
+        cookie = secrets.token_hex(20)
+        tag = f"{os.getpid()}-{secrets.token_hex(2)}"
+        self.nodes = [
+            RabbitMQNode(
+                epmd_port=epmd_port,
+                cookie=cookie,
+                own_epmd=i == 0,
+                nodename=f"tandem-bench-{tag}-{i}@localhost",
+                log_level=log_level,
+            )
+            for i in range(size)
+        ]
+
+    def start(self) -> RabbitMQCluster:
+        try:
+            for node in self.nodes:
+                node.start()
+            first = self.nodes[0].nodename
+            for node in self.nodes[1:]:
+                node.ctl("stop_app")
+                node.ctl("join_cluster", first)
+                node.ctl("start_app")
+                node._wait_ready()
+            running = self.nodes[0].ctl("eval", "length(rabbit_nodes:all_running()).").strip()
+            if running != str(len(self.nodes)):
+                raise RuntimeError(f"{running} of {len(self.nodes)} nodes running in the cluster")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the joined nodes first and node 0 (with the epmd) last."""
+        for node in reversed(self.nodes):
+            node.stop()
+
+    def __enter__(self) -> RabbitMQCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 

@@ -28,6 +28,7 @@ import contextlib
 import struct
 import sys
 import time
+from array import array
 from collections import deque
 from pathlib import Path
 from typing import Any, cast
@@ -292,6 +293,8 @@ class Producer(AmqpClient):
         self.acked_in_batch = False
         self.first_send_ns = 0
         self.last_confirm_ns = 0
+        self.sent_ns = array("q")  # the send time of delivery tag i + 1
+        self.confirm_latencies = array("q")
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.prefix = b""
         self.tail = b""
@@ -329,10 +332,12 @@ class Producer(AmqpClient):
         n = min(self.window - inflight, self.count - self.published)
         if n <= 0 or self.transport is None:
             return
-        prefix, tail, now = self.prefix, self.tail, time.monotonic_ns
+        prefix, tail, now, sent = self.prefix, self.tail, time.monotonic_ns, self.sent_ns
         parts: list[bytes] = []
         for _ in range(n):
-            parts += (prefix, now().to_bytes(8, "big"), tail)
+            t = now()
+            sent.append(t)
+            parts += (prefix, t.to_bytes(8, "big"), tail)
         self.published += n
         self.transport.write(b"".join(parts))
 
@@ -344,18 +349,25 @@ class Producer(AmqpClient):
             multiple = buf[start + 12] & 1
             if method == _BASIC_NACK:
                 self.nacked += 1
+            now = time.monotonic_ns()
             if multiple:
                 if tag > self.floor:
+                    above, sent, lat = self.above, self.sent_ns, self.confirm_latencies
+                    for t in range(self.floor + 1, tag + 1):
+                        if t not in above:
+                            lat.append(now - sent[t - 1])
                     self.floor = tag
                     if self.above:
                         self.above = {t for t in self.above if t > tag}
             elif tag == self.floor + 1:
+                self.confirm_latencies.append(now - self.sent_ns[tag - 1])
                 self.floor = tag
                 above = self.above
                 while above and self.floor + 1 in above:
                     self.floor += 1
                     above.discard(self.floor)
-            else:
+            elif tag > self.floor and tag not in self.above:
+                self.confirm_latencies.append(now - self.sent_ns[tag - 1])
                 self.above.add(tag)
             self.acked_in_batch = True
         else:
@@ -402,6 +414,7 @@ async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
             stats.confirmed = proto.floor + len(proto.above)
             stats.first_send_ns = proto.first_send_ns
             stats.last_confirm_ns = proto.last_confirm_ns
+            stats.confirm_latencies = proto.confirm_latencies
     finally:
         await proto.close()
 
@@ -535,15 +548,19 @@ def consumer(worker: Worker, stats: ConsumerStats) -> None:
 # -- queue preparation ---------------------------------------------------
 
 
-async def _reset_queue(host: str, port: int, queue: str) -> None:
-    """Delete ``queue`` and declare it again as a durable classic queue."""
+async def _reset_queue(host: str, port: int, queue: str, queue_type: str = "classic") -> None:
+    """Delete ``queue`` and declare it again as a durable classic (or quorum) queue."""
     proto = await connect(host, port, AmqpClient)
     try:
         await proto.rpc(commands.Queue.Delete(queue=queue), CHANNEL, commands.Queue.DeleteOk)
         await proto.rpc(
             # Durable, not auto-delete, no arguments: a classic queue, exactly
             # what RabbitMQ's STOMP plugin itself declares for /queue/NAME.
-            commands.Queue.Declare(queue=queue, durable=True),
+            commands.Queue.Declare(
+                queue=queue,
+                durable=True,
+                arguments={"x-queue-type": "quorum"} if queue_type == "quorum" else None,
+            ),
             CHANNEL,
             commands.Queue.DeclareOk,
         )
@@ -551,15 +568,15 @@ async def _reset_queue(host: str, port: int, queue: str) -> None:
         await proto.close()
 
 
-def reset_queue(host: str, port: int, queue: str) -> None:
+def reset_queue(host: str, port: int, queue: str, queue_type: str = "classic") -> None:
     """Synchronous wrapper of :func:`_reset_queue` (used by the harness too)."""
-    asyncio.run(_reset_queue(host, port, queue))
+    asyncio.run(_reset_queue(host, port, queue, queue_type))
 
 
 def prepare(args: argparse.Namespace) -> None:
     """Make the queue fresh before the run unless ``--no-prepare``."""
     if not args.no_prepare:
-        reset_queue(args.host, args.port, args.queue)
+        reset_queue(args.host, args.port, args.queue, args.queue_type)
 
 
 def main() -> None:
@@ -573,6 +590,12 @@ def main() -> None:
         help="one Basic.Ack per message, or one multiple=true ack per read batch",
     )
     parser.add_argument("--no-prepare", action="store_true", help="do not delete/declare the queue first")
+    parser.add_argument(
+        "--queue-type",
+        choices=("classic", "quorum"),
+        default="classic",
+        help="declare the queue with x-queue-type: quorum (replicated over the cluster's nodes)",
+    )
     args = parser.parse_args()
     report = run_benchmark(args, CLIENT, producer, consumer, prepare)
     report["ack"] = args.ack

@@ -100,6 +100,7 @@ class ProducerStats:
     server: str = ""
     error: str = ""
     timed_out: bool = False
+    confirm_latencies: array[int] = field(default_factory=lambda: array("q"))  # send -> confirmation, ns
 
 
 @dataclass
@@ -386,6 +387,10 @@ def _report(
     for s in cons:
         lat.extend(s.latencies)
     lat = array("q", sorted(lat))
+    confirm = array("q")
+    for p in prods:
+        confirm.extend(p.confirm_latencies)
+    confirm = array("q", sorted(confirm))
     servers = [s.server for s in both if s.server]
     return {
         "broker": args.broker or (servers[0] if servers else "unknown"),
@@ -402,6 +407,11 @@ def _report(
             "p99": round(percentile(lat, 0.99) / 1e6, 3),
             "p999": round(percentile(lat, 0.999) / 1e6, 3),
             "max": round(float(lat[-1]) / 1e6, 3),
+        },
+        "confirm_latency_ms": {
+            "p50": round(percentile(confirm, 0.50) / 1e6, 3),
+            "p99": round(percentile(confirm, 0.99) / 1e6, 3),
+            "p999": round(percentile(confirm, 0.999) / 1e6, 3),
         },
         "duration_s": round(duration, 4),
         "cpu_pct": {

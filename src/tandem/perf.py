@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from array import array
+from collections import deque
 from typing import Any
 
 STAMP = struct.Struct(">q")
@@ -64,7 +65,7 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ producers
-async def _produce(args: dict[str, Any], index: int, count: int, sent: Any) -> None:
+async def _produce(args: dict[str, Any], index: int, count: int, sent: Any, confirm_lat: array[int]) -> None:
     from .client.connection import connect
     from .client.message import Message
 
@@ -78,11 +79,15 @@ async def _produce(args: dict[str, Any], index: int, count: int, sent: Any) -> N
     dedup = f"{args['run_id']}-{index}-" if args.get("dedup") else None
     errors: list[BaseException] = []
     confirmed = 0
+    stamps: deque[int] = deque()  # send times not confirmed yet: confirmations come in send order
+    mono = time.monotonic_ns
 
     def done(exc: BaseException | None) -> None:
         nonlocal confirmed
         if exc is not None:
             errors.append(exc)
+        if stamps:
+            confirm_lat.append(mono() - stamps.popleft())
         confirmed += 1
         if not tx_batch and confirmed % 256 == 0:
             with sent.get_lock():
@@ -91,7 +96,10 @@ async def _produce(args: dict[str, Any], index: int, count: int, sent: Any) -> N
     for i in range(count):
         if not prod.has_room(queue, size):
             await prod.ready(queue, size)  # stamp after waiting for window and credit: latency is broker + network
-        body = STAMP.pack(time.monotonic_ns()) + pad
+        stamp = mono()
+        body = STAMP.pack(stamp) + pad
+        if not tx_batch:
+            stamps.append(stamp)
         prod.send_nowait(Message(body, durable=durable, dedup_id=f"{dedup}{i}" if dedup else None), done)
         if tx_batch and ((i + 1) % tx_batch == 0 or i + 1 == count):
             await session.commit()  # durable once this returns
@@ -113,8 +121,9 @@ def _producer_proc(args: dict[str, Any], sent: Any, out: Any, start: Any) -> Non
         start.wait()
         t0 = time.monotonic_ns()
         counts = _split(args["count"], args["producers"])
-        await asyncio.gather(*(_produce(args, i, n, sent) for i, n in enumerate(counts)))
-        return {"first_send_ns": t0, "last_confirm_ns": time.monotonic_ns()}
+        lat: array[int] = array("q")
+        await asyncio.gather(*(_produce(args, i, n, sent, lat) for i, n in enumerate(counts)))
+        return {"first_send_ns": t0, "last_confirm_ns": time.monotonic_ns(), "confirm_lat": lat.tobytes()}
 
     try:
         out.send(asyncio.run(run()))
@@ -302,6 +311,10 @@ def main(a: argparse.Namespace) -> int:
         if part is not None and "error" in part:
             print(f"tandem perf: client failed: {part['error']}", file=sys.stderr)
             return 1
+    if prod and prod.get("confirm_lat"):
+        confirm = array("q")
+        confirm.frombytes(prod["confirm_lat"])
+        result["confirm_latency_ms"] = percentiles(confirm)  # send -> confirmation (not with --tx-batch)
     if a.mode == "producer" and prod:
         dur = (prod["last_confirm_ns"] - prod["first_send_ns"]) / 1e9
         result.update(msgs_per_s=round(a.count / dur, 1), duration_s=round(dur, 3))

@@ -424,6 +424,8 @@ def test_perf_pair(running: BrokerProcess) -> None:
     assert result["msgs_per_s"] > 0
     lat = result["latency_ms"]
     assert 0 < lat["p50"] <= lat["p99"] <= lat["p999"], lat
+    confirm = result["confirm_latency_ms"]  # send -> confirmation
+    assert 0 < confirm["p50"] <= confirm["p99"] <= confirm["p999"], confirm
 
 
 def test_perf_plain_sends_carry_no_dedup_ids_and_dedup_sends_do(running: BrokerProcess) -> None:

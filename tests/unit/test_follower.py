@@ -113,3 +113,81 @@ def test_follower_starts_over_when_compaction_replaces_the_files(tmp_path: Path)
     fresh = JournalFollower(Journal(tmp_path, "t", settings))
     assert fresh.poll() is True
     assert set(fresh.live) == set(range(150, 200))
+
+
+def test_a_follower_poll_reads_a_short_slice(tmp_path: Path) -> None:
+    """A warm backup's follower runs on the broker's event loop, which also sends a replicating
+    backup's acknowledgements: one poll reads a few MiB at most (then says there is more), so a
+    backup warming up on a big store does not hold up the primary's confirmations."""
+    from tandem.journal import Journal, JournalSettings
+    from tandem.journal.follower import JournalFollower
+
+    settings = JournalSettings(file_size=1 << 20, buffer_timeout_ns=0)
+    j = Journal(tmp_path, "t", settings)
+    j.load()
+    j.start_sync()
+    for i in range(1, 12_001):
+        j.add(i, 1, b"x" * 1024)
+    j.flush_sync()
+    j.close_sync()
+    follower = JournalFollower(Journal(tmp_path, "t", settings))
+    slices = []
+    for _ in range(100):
+        before = follower.bytes_read
+        done = follower.poll()
+        slices.append(follower.bytes_read - before)
+        if done is True:
+            break
+    assert done is True and set(follower.live) == set(range(1, 12_001))
+    assert len(slices) > 3, slices
+    assert max(slices) <= 4 << 20, slices
+
+
+def test_a_warming_follower_makes_no_collections_then_freezes_what_it_built(tmp_path: Path) -> None:
+    """Warming up builds an object per message, as a reload does: a collection now and then would
+    walk them all on the event loop (hundreds of ms, holding up a replicating backup's
+    acknowledgements). As the reload, the warm-up runs with the collector off, and once caught
+    up freezes what it built."""
+    import gc
+
+    from tandem.core.message import Message, MessageData
+    from tandem.core.session import ServerSession
+
+    cfg = load_config(None, data_directory=str(tmp_path), acceptors=[{"name": "n", "bind": "127.0.0.1:0"}])
+
+    async def main() -> None:
+        writer = Broker(cfg)
+        await writer.start()
+        po = writer.postoffice
+        session = ServerSession(po, None)
+        for i in range(4000):
+            data = MessageData("q", True, 4, 0, 1, None, 0, {}, bytes(1000))
+            session.send_message(Message.create(po.ids.next(), data))
+            if i % 500 == 0:
+                await asyncio.sleep(0.01)
+        await writer.stop()
+        backup = Broker(cfg)
+        frozen = gc.get_freeze_count()
+        await backup.start_backup()
+        seen: list[bool] = []
+        for _ in range(10_000):
+            f = backup._follower
+            if f is not None and f.caught_up:
+                break
+            if f is not None and f.messages.bytes_read:
+                seen.append(gc.isenabled())
+            await asyncio.sleep(0)
+        try:
+            assert backup._follower is not None and backup._follower.caught_up
+            assert backup._follower.messages_seen == 4000
+            assert seen and not any(seen), "the collector ran while the follower warmed up"
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert gc.isenabled()
+            assert gc.get_freeze_count() > frozen + 4000, "what the warm-up built was not frozen"
+        finally:
+            await backup._stop_following()
+            gc.enable()
+            gc.unfreeze()
+
+    asyncio.run(main())

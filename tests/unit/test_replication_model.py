@@ -310,3 +310,78 @@ def test_the_sync_reports_its_progress_then_in_sync(tmp_path: Path) -> None:
         source.close(failover=False)
 
     asyncio.run(main())
+
+
+def test_writes_made_while_the_backup_catches_up_are_not_held_for_it(tmp_path: Path) -> None:
+    """At the end of the copy, the operations queued meanwhile go to the backup and it applies
+    them, while the primary keeps confirming on its own disk: confirmations start waiting for the
+    backup (and the backup is told the sync is done) only once it has acknowledged that backlog.
+    Until then a batch is confirmed without the backup; from then on every batch waits for it."""
+
+    async def main() -> None:
+        source = ReplicationSource(CFG)
+        source.start()
+        j = Journal(tmp_path / "primary" / "journal", PREFIX, SETTINGS, source)
+        j.load()
+        j.start()
+        done: list[str] = []
+
+        async def durable(tag: str, timeout: float = 5) -> None:
+            fut = asyncio.get_running_loop().create_future()
+            j.after_durable(lambda: (done.append(tag), fut.done() or fut.set_result(None)))
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+
+        for i in range(1, 20):
+            j.add(i, 1, bytes(500))
+        await durable("backlog")
+        go = asyncio.Event()
+
+        class Paused(LoopbackLink):
+            """The copy stops after its first frame until `go` (a connection that takes no more)."""
+
+            def __init__(self, root: Path) -> None:
+                super().__init__(root)
+                self.writable = False
+
+            async def drained(self) -> None:
+                await go.wait()
+
+        link = Paused(tmp_path / "backup")
+        link.hold = True  # the backup's acknowledgements are held until release()
+        source.accept(link, p.ReplicaStart(CFG.cluster_user, CFG.cluster_password, "b:1"), [j], tmp_path / "primary")
+        b: BackupStream = link.replica
+        for _ in range(500):
+            if b.copied:
+                break
+            await asyncio.sleep(0.005)
+        assert b.copied and b.queue is not None, "the copy did not start"
+        j.add(100, 1, b"during the copy")
+        await durable("during the copy")  # queued for the backup: nothing waits for it yet
+        go.set()
+        for _ in range(500):
+            if b.queue is None:
+                break
+            await asyncio.sleep(0.005)
+        assert b.queue is None, "the copy did not end"
+        assert link.held, "the operations queued during the copy did not follow it"
+        j.add(101, 1, b"while the backup catches up")
+        await durable("catching up", timeout=2)  # the backup has not acknowledged the backlog: not held
+        assert not b.synced and link.synced_at is None, "in sync before acknowledging what was queued"
+        link.release()
+        for _ in range(500):
+            if b.synced:
+                break
+            link.release()
+            await asyncio.sleep(0.005)
+        assert b.synced, "not in sync once the backlog was acknowledged"
+        link.hold = True
+        j.add(102, 1, b"in sync")
+        with pytest.raises(TimeoutError):
+            await durable("in sync", timeout=0.3)  # from now on a batch waits for the backup
+        link.release()
+        await asyncio.sleep(0.01)
+        assert done[-1] == "in sync"
+        await j.stop()
+        source.close(failover=False)
+
+    asyncio.run(main())

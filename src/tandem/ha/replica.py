@@ -4,9 +4,10 @@ The backup logs in with the cluster pair and asks to replicate (REPLICA_START). 
 takes it on, its own store directories are moved aside (`oldreplica.N`, see `prepare`) and every
 file operation of the stream is applied to its data directory in order, on one thread, by
 journal/storeio.py's `Applier`: the directory becomes the primary's, byte for byte. Each round of
-operations applied is synced (with `backup-fsync`, the primary's setting) and acknowledged with
-the highest position it held. When the initial copy and the operations queued meanwhile are all
-on disk it answers REPLICA_SYNCED: from then on it is in sync, may take over, and its broker
+operations applied is synced (during the sync always; after it with `backup-fsync`, the
+primary's setting) and acknowledged with the highest position it held. When the primary says the
+sync is done (REPLICA_SYNC_DONE), and everything up to there is on disk, it answers
+REPLICA_SYNCED: from then on it is in sync, may take over, and its broker
 follows the directory like a shared-store backup does (store/follower.py), so taking over reads
 only the tail.
 
@@ -281,6 +282,7 @@ class Replica:
             if self.moved is not None:
                 log.warning("old data moved to %s", self.moved)
             jobs = self._jobs
+            copying = True  # until REPLICA_SYNC_DONE: every round is synced, whatever backup-fsync says
             while True:
                 batch = [jobs.get()]
                 while len(batch) < 256 and not jobs.empty():
@@ -299,9 +301,12 @@ class Replica:
                     self._applier.apply(kind, ops)
                     top = max(top, position)
                     nbytes += size
-                if synced is not None or (self.fsync and top):
+                # While copying, each round's data goes to disk as it comes: the final sync (which
+                # the first batch gated on this backup waits for) then holds only the last round.
+                if synced is not None or ((self.fsync or copying) and (top or nbytes)):
                     self._applier.sync()
                 if synced is not None:
+                    copying = False
                     os.unlink(self.root / SYNCING_MARK)
                     jf.fsync_dir(self.root)
                 if top or nbytes or synced is not None:

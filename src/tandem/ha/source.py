@@ -13,9 +13,14 @@ every file of the directory is opened; then the files are copied through those d
 while the journal goes on, and the queued operations follow. Replaying them over the copies is
 exact: a copy holds each byte as it was at the snapshot or as a later operation made it, and
 those operations come again, in order, with the same bytes at the same offsets; renames and
-removals after the snapshot find the files under the names they had then. Once the queue is
-sent the backup's acknowledgements are waited for, and it answers REPLICA_SYNCED when the whole
-store as of that point is on its disk: only then is it in sync (and may take over).
+removals after the snapshot find the files under the names they had then.
+
+No write waits for the sync (decision 0036): after the copy the stream goes live but
+confirmations do not wait for the backup yet; it catches up (applies, syncs and acknowledges
+what was queued, then what came meanwhile) while the primary confirms on its own disk. Only
+when a round of catching up is short are confirmations gated on its acknowledgements, and it is
+told where the store stands (REPLICA_SYNC_DONE); it answers REPLICA_SYNCED when the whole store
+up to there is on its disk: only then is it in sync (and may take over).
 
 A backup that goes, or that has not acknowledged within `call-timeout`, is dropped: the batches
 waiting for it are confirmed, and the primary carries on alone (logged).
@@ -47,6 +52,8 @@ log = logging.getLogger("tandem.ha")
 
 CHUNK = 1 << 20  # bytes per frame of the initial copy
 QUEUE_LIMIT = 512 << 20  # bytes of operations held for a syncing backup before it is dropped
+CAUGHT_UP = 0.02  # s: a round of catching up this short leaves little for the first gated batch
+CATCH_UP_ROUNDS = 20  # ... or at most this many rounds: the backup keeps up, if slowly
 
 
 class Link(Protocol):
@@ -94,6 +101,8 @@ class BackupStream:
         self.gating = False  # confirmations wait for its acknowledgements
         self.floor = 0  # ... of positions above this one
         self.acked = 0
+        self.last = 0  # the position of the last frame made for it (guarded by the source's lock)
+        self.acks = asyncio.Event()  # set at each acknowledgement (the catch-up waits on it)
         self.synced = False
         self.wants_failback = False  # asked before its sync task saw REPLICA_SYNCED (same read)
         self.total = 0
@@ -108,6 +117,7 @@ class BackupStream:
     def on_ack(self, position: int) -> None:
         if position > self.acked:
             self.acked = position
+            self.acks.set()
             sent = self.sent_at
             while sent and sent[0][0] <= position:
                 sent.popleft()
@@ -138,15 +148,32 @@ class BackupStream:
             self.sent_at.append((position, time.monotonic()))
         self.link.write(frame)
 
-    def switch(self, floor: int) -> None:
-        """(Loop) the copy is sent: send what was held, then say where the store stands."""
+    def switch(self) -> None:
+        """(Loop) the copy is sent: send what was held; from now on frames go out as they come."""
         if self.closed or self.queue is None:
             return
         for frame in self.queue:
             self.link.write(frame)
         self.queue = None
         self.queued_bytes = 0
-        self.link.send(p.ReplicaSyncDone(floor))
+
+    def sync_done(self, floor: int) -> None:
+        """(Loop, after every frame up to `floor`) say where the store stands."""
+        if not self.closed:
+            self.link.send(p.ReplicaSyncDone(floor))
+
+    async def _catch_up(self, timeout: float) -> None:
+        """Until the backup has acknowledged what was queued during the copy, and a round of
+        catching up on what came meanwhile is short: nothing waits for it while it does."""
+        for _ in range(CATCH_UP_ROUNDS):
+            target = self.last
+            t0 = time.monotonic()
+            while self.acked < target:
+                self.acks.clear()
+                await asyncio.wait_for(self.acks.wait(), timeout)
+                self._check_open()
+            if time.monotonic() - t0 < CAUGHT_UP:
+                return
 
     async def sync(self, journals: list[Journal], data_dir: Path, timeout: float) -> None:
         """Copy every store file, then stream; done when the backup says it holds it all on disk."""
@@ -168,6 +195,8 @@ class BackupStream:
                 await self._copy(kind, name, fd, size)
                 files.pop(0)
                 os.close(fd)
+            self.source._go_live(self)
+            await self._catch_up(timeout)
             floor = self.source._start_gating(self)
             position = await asyncio.wait_for(asyncio.shield(self.done), timeout)
             if position != floor:
@@ -287,7 +316,7 @@ class ReplicationSource:
             if b is None or loop is None or kind not in b.kinds:
                 return 0
             self._position += 1
-            position = self._position
+            position = b.last = self._position
             # Under the lock: frames reach the loop in position order, whichever thread made them.
             loop.call_soon_threadsafe(b.deliver, position, p.encode_ops(position, kind, ops))
             return position if b.gating else 0
@@ -307,13 +336,19 @@ class ReplicationSource:
             _pos, _n, cb = heapq.heappop(waiters)
             _call(cb)
 
+    def _go_live(self, b: BackupStream) -> None:
+        """The copy is sent: the frames held for `b` follow it, then each frame as it comes."""
+        with self._lock:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(b.switch)  # after every frame delivered so far
+
     def _start_gating(self, b: BackupStream) -> int:
         """From the next position on, confirmations wait for this backup; returns the last one that does not."""
         with self._lock:
             b.gating = True
             b.floor = self._position
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(b.switch, b.floor)  # after every frame up to the floor
+            self._loop.call_soon_threadsafe(b.sync_done, b.floor)  # after every frame up to the floor
             return b.floor
 
     # -------------------------------------------------------------- backups

@@ -35,6 +35,9 @@ from .journal import FileEnd, Journal, LiveRecord
 log = logging.getLogger("tandem.journal")
 
 CHUNK = 256 * 1024
+# Bytes one poll reads at most (one chunk more at worst): the poll runs on the broker's event loop,
+# which also answers clients and sends a replicating backup's acknowledgements; a few ms of work.
+POLL_BUDGET = 512 * 1024
 _LEN = struct.Struct("<I")
 _OUTPUT_KEY = (1 << jf.KEY_SHIFT) - 1  # low bits of a key: only compaction outputs have any set
 
@@ -59,7 +62,7 @@ class JournalFollower:
         self.bytes_read = 0
 
     # -------------------------------------------------------------------- poll
-    def poll(self, budget: int = 64 * 1024 * 1024) -> bool | None:
+    def poll(self, budget: int = POLL_BUDGET) -> bool | None:
         """Read what was appended; True: caught up, None: more to read (budget spent), False: start over."""
         if self.problem is not None:
             return False

@@ -339,16 +339,32 @@ class Broker:
         cfg = self.config
         period = max(cfg.lock_check_period / 1000, 0.02)
         self._follower = StoreFollower(cfg.data_path, journal_settings(cfg))
-        while True:
-            done = self._follower.poll()
-            if done is False:
-                log.info("follower starting over: %s", self._follower.problem)
-                self._follower = StoreFollower(cfg.data_path, journal_settings(cfg))
-                await asyncio.sleep(period)
-            elif done is None:
-                await asyncio.sleep(0)  # more to read: let management in between chunks
-            else:
-                await asyncio.sleep(period)
+        # The warm-up builds an object per message, as a reload does (see _load): no collections
+        # meanwhile (each would walk the heap on the loop, holding up a replicating backup's
+        # acknowledgements and so the primary's confirmations), then freeze what it built.
+        warming = gc.isenabled()  # (off already: whoever turned it off turns it on again)
+        gc.disable()
+        try:
+            while True:
+                done = self._follower.poll()
+                if done is False:
+                    log.info("follower starting over: %s", self._follower.problem)
+                    self._follower = StoreFollower(cfg.data_path, journal_settings(cfg))
+                    if not warming and gc.isenabled():  # a new warm-up
+                        warming = True
+                        gc.disable()
+                    await asyncio.sleep(period)
+                elif done is None:
+                    await asyncio.sleep(0)  # more to read: let the loop serve in between slices
+                else:
+                    if warming:
+                        warming = False
+                        gc.enable()
+                        gc.freeze()
+                    await asyncio.sleep(period)
+        finally:
+            if warming:
+                gc.enable()
 
     async def stop_backup(self) -> None:
         """Stop following (a replicating backup's store is about to be replaced by a new sync)."""
