@@ -84,6 +84,9 @@ def test_a_backup_dropped_while_the_primary_carried_on_never_activates(pair: Any
         task = asyncio.create_task(load.run(p.url_of(0), "q"))
         await load.until(300)
         p.backup.signal(signal.SIGSTOP)
+        # Dropped first: confirmations the backup gave before the cut may still be on their
+        # way to the client; those counted after the drop waited for the bump.
+        await asyncio.to_thread(p.wait_replication, 0, "unreplicated")
         n = len(load.confirmed)
         await load.until(n + 500)  # confirmations resume once the backup is dropped
         st = await asyncio.to_thread(p.status, 0)

@@ -115,6 +115,9 @@ def test_a_partition_under_load_never_makes_two_active_and_loses_nothing_after_t
             task = asyncio.create_task(load.run(p.url_of(0), "q"))
             await load.until(300)
             proxy.blackhole(direction)
+            # Dropped first: confirmations the backup gave before the cut may still be on their
+            # way to the client; those counted after the drop waited for the bump.
+            await asyncio.to_thread(p.wait_replication, 0, "unreplicated")
             n = len(load.confirmed)
             await load.until(n + 300)  # confirmations resume once the backup is dropped
             st = await asyncio.to_thread(p.status, 0)
@@ -155,6 +158,9 @@ def test_a_backup_cut_off_while_the_primary_carried_on_refuses_to_activate_at_th
         task = asyncio.create_task(load.run(p.url_of(0), "q"))
         await load.until(300)
         proxy.blackhole()
+        # Dropped first: confirmations the backup gave before the cut may still be on their
+        # way to the client; those counted after the drop waited for the bump.
+        await asyncio.to_thread(p.wait_replication, 0, "unreplicated")
         n = len(load.confirmed)
         await load.until(n + 300)
         assert (await asyncio.to_thread(p.status, 0))["activation_sequence"] == 2
@@ -204,6 +210,9 @@ def test_a_backup_dropped_before_its_first_zookeeper_read_answers_never_takes_ov
                 await asyncio.to_thread(p.backup.start)
                 await asyncio.to_thread(p.wait_replication, 1, "in-sync")
                 proxy.blackhole()
+                # Dropped first: confirmations the backup gave before the cut may still be on their
+                # way to the client; those counted after the drop waited for the bump.
+                await asyncio.to_thread(p.wait_replication, 0, "unreplicated")
                 n = len(load.confirmed)
                 await load.until(n + 300)  # confirmed without the backup, after the bump
                 assert (await asyncio.to_thread(p.status, 0))["activation_sequence"] == 2
