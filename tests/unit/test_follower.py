@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tandem.config import load_config
 from tandem.server.broker import Broker, journal_settings
 from tandem.store.follower import StoreFollower
@@ -191,3 +193,39 @@ def test_a_warming_follower_makes_no_collections_then_freezes_what_it_built(tmp_
             gc.unfreeze()
 
     asyncio.run(main())
+
+
+def test_a_warm_up_in_short_polls_lists_the_directory_once_per_pass_not_per_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing the directory opens every file of the store: done at each of a warm-up's thousands
+    of short polls, it doubled a 1M-message warm-up. Read on, then list again before caught up."""
+    from tandem.journal import Journal, JournalSettings
+    from tandem.journal import files as jf
+    from tandem.journal import follower as follower_module
+    from tandem.journal.follower import JournalFollower
+
+    settings = JournalSettings(file_size=1 << 20, buffer_timeout_ns=0)
+    j = Journal(tmp_path, "t", settings)
+    j.load()
+    j.start_sync()
+    for i in range(1, 12_001):
+        j.add(i, 1, b"x" * 1024)
+    j.flush_sync()
+    j.close_sync()
+    listings = 0
+    real = jf.list_files
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        nonlocal listings
+        listings += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(follower_module.jf, "list_files", counting)
+    follower = JournalFollower(Journal(tmp_path, "t", settings))
+    polls = 0
+    while (done := follower.poll()) is None and polls < 1000:
+        polls += 1
+    assert done is True and set(follower.live) == set(range(1, 12_001))
+    assert polls > 10, polls
+    assert listings <= 3, f"{listings} listings in {polls} polls"
