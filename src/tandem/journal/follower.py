@@ -60,6 +60,7 @@ class JournalFollower:
         self._gone: list[jf.JFile] = []  # files reclaimed while we still counted live records in them
         self._records: dict[int, int] = {}  # records read per file key (a torn tail is one no record follows)
         self.bytes_read = 0
+        self._reading = False  # the last poll spent its budget: go on reading before listing again
 
     # -------------------------------------------------------------------- poll
     def poll(self, budget: int = POLL_BUDGET) -> bool | None:
@@ -67,6 +68,16 @@ class JournalFollower:
         if self.problem is not None:
             return False
         j = self.j
+        if self._reading:
+            # Mid-way through what the last listing found (a warm-up reads a big store in many
+            # short polls): read on without listing the directory again, which opens every file.
+            # A file recycled meanwhile is caught by its header; a listing comes before "caught up".
+            self._reading = False
+            spent = self._read_files(budget)
+            if spent is None:
+                return False
+            self._reading = spent >= budget
+            return None
         if not j.directory.exists():
             return True
         if compactor.marker_path(j.directory, j.prefix).exists():
@@ -92,18 +103,11 @@ class JournalFollower:
             j._files[key] = jf.JFile(key, path, size)
             self._max_key = max(self._max_key, key)
         self._listed = True
-        spent = 0
-        for f in list(j._files.values()):
-            if f.sealed:
-                continue
-            ok, n = self._read(f, budget - spent)
-            spent += n
-            if ok is False:
-                return False
-            if not _sealed(f) or spent >= budget:  # (a call: mypy keeps `f.sealed` narrowed to False)
-                break  # an unsealed file is where the writer is: the files after it hold nothing yet
-        self.bytes_read += spent
+        spent = self._read_files(budget)
+        if spent is None:
+            return False
         if spent >= budget:
+            self._reading = True
             return None
         # Caught up. A file is reclaimed only once every record in it is dead, and the records that
         # killed them were on disk before it went: if we still count live records in a file that is
@@ -113,6 +117,21 @@ class JournalFollower:
                 return self._broken(f"{f.path.name} was reclaimed by deletes this follower never saw")
         self._gone.clear()
         return True
+
+    def _read_files(self, budget: int) -> int | None:
+        """Read the known files in order, up to `budget` bytes; how many were read, None to start over."""
+        spent = 0
+        for f in list(self.j._files.values()):
+            if f.sealed:
+                continue
+            ok, n = self._read(f, budget - spent)
+            spent += n
+            if ok is False:
+                return None
+            if not _sealed(f) or spent >= budget:  # (a call: mypy keeps `f.sealed` narrowed to False)
+                break  # an unsealed file is where the writer is: the files after it hold nothing yet
+        self.bytes_read += spent
+        return spent
 
     def _broken(self, why: str) -> bool:
         self.problem = why
