@@ -134,3 +134,14 @@ class Load:
         while len(self.confirmed) < n:
             assert time.monotonic() < deadline, f"only {len(self.confirmed)} of {n} sends confirmed"
             await asyncio.sleep(0.02)
+
+
+async def send_confirmed(url: str, queue: str, prefix: str, n: int) -> list[str]:
+    """Send `prefix0` .. `prefix{n-1}` to `queue`, every one confirmed; returns the bodies."""
+    conn = await aio.connect(url)
+    prod = (await conn.create_session()).create_producer(queue)
+    for i in range(n):
+        await prod.send_async(f"{prefix}{i}")
+    await prod.flush()
+    await conn.close()
+    return [f"{prefix}{i}" for i in range(n)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -96,3 +98,21 @@ class ReplicatedPair(Cluster):
             st = self.status(i)
             assert st["state"] != "active", f"server {i} activated: {st}\n{self.servers[i].log_text()[-3000:]}"
             time.sleep(0.1)
+
+
+def admin_status(url: str) -> str:
+    """`tandem admin status` of the server at `url`, as a user reads it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "admin", "status", "--url", url], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def status_row(text: str, key: str) -> str:
+    """The value of one row of `tandem admin status`."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return value.strip()
+    raise AssertionError(f"no {key!r} in:\n{text}")

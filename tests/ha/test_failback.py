@@ -6,60 +6,17 @@ old backup (restart-backup) becomes its backup again."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import tandem.aio as aio
-from client_io import drain_texts, exactly_once_across_a_kill
-from replicated_pair import ReplicatedPair
+from client_io import drain_texts, exactly_once_across_a_kill, send_confirmed
+from replicated_pair import ReplicatedPair, admin_status, status_row
 from zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> Any:
-    made: list[ReplicatedPair] = []
-
-    def make(**settings: Any) -> ReplicatedPair:
-        p = ReplicatedPair(tmp_path / f"pair{len(made)}", **settings)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.kill_all()
-
-
-def _admin_status(url: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "tandem", "admin", "status", "--url", url], capture_output=True, text=True, timeout=30
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def _row(text: str, key: str) -> str:
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            return value.strip()
-    raise AssertionError(f"no {key!r} in:\n{text}")
-
-
-async def _send(url: str, queue: str, prefix: str, n: int) -> list[str]:
-    conn = await aio.connect(url)
-    prod = (await conn.create_session()).create_producer(queue)
-    for i in range(n):
-        await prod.send_async(f"{prefix}{i}")
-    await prod.flush()  # every send confirmed
-    await conn.close()
-    return [f"{prefix}{i}" for i in range(n)]
 
 
 def _fail_back(p: ReplicatedPair) -> None:
@@ -77,29 +34,29 @@ def test_the_restarted_primary_syncs_as_backup_fails_back_and_the_old_backup_is_
     """(a) Messages sent before the kill and to the backup while it served are all on the primary
     after failback, once each; its old data is kept aside; status tells each step truthfully."""
     p = pair().start_all()
-    before = asyncio.run(_send(p.url_of(0), "fb", "a", 300))
+    before = asyncio.run(send_confirmed(p.url_of(0), "fb", "a", 300))
     p.primary.kill()
     p.wait_state(1, "active", timeout=20)
     st = p.status(1)
     assert (st["role"], st["replication"], st["replication_peer"]) == ("backup", "unreplicated", None)
-    while_down = asyncio.run(_send(p.url_of(1), "fb", "b", 300))  # only on the backup's disk
+    while_down = asyncio.run(send_confirmed(p.url_of(1), "fb", "b", 300))  # only on the backup's disk
     p.primary.start()
     p.wait_state(0, "active", timeout=30)
     p.wait_in_sync()
-    primary = _admin_status(p.url_of(0))
-    assert (_row(primary, "role"), _row(primary, "state"), _row(primary, "replication")) == (
+    primary = admin_status(p.url_of(0))
+    assert (status_row(primary, "role"), status_row(primary, "state"), status_row(primary, "replication")) == (
         "primary",
         "active",
         "in-sync",
     )
-    assert _row(primary, "replication_peer") == f"127.0.0.1:{p.ports[1]}"
-    backup = _admin_status(p.url_of(1))
-    assert (_row(backup, "role"), _row(backup, "state"), _row(backup, "replication")) == (
+    assert status_row(primary, "replication_peer") == f"127.0.0.1:{p.ports[1]}"
+    backup = admin_status(p.url_of(1))
+    assert (status_row(backup, "role"), status_row(backup, "state"), status_row(backup, "replication")) == (
         "backup",
         "passive",
         "in-sync",
     )
-    assert _row(backup, "replication_peer") == f"127.0.0.1:{p.ports[0]}"
+    assert status_row(backup, "replication_peer") == f"127.0.0.1:{p.ports[0]}"
     assert (p.dirs[0] / "oldreplica.1" / "journal").is_dir(), "the primary's stale data was not moved aside"
     primary_log, backup_log = p.primary.log_text(), p.backup.log_text()
     assert "active server for this node found" in primary_log
@@ -134,17 +91,17 @@ def test_without_allow_failback_the_restarted_primary_stays_a_backup_and_takes_o
     """(c) allow-failback = false: the restarted primary syncs and stays the backup of the server
     that took over; when that one dies, it takes over with everything."""
     p = pair(server_toml=("allow-failback = false\n", "")).start_all()
-    before = asyncio.run(_send(p.url_of(0), "nf", "a", 200))
+    before = asyncio.run(send_confirmed(p.url_of(0), "nf", "a", 200))
     p.primary.kill()
     p.wait_state(1, "active", timeout=20)
-    while_down = asyncio.run(_send(p.url_of(1), "nf", "b", 200))
+    while_down = asyncio.run(send_confirmed(p.url_of(1), "nf", "b", 200))
     p.primary.start()
     p.wait_replication(0, "in-sync")
     p.wait_replication(1, "in-sync")
     st = p.wait_state(0, "passive")
     st = p.status(0)
     assert (st["role"], st["replication_peer"]) == ("primary", f"127.0.0.1:{p.ports[1]}")
-    after = asyncio.run(_send(p.url_of(1), "nf", "c", 200))  # replicated to the restarted primary
+    after = asyncio.run(send_confirmed(p.url_of(1), "nf", "c", 200))  # replicated to the restarted primary
     assert p.status(1)["state"] == "active" and p.status(0)["state"] == "passive"
     assert "asking it to step down" not in p.primary.log_text()
     p.backup.kill()
@@ -172,10 +129,10 @@ def test_without_check_for_live_server_an_uncoordinated_primary_serves_its_stale
     took over; it serves its own (stale) data beside the backup: the split brain docs/ha.md warns
     of, and the warning it logs at start."""
     p = pair(server_toml=("check-for-live-server = false\n", "")).start_all()
-    before = asyncio.run(_send(p.url_of(0), "st", "a", 100))
+    before = asyncio.run(send_confirmed(p.url_of(0), "st", "a", 100))
     p.primary.kill()
     p.wait_state(1, "active", timeout=20)
-    asyncio.run(_send(p.url_of(1), "st", "b", 100))
+    asyncio.run(send_confirmed(p.url_of(1), "st", "b", 100))
     p.primary.start()
     p.wait_state(0, "active")
     assert p.status(1)["state"] == "active"  # two active servers for one node id
@@ -210,11 +167,11 @@ def test_a_coordinated_failback_cycle(tmp_path: Path, zookeeper: ZooKeeperServer
     try:
         p.start_all()
         seq0 = p.status(0)["activation_sequence"]
-        before = asyncio.run(_send(p.url_of(0), "zk", "a", 200))
+        before = asyncio.run(send_confirmed(p.url_of(0), "zk", "a", 200))
         p.primary.kill()
         p.wait_state(1, "active", timeout=30)
         seq1 = p.status(1)["activation_sequence"]
-        while_down = asyncio.run(_send(p.url_of(1), "zk", "b", 200))
+        while_down = asyncio.run(send_confirmed(p.url_of(1), "zk", "b", 200))
         p.primary.start()
         p.wait_state(0, "active", timeout=40)
         p.wait_in_sync()

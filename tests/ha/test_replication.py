@@ -17,48 +17,8 @@ import pytest
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
-from client_io import exactly_once_across_a_kill
-from replicated_pair import ReplicatedPair
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> Any:
-    made: list[ReplicatedPair] = []
-
-    def make(**settings: Any) -> ReplicatedPair:
-        p = ReplicatedPair(tmp_path / f"pair{len(made)}", **settings)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.kill_all()
-
-
-def _admin_status(url: str) -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "tandem", "admin", "status", "--url", url], capture_output=True, text=True, timeout=30
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def _row(text: str, key: str) -> str:
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            return value.strip()
-    raise AssertionError(f"no {key!r} in:\n{text}")
-
-
-async def _send(url: str, queue: str, prefix: str, n: int) -> list[str]:
-    conn = await aio.connect(url)
-    prod = (await conn.create_session()).create_producer(queue)
-    for i in range(n):
-        await prod.send_async(f"{prefix}{i}")
-    await prod.flush()  # every send confirmed
-    await conn.close()
-    return [f"{prefix}{i}" for i in range(n)]
+from client_io import exactly_once_across_a_kill, send_confirmed
+from replicated_pair import admin_status, status_row
 
 
 async def _drain(url: str, queue: str) -> list[str]:
@@ -78,13 +38,13 @@ def test_pair_syncs_and_both_sides_show_the_replication_state(pair: Any) -> None
     """The backup reports in-sync, takes its primary's node id, and `tandem admin status` shows
     the state and the peer on both sides; the primary tells clients where its backup is."""
     p = pair().start_all()
-    primary, backup = _admin_status(p.url_of(0)), _admin_status(p.url_of(1))
-    assert _row(primary, "replication") == "in-sync"
-    assert _row(backup, "replication") == "in-sync"
-    assert _row(primary, "replication_peer") == f"127.0.0.1:{p.ports[1]}"
-    assert _row(backup, "replication_peer") == f"127.0.0.1:{p.ports[0]}"
-    assert _row(backup, "state") == "passive"
-    assert _row(primary, "node_id") == _row(backup, "node_id")
+    primary, backup = admin_status(p.url_of(0)), admin_status(p.url_of(1))
+    assert status_row(primary, "replication") == "in-sync"
+    assert status_row(backup, "replication") == "in-sync"
+    assert status_row(primary, "replication_peer") == f"127.0.0.1:{p.ports[1]}"
+    assert status_row(backup, "replication_peer") == f"127.0.0.1:{p.ports[0]}"
+    assert status_row(backup, "state") == "passive"
+    assert status_row(primary, "node_id") == status_row(backup, "node_id")
 
     async def topology() -> list[Any]:
         conn = await aio.connect(p.url_of(0))
@@ -192,7 +152,7 @@ def test_backup_started_on_a_full_store_syncs_under_load_then_takes_over_with_ev
     p = pair(journal_file_size=256 * 1024)
     p.primary.start()
     p.wait_state(0, "active")
-    first = asyncio.run(_send(p.url_of(0), "full", "f", 20_000))
+    first = asyncio.run(send_confirmed(p.url_of(0), "full", "f", 20_000))
     confirmed: set[str] = set()
 
     async def run() -> None:
@@ -267,8 +227,8 @@ def test_after_the_sync_the_backup_directory_is_the_primary_s(pair: Any) -> None
     p = pair(journal_file_size=64 * 1024, journal_compact_min_files=4, journal_compact_percentage=60)
     p.primary.start()
     p.wait_state(0, "active")
-    asyncio.run(_send(p.url_of(0), "gone", "g", 3000))
-    asyncio.run(_send(p.url_of(0), "kept", "k", 1500))
+    asyncio.run(send_confirmed(p.url_of(0), "gone", "g", 3000))
+    asyncio.run(send_confirmed(p.url_of(0), "kept", "k", 1500))
     asyncio.run(_drain(p.url_of(0), "gone"))  # acknowledged: dead records, reclaimed and compacted files
     confirmed: set[str] = set()
 
@@ -322,7 +282,7 @@ def _drain_some(url: str, queue: str, n: int) -> None:
 def test_a_clean_stop_of_the_primary_hands_over_to_the_backup(pair: Any) -> None:
     """Ctrl-C of the primary: its last batches reach the backup, which takes over with all of them."""
     p = pair().start_all()
-    sent = asyncio.run(_send(p.url_of(0), "handover", "h", 2000))
+    sent = asyncio.run(send_confirmed(p.url_of(0), "handover", "h", 2000))
     assert p.primary.stop() == 0
     p.wait_state(1, "active", timeout=20)
     assert "the primary is stopping" in p.backup.log_text()
