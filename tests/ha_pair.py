@@ -61,7 +61,17 @@ class Cluster:
         for i in range(1, len(self.servers)):
             self.servers[i].start()
         self.wait_state(1, "passive")
+        self.wait_announced()
         return self
+
+    def wait_announced(self, timeout: float = 30.0) -> None:
+        """Until the primary knows a backup (its `peer`): a client that connects from then on learns
+        the pair's topology and fails over; one that connected before could not know a backup."""
+        deadline = time.monotonic() + timeout
+        while (peer := self.status(0).get("peer")) is None:
+            assert time.monotonic() < deadline, f"no backup announced to the primary within {timeout}s"
+            time.sleep(0.05)
+        assert peer
 
     def status(self, i: int) -> dict[str, Any]:
         async def go() -> dict[str, Any]:
