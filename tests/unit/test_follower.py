@@ -117,21 +117,29 @@ def test_follower_starts_over_when_compaction_replaces_the_files(tmp_path: Path)
     assert set(fresh.live) == set(range(150, 200))
 
 
-def test_a_follower_poll_reads_a_short_slice(tmp_path: Path) -> None:
-    """A warm backup's follower runs on the broker's event loop, which also sends a replicating
-    backup's acknowledgements: one poll reads a few MiB at most (then says there is more), so a
-    backup warming up on a big store does not hold up the primary's confirmations."""
+def _twelve_mib_journal(directory: Path) -> Any:
+    """A closed journal of 12,000 1 KiB records (ids 1..12000) in 1 MiB files; returns its settings."""
     from tandem.journal import Journal, JournalSettings
-    from tandem.journal.follower import JournalFollower
 
     settings = JournalSettings(file_size=1 << 20, buffer_timeout_ns=0)
-    j = Journal(tmp_path, "t", settings)
+    j = Journal(directory, "t", settings)
     j.load()
     j.start_sync()
     for i in range(1, 12_001):
         j.add(i, 1, b"x" * 1024)
     j.flush_sync()
     j.close_sync()
+    return settings
+
+
+def test_a_follower_poll_reads_a_short_slice(tmp_path: Path) -> None:
+    """A warm backup's follower runs on the broker's event loop, which also sends a replicating
+    backup's acknowledgements: one poll reads a few MiB at most (then says there is more), so a
+    backup warming up on a big store does not hold up the primary's confirmations."""
+    from tandem.journal import Journal
+    from tandem.journal.follower import JournalFollower
+
+    settings = _twelve_mib_journal(tmp_path)
     follower = JournalFollower(Journal(tmp_path, "t", settings))
     slices = []
     for _ in range(100):
@@ -200,19 +208,12 @@ def test_a_warm_up_in_short_polls_lists_the_directory_once_per_pass_not_per_poll
 ) -> None:
     """Listing the directory opens every file of the store: done at each of a warm-up's thousands
     of short polls, it doubled a 1M-message warm-up. Read on, then list again before caught up."""
-    from tandem.journal import Journal, JournalSettings
+    from tandem.journal import Journal
     from tandem.journal import files as jf
     from tandem.journal import follower as follower_module
     from tandem.journal.follower import JournalFollower
 
-    settings = JournalSettings(file_size=1 << 20, buffer_timeout_ns=0)
-    j = Journal(tmp_path, "t", settings)
-    j.load()
-    j.start_sync()
-    for i in range(1, 12_001):
-        j.add(i, 1, b"x" * 1024)
-    j.flush_sync()
-    j.close_sync()
+    settings = _twelve_mib_journal(tmp_path)
     listings = 0
     real = jf.list_files
 
