@@ -14,9 +14,20 @@ import faulthandler
 import logging
 import signal
 import sys
+import threading
 
 from tandem.errors import TandemError
 from tandem.ha.coordinator import Coordinator
+
+_out = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line at a time: the session-lost callback prints from a kazoo thread while the
+    main thread answers a claim, and two print() calls can interleave (a line inside another)."""
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def main() -> int:
@@ -25,23 +36,23 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     coord = Coordinator(hosts, node_id, session_timeout=session_ms, connect_timeout=5000, holder="holder")
-    coord.on_session_lost(lambda reason: print(f"lost: {reason}", flush=True))
+    coord.on_session_lost(lambda reason: say(f"lost: {reason}"))
     coord.start()
     if not coord.try_lock_live(timeout=10):
-        print("not locked", flush=True)
+        say("not locked")
         return 1
-    print("locked", flush=True)
+    say("locked")
     for line in sys.stdin:
         words = line.split()
         try:
             if words[:1] == ["claim"]:
-                print(f"claimed {coord.claim_activation(int(words[1]), lambda n: None)}", flush=True)
+                say(f"claimed {coord.claim_activation(int(words[1]), lambda n: None)}")
             elif words[:1] == ["sequence"]:
-                print(f"sequence {coord.activation_sequence()}", flush=True)
+                say(f"sequence {coord.activation_sequence()}")
         except TandemError as exc:
-            print(f"refused {exc}", flush=True)
+            say(f"refused {exc}")
         except Exception as exc:  # an untyped error is a bug: say so, so the test fails naming it
-            print(f"untyped {type(exc).__name__}: {exc}", flush=True)
+            say(f"untyped {type(exc).__name__}: {exc}")
     coord.close()
     return 0
 
