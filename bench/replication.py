@@ -32,7 +32,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,7 @@ sys.path.insert(0, str(BENCH))
 from brokers.rabbitmq import RabbitMQCluster  # noqa: E402
 from brokers.tandem import TandemBroker  # noqa: E402
 from compare import _run_json  # noqa: E402
-from failover import _free_port, _measure  # noqa: E402
+from failover import Pair, _free_port, _measure  # noqa: E402
 from memory import _cpu  # noqa: E402
 
 T0 = time.monotonic()
@@ -68,8 +67,9 @@ def _fmt(r: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- the pair
-class ReplicatedPair:
-    """Server 0 the replication primary, server 1 its backup, each on its own data directory."""
+class ReplicatedPair(Pair):
+    """Server 0 the replication primary, server 1 its backup, each on its own data directory
+    (bench/failover.py's pair of processes with the replication policies)."""
 
     def __init__(self, root: Path, backup_fsync: bool, backup_root: Path | None = None) -> None:
         self.root = root
@@ -90,20 +90,8 @@ class ReplicatedPair:
                 f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{self.ports[i]}"\n{conns}'
             )
 
-    @property
-    def url(self) -> str:
-        return f"tcp://127.0.0.1:{self.ports[0]},tcp://127.0.0.1:{self.ports[1]}"
-
     def server_url(self, i: int) -> str:
         return f"tcp://127.0.0.1:{self.ports[i]}"
-
-    def start(self, i: int) -> None:
-        name = ("primary", "backup")[i]
-        self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "tandem", "run", "--config", str(self.root / f"{name}.toml"), "--quiet"],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.root / f"{name}.log", "a"),
-        )
 
     def status(self, i: int) -> dict[str, Any] | None:
         return _status(self.server_url(i))
@@ -126,16 +114,6 @@ class ReplicatedPair:
         self.wait(0, lambda s: s["state"] == "active", "active")
         self.start(1)
         self.wait(1, lambda s: s.get("replication") == "in-sync", "in sync")
-
-    def kill(self, i: int) -> None:
-        p = self.procs[i]
-        if p is not None and p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            p.wait()
-
-    def stop_all(self) -> None:
-        for i in (1, 0):
-            self.kill(i)
 
 
 def _status(url: str) -> dict[str, Any] | None:
