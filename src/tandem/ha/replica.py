@@ -23,16 +23,18 @@ backup was in sync (take over), the primary dropped this backup or the sync did 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
-import queue
 import re
 import shutil
+import socket
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ..config import BrokerConfig, parse_host_port
 from ..errors import ProtocolError, error_for
@@ -43,8 +45,7 @@ from ..protocol.fileops import COPY, KINDS
 
 log = logging.getLogger("tandem.ha")
 
-HIGH_WATER = 64 << 20  # bytes received and not applied yet: stop reading (the primary's sends wait)
-LOW_WATER = 16 << 20
+RECV_SIZE = 1 << 20  # bytes read at once: what arrived during the last sync is applied and synced as one round
 SYNCING_MARK = "replica.syncing"  # in a data directory whose copy is not complete: never worth keeping
 _OLD = re.compile(r"^oldreplica\.(\d+)$")
 
@@ -85,36 +86,15 @@ def prepare(root: Path, keep: int) -> Path | None:
     return moved
 
 
-class _Protocol(asyncio.Protocol):
-    """Bytes from the primary → packets for the replica; nothing else."""
-
-    def __init__(self, replica: Replica, max_frame: int) -> None:
-        self.replica = replica
-        self.reader = p.FrameReader(p.ServerPacket, max_frame, expect_magic=False)
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            packets = self.reader.feed(data)
-        except ProtocolError as exc:
-            self.replica.end(Outcome.RESYNC, f"bad data from the primary: {exc}")
-            return
-        for pkt in packets:
-            self.replica.packet(pkt)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.replica.lost(f"connection lost: {exc}" if exc else "connection closed by the primary")
-
-
-_STOP = object()
-_SYNCED = object()
-
-
 class Replica:
-    """One attempt at replicating the primary at `url` (host:port)."""
+    """One attempt at replicating the primary at `url` (host:port).
+
+    The link is a blocking socket owned by one thread ("replica-link") that reads the stream,
+    applies it, syncs and acknowledges, and answers pings: nothing of the stream's path goes
+    through the event loop, which the warm follower keeps busy (decision 0042). The loop hears
+    only of what it acts on (acceptance, sync progress, the end), in order, by
+    `call_soon_threadsafe`.
+    """
 
     def __init__(
         self,
@@ -139,16 +119,14 @@ class Replica:
         self.primary_sequence = -1  # the activation sequence the primary took us on with (-1: none)
         self.stop_failover: bool | None = None  # what the primary's REPLICA_STOP said, if it said
         self.result: asyncio.Future[tuple[Outcome, str]] = self.loop.create_future()
-        self._proto: _Protocol | None = None
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._closing = False  # run() ends the link: the thread's socket errors say nothing
         self._thread: threading.Thread | None = None
         self._applier = Applier(self.root)
-        self._last_received = self.loop.time()
         self.moved: Path | None = None
         self.apply_error: str | None = None
         self.disk_error: OSError | None = None  # this server's disk failed: it stops (not a resync)
-        self._queued = 0  # bytes handed to the apply thread, not applied yet (loop thread)
-        self._paused = False
         self._follow: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- run
@@ -157,14 +135,14 @@ class Replica:
         cfg = self.cfg
         host, port = parse_host_port(url)
         self.peer = url
+        timeout = cfg.initial_replication_sync_timeout / 1000
         try:
-            _t, proto = await asyncio.wait_for(
-                self.loop.create_connection(lambda: _Protocol(self, cfg.max_frame_size), host, port),
-                cfg.initial_replication_sync_timeout / 1000,
-            )
-        except (OSError, TimeoutError) as exc:
+            sock = await asyncio.to_thread(socket.create_connection, (host, port), timeout)
+        except OSError as exc:  # TimeoutError included
             return Outcome.RETRY, f"cannot connect to {url}: {exc}"
-        self._proto = proto
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(max(cfg.connection_ttl / 4000, 0.05))  # the link thread pings at this pace
+        self._sock = sock
         self._send_raw(
             p.MAGIC
             + p.encode(
@@ -179,13 +157,11 @@ class Replica:
             )
             + p.encode(p.ReplicaStart(cfg.cluster_user, cfg.cluster_password, self.connector, cfg.group_name))
         )
-        watch = self.loop.create_task(self._watch(), name="replica-liveness")
+        self._thread = threading.Thread(target=self._link, name="replica-link", daemon=True)
+        self._thread.start()
         try:
             outcome, why = await self.result
         finally:
-            watch.cancel()
-            if proto.transport is not None:
-                proto.transport.abort()
             await self._stop_thread()
             if self._follow is not None:  # the broker has started following before it hears the outcome
                 await asyncio.wait([self._follow])
@@ -193,63 +169,145 @@ class Replica:
             return Outcome.RESYNC, self.apply_error  # the replica may be short of what it acknowledged
         return outcome, why
 
-    async def _watch(self) -> None:
-        """Ping the primary; a primary silent for connection-ttl is gone (as a connection closed)."""
-        ttl = self.cfg.connection_ttl / 1000
-        while True:
-            await asyncio.sleep(max(ttl / 4, 0.05))
-            if self._paused:  # not reading (the apply thread is behind): silence says nothing
-                self._last_received = self.loop.time()
-            if self.loop.time() - self._last_received > ttl:
-                self.lost(f"no packet from the primary for {ttl:.1f}s (connection-ttl)")
-                return
-            self._send(p.Ping())
-
-    def _pause(self, pause: bool) -> None:
-        """Read no more while the apply thread is this far behind: the primary's sends wait."""
-        proto = self._proto
-        if proto is None or proto.transport is None or proto.transport.is_closing():
-            return
-        self._paused = pause
-        if pause:
-            proto.transport.pause_reading()
-        else:
-            proto.transport.resume_reading()
-
     def _send(self, pkt: p.Packet) -> None:
         self._send_raw(p.encode(pkt))
 
     def _send_raw(self, data: bytes | bytearray) -> None:
-        proto = self._proto
-        if proto is not None and proto.transport is not None and not proto.transport.is_closing():
-            proto.transport.write(data)
+        """(Any thread) a whole frame, or nothing: a failed send ends the link, which the link
+        thread sees as it reads."""
+        sock = self._sock
+        if sock is None:
+            return
+        with self._send_lock:
+            try:
+                sock.sendall(data)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    # ------------------------------------------------------------ link thread
+    def _link(self) -> None:
+        """Read, apply, sync, acknowledge, until the link ends; what is kept is a prefix of the stream."""
+        sock = self._sock
+        assert sock is not None
+        reader = p.FrameReader(p.ServerPacket, self.cfg.max_frame_size, expect_magic=False)
+        ttl = self.cfg.connection_ttl / 1000
+        pace = max(ttl / 4, 0.05)
+        now = time.monotonic()
+        last_received = last_ping = now
+        copying = True  # until REPLICA_SYNC_DONE: every round is synced, whatever backup-fsync says
+        why = ""
+        try:
+            while True:
+                try:
+                    data = sock.recv(RECV_SIZE)
+                except TimeoutError:
+                    data = None
+                except OSError as exc:
+                    why = f"connection lost: {exc}"
+                    break
+                now = time.monotonic()
+                if data is None:
+                    if now - last_received > ttl:
+                        why = f"no packet from the primary for {ttl:.1f}s (connection-ttl)"
+                        break
+                elif not data:
+                    why = "connection closed by the primary"
+                    break
+                else:
+                    last_received = now
+                    try:
+                        packets = reader.feed(data)
+                    except ProtocolError as exc:
+                        self._post(self.end, Outcome.RESYNC, f"bad data from the primary: {exc}")
+                        return
+                    top = 0
+                    applied = False
+                    synced: int | None = None
+                    for pkt in packets:
+                        t = type(pkt)
+                        if t is p.ReplicaOps:
+                            try:
+                                ops = p.decode_ops(pkt)
+                            except ProtocolError as exc:
+                                self._post(self.end, Outcome.RESYNC, f"bad replication record from the primary: {exc}")
+                                return
+                            if pkt.position == 0:
+                                self.copied += sum(len(op.data) for op in ops if op.op == COPY)
+                            self._applier.apply(pkt.kind, ops)
+                            applied = True
+                            top = max(top, pkt.position)  # copied data (position 0) is not acknowledged
+                        elif t is p.Ping:
+                            self._send(p.Pong())
+                        elif t is p.ReplicaAccept:
+                            self._accept(pkt)
+                        elif t is p.ReplicaSyncDone:
+                            synced = pkt.position
+                        elif t is not p.Pong:
+                            self._post(self.packet, pkt)
+                    # While copying, each round's data goes to disk as it comes: the final sync (which
+                    # the first batch gated on this backup waits for) then holds only the last round.
+                    if synced is not None or (applied and (self.fsync or copying)):
+                        self._applier.sync()
+                    if synced is not None and copying:
+                        copying = False
+                        os.unlink(self.root / SYNCING_MARK)
+                        jf.fsync_dir(self.root)
+                    if top:
+                        self._send(p.ReplicaAck(top))
+                    if synced is not None and not self.synced:
+                        self.synced = True  # before the loop can hear of the link's end (same queue)
+                        self.state = "in-sync"
+                        self._send(p.ReplicaSynced(synced))
+                        self._post(self._in_sync)
+                if now - last_ping >= pace:
+                    last_ping = now
+                    self._send(p.Ping())
+        except OSError as exc:
+            # Set here, not on the loop: run() must see it even when the link ended first.
+            self.disk_error, self.apply_error = exc, f"cannot apply the stream: {exc}"
+            self._post(self.end, Outcome.RESYNC, self.apply_error)
+            return
+        except ReplicaError as exc:
+            self.apply_error = f"cannot apply the stream: {exc}"
+            self._post(self.end, Outcome.RESYNC, self.apply_error)
+            return
+        finally:
+            self._applier.close()
+        if not self._closing:
+            self._post(self.lost, why)
+
+    def _accept(self, pkt: p.ReplicaAccept) -> None:
+        """(Link thread) taken on: set the old data aside before the first operation is applied."""
+        self.fsync = pkt.backup_fsync
+        self.primary_sequence = pkt.activation_sequence
+        self.state = "syncing"
+        self.accepted = True
+        self._post(self._accepted, pkt.node_id)
+        self.moved = prepare(self.root, self.cfg.max_saved_replicated_journal_size)
+        if self.moved is not None:
+            log.warning("old data moved to %s", self.moved)
+
+    def _accepted(self, node_id: str) -> None:
+        self._adopt(node_id)
+        log.info("primary %s took this backup on (node %s)", self.peer, node_id)
+
+    def _in_sync(self) -> None:
+        if not self.result.done():
+            log.warning("in sync with primary %s: ready to take over", self.peer)
+            self._follow = self.loop.create_task(self._in_sync_cb(), name="replica-follow")
 
     # ------------------------------------------------------------ packets
     def packet(self, pkt: Any) -> None:
-        self._last_received = self.loop.time()
+        """(Loop) what the primary says besides the stream."""
         t = type(pkt)
-        if t is p.ReplicaOps:
-            try:
-                ops = p.decode_ops(pkt)
-            except ProtocolError as exc:
-                self.end(Outcome.RESYNC, f"bad replication record from the primary: {exc}")
-                return
-            if pkt.position == 0:
-                self.copied += sum(len(op.data) for op in ops if op.op == COPY)
-            size = len(pkt.ops)
-            self._jobs.put((pkt.position, pkt.kind, ops, size))
-            self._queued += size
-            if self._queued > HIGH_WATER and not self._paused:
-                self._pause(True)
-        elif t is p.Ping:
-            self._send(p.Pong())
-        elif t is p.ReplicaAccept:
-            self._accepted(pkt)
-        elif t is p.ReplicaSyncStart:
+        if t is p.ReplicaSyncStart:
             self.total = pkt.total_bytes
             log.info("syncing %d files (%d bytes) from %s", pkt.files, pkt.total_bytes, self.peer)
-        elif t is p.ReplicaSyncDone:
-            self._jobs.put((_SYNCED, pkt.position))
         elif t is p.ReplicaStop:
             self.stop_failover = pkt.failover
             log.warning("primary %s ends the replication: %s", self.peer, pkt.reason)
@@ -265,83 +323,18 @@ class Replica:
             if not pkt.active:
                 self.end(Outcome.RETRY, f"{self.peer} is not active")
 
-    def _accepted(self, pkt: p.ReplicaAccept) -> None:
-        self.accepted = True
-        self.fsync = pkt.backup_fsync
-        self.primary_sequence = pkt.activation_sequence
-        self.state = "syncing"
-        self._adopt(pkt.node_id)
-        self._thread = threading.Thread(target=self._apply_loop, name="replica-apply", daemon=True)
-        self._thread.start()
-        log.info("primary %s took this backup on (node %s)", self.peer, pkt.node_id)
-
-    # ------------------------------------------------------- apply thread
-    def _apply_loop(self) -> None:
-        try:
-            self.moved = prepare(self.root, self.cfg.max_saved_replicated_journal_size)
-            if self.moved is not None:
-                log.warning("old data moved to %s", self.moved)
-            jobs = self._jobs
-            copying = True  # until REPLICA_SYNC_DONE: every round is synced, whatever backup-fsync says
-            while True:
-                batch = [jobs.get()]
-                while len(batch) < 256 and not jobs.empty():
-                    batch.append(jobs.get_nowait())
-                top = nbytes = 0
-                synced: int | None = None
-                stop = False
-                for job in batch:
-                    if job is _STOP:
-                        stop = True
-                        break
-                    if job[0] is _SYNCED:
-                        synced = job[1]
-                        continue
-                    position, kind, ops, size = job
-                    self._applier.apply(kind, ops)
-                    top = max(top, position)
-                    nbytes += size
-                # While copying, each round's data goes to disk as it comes: the final sync (which
-                # the first batch gated on this backup waits for) then holds only the last round.
-                if synced is not None or ((self.fsync or copying) and (top or nbytes)):
-                    self._applier.sync()
-                if synced is not None:
-                    copying = False
-                    os.unlink(self.root / SYNCING_MARK)
-                    jf.fsync_dir(self.root)
-                if top or nbytes or synced is not None:
-                    self.loop.call_soon_threadsafe(self._applied, top, synced, nbytes)
-                if stop:
-                    break
-        except OSError as exc:
-            # Set here, not on the loop: run() must see it even when the link ended first.
-            self.disk_error, self.apply_error = exc, f"cannot apply the stream: {exc}"
-            self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
-        except ReplicaError as exc:
-            self.apply_error = f"cannot apply the stream: {exc}"
-            self.loop.call_soon_threadsafe(self.end, Outcome.RESYNC, self.apply_error)
-        finally:
-            self._applier.close()
-
-    def _applied(self, top: int, synced: int | None, nbytes: int) -> None:
-        self._queued -= nbytes
-        if self._paused and self._queued < LOW_WATER:
-            self._pause(False)
-        if top:
-            self._send(p.ReplicaAck(top))
-        if synced is not None and not self.synced and not self.result.done():
-            self.synced = True
-            self.state = "in-sync"
-            self._send(p.ReplicaSynced(synced))
-            log.warning("in sync with primary %s: ready to take over", self.peer)
-            self._follow = self.loop.create_task(self._in_sync_cb(), name="replica-follow")
-
     async def _stop_thread(self) -> None:
-        """Apply what was received (and only then stop): what is kept is a prefix of the stream."""
+        """End the link (what was read is applied; the rest is not acknowledged) and wait for the thread."""
+        self._closing = True
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
-            self._jobs.put(_STOP)
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        if sock is not None:
+            sock.close()
 
     def request_failback(self) -> None:
         """(In sync) ask the server we replicate to step down and hand its node to us."""
