@@ -83,6 +83,8 @@ class LoopbackLink:
             elif isinstance(pkt, p.ReplicaAccept):
                 self.accepted = True
 
+    write_now = write
+
     def send(self, packet: p.Packet) -> None:
         self.write(p.encode(packet))
 

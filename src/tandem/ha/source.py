@@ -66,6 +66,10 @@ class Link(Protocol):
 
     def write(self, data: bytes | bytearray) -> None: ...
 
+    def write_now(self, data: bytes | bytearray) -> None:
+        """Write at once, after what is buffered: a frame confirmations wait for goes out now,
+        not at the end of the loop's next pass."""
+
     def send(self, packet: p.Packet) -> None: ...
 
     def close(self) -> None: ...
@@ -146,7 +150,7 @@ class BackupStream:
             return
         if self.gating and position > self.floor:
             self.sent_at.append((position, time.monotonic()))
-        self.link.write(frame)
+        self.link.write_now(frame)
 
     def switch(self) -> None:
         """(Loop) the copy is sent: send what was held; from now on frames go out as they come."""

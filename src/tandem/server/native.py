@@ -181,6 +181,10 @@ class NativeConnection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def write_now(self, data: bytes | bytearray) -> None:
+        self._out.append(data)
+        self._flush()
+
     def send(self, packet: p.Packet) -> None:
         self.write(_encode(packet))
 
