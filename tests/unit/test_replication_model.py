@@ -85,6 +85,12 @@ class LoopbackLink:
 
     write_now = write
 
+    def write_from_threads(self) -> Any:
+        """Frames from the journal's writer thread come back to the loop in order, as a socket
+        written from that thread would deliver them."""
+        loop = asyncio.get_running_loop()
+        return lambda data: loop.call_soon_threadsafe(self.write, data)
+
     def send(self, packet: p.Packet) -> None:
         self.write(p.encode(packet))
 

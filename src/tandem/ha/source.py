@@ -70,6 +70,10 @@ class Link(Protocol):
         """Write at once, after what is buffered: a frame confirmations wait for goes out now,
         not at the end of the loop's next pass."""
 
+    def write_from_threads(self) -> Callable[[bytes | bytearray], None] | None:
+        """From now on every write goes out in order through a function any thread may call
+        (None: it cannot, the loop writes)."""
+
     def send(self, packet: p.Packet) -> None: ...
 
     def close(self) -> None: ...
@@ -102,6 +106,7 @@ class BackupStream:
         self.kinds: set[str] = set()  # directories whose operations go to it (guarded by the source's lock)
         self.queue: list[bytes | bytearray] | None = []  # frames held while the files are copied
         self.queued_bytes = 0
+        self.overflowed = False
         self.gating = False  # confirmations wait for its acknowledgements
         self.floor = 0  # ... of positions above this one
         self.acked = 0
@@ -116,6 +121,9 @@ class BackupStream:
         self.task: asyncio.Task[None] | None = None
         self.closed = False  # set under the source's lock
         self.files: list[tuple[str, str, int, int]] = []  # opened for the copy: kind, name, fd, size
+        # Frames written from the journals' writer threads (under the source's lock) rather than
+        # handed to the loop: the backup has them a loop pass sooner (decision 0042).
+        self.direct: Callable[[bytes | bytearray], None] | None = None
 
     # -------------------------------------------------------- from the link
     def on_ack(self, position: int) -> None:
@@ -139,21 +147,28 @@ class BackupStream:
 
     # ------------------------------------------------------- the stream
     def deliver(self, position: int, frame: bytes | bytearray) -> None:
-        """(Loop) a frame the stream made for this backup: held while syncing, sent otherwise."""
+        """A frame the stream made for this backup: held while syncing, sent otherwise. On the
+        loop, or with `direct` on a writer thread under the source's lock."""
         if self.closed:
             return
         if self.queue is not None:
             self.queue.append(frame)
             self.queued_bytes += len(frame)
-            if self.queued_bytes > QUEUE_LIMIT:
-                self.source.drop(self, f"more than {QUEUE_LIMIT >> 20} MiB written while its sync ran")
+            if self.queued_bytes > QUEUE_LIMIT and not self.overflowed:
+                self.overflowed = True
+                why = f"more than {QUEUE_LIMIT >> 20} MiB written while its sync ran"
+                self.source.on_loop(self.source.drop, self, why)
             return
         if self.gating and position > self.floor:
             self.sent_at.append((position, time.monotonic()))
-        self.link.write_now(frame)
+        if self.direct is not None:
+            self.direct(frame)
+        else:
+            self.link.write_now(frame)
 
     def switch(self) -> None:
-        """(Loop) the copy is sent: send what was held; from now on frames go out as they come."""
+        """(Loop; under the source's lock with `direct`) the copy is sent: send what was held;
+        from now on frames go out as they come."""
         if self.closed or self.queue is None:
             return
         for frame in self.queue:
@@ -162,7 +177,8 @@ class BackupStream:
         self.queued_bytes = 0
 
     def sync_done(self, floor: int) -> None:
-        """(Loop, after every frame up to `floor`) say where the store stands."""
+        """(Loop, or under the source's lock with `direct`; after every frame up to `floor`) say
+        where the store stands."""
         if not self.closed:
             self.link.send(p.ReplicaSyncDone(floor))
 
@@ -321,9 +337,17 @@ class ReplicationSource:
                 return 0
             self._position += 1
             position = b.last = self._position
-            # Under the lock: frames reach the loop in position order, whichever thread made them.
-            loop.call_soon_threadsafe(b.deliver, position, p.encode_ops(position, kind, ops))
+            # Under the lock: frames go out (or reach the loop) in position order, whichever thread made them.
+            if b.direct is not None:
+                b.deliver(position, p.encode_ops(position, kind, ops))
+            else:
+                loop.call_soon_threadsafe(b.deliver, position, p.encode_ops(position, kind, ops))
             return position if b.gating else 0
+
+    def on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn` on the loop soon (from a writer thread)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def after_acked(self, position: int, cb: Callable[[], None]) -> None:
         b = self.backup
@@ -343,16 +367,22 @@ class ReplicationSource:
     def _go_live(self, b: BackupStream) -> None:
         """The copy is sent: the frames held for `b` follow it, then each frame as it comes."""
         with self._lock:
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(b.switch)  # after every frame delivered so far
+            if b.direct is not None:
+                b.switch()
+            else:
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(b.switch)  # after every frame delivered so far
 
     def _start_gating(self, b: BackupStream) -> int:
         """From the next position on, confirmations wait for this backup; returns the last one that does not."""
         with self._lock:
             b.gating = True
             b.floor = self._position
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(b.sync_done, b.floor)  # after every frame up to the floor
+            if b.direct is not None:
+                b.sync_done(b.floor)
+            else:
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(b.sync_done, b.floor)  # after every frame up to the floor
             return b.floor
 
     # -------------------------------------------------------------- backups
@@ -369,6 +399,7 @@ class ReplicationSource:
             raise
         b = BackupStream(self, link, pkt.connector)
         link.replica = b
+        b.direct = link.write_from_threads()
         with self._lock:
             self.backup = b
         # No bump is under way (refused above): the value includes every earlier drop, none of this link.
@@ -452,7 +483,11 @@ class ReplicationSource:
         while True:
             await asyncio.sleep(min(limit / 4, 1.0))
             b = self.backup
-            if b is not None and b.sent_at and time.monotonic() - b.sent_at[0][1] > limit:
+            try:
+                oldest = b.sent_at[0][1] if b is not None else None
+            except IndexError:  # acknowledged meanwhile (writer threads append, the loop pops)
+                oldest = None
+            if b is not None and oldest is not None and time.monotonic() - oldest > limit:
                 self.drop(b, f"no acknowledgement within call-timeout ({self.cfg.call_timeout} ms)")
 
     def state(self) -> str:

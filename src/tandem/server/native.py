@@ -33,6 +33,7 @@ from ..errors import (
     wire_text,
 )
 from ..protocol import native as p
+from .link_writer import LinkWriter
 
 if TYPE_CHECKING:
     from .context import BrokerContext
@@ -132,6 +133,7 @@ class NativeConnection(asyncio.Protocol):
         self.ttl_ms = broker.config.effective_ttl_ms
         self.replica: Any = None  # a backup replicating over this connection (ha/source.py's BackupStream)
         self._drain_waiters: list[asyncio.Future[None]] = []
+        self._writer: LinkWriter | None = None  # writes from threads (a backup's link), see write_from_threads
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -176,6 +178,9 @@ class NativeConnection(asyncio.Protocol):
 
     # -------------------------------------------------------------- output
     def write(self, data: bytes | bytearray) -> None:
+        if self._writer is not None:
+            self._writer.write(data)
+            return
         self._out.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -184,6 +189,27 @@ class NativeConnection(asyncio.Protocol):
     def write_now(self, data: bytes | bytearray) -> None:
         self._out.append(data)
         self._flush()
+
+    def write_from_threads(self) -> Callable[[bytes | bytearray], None] | None:
+        """From now on every write of this connection goes out through a thread of its own
+        (server/link_writer.py); returns the function any thread may write with. None when the
+        transport still holds bytes (they would be overtaken): the loop keeps writing then."""
+        if self._writer is None:
+            t = self.transport
+            if t is None or t.is_closing() or self.closed:
+                return None
+            self._flush()
+            sock = t.get_extra_info("socket")
+            if t.get_write_buffer_size() or sock is None:
+                return None
+            self._writer = LinkWriter(
+                sock.fileno(), self.loop, HIGH_WATER, LOW_WATER, self.pause_writing, self.resume_writing, self._failed
+            )
+        return self._writer.write
+
+    def _failed(self, exc: OSError) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
     def send(self, packet: p.Packet) -> None:
         self.write(_encode(packet))
@@ -206,7 +232,10 @@ class NativeConnection(asyncio.Protocol):
             for ch, upto in self._confirms.items():
                 out.append(_encode(p.Confirm(ch, upto)))
             self._confirms.clear()
-        if out and self.transport is not None and not self.transport.is_closing():
+        if self._writer is not None:
+            for data in out:
+                self._writer.write(data)
+        elif out and self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(out)  # one writev: no joined copy of the pass's packets
             self.last_sent = self.loop.time()
         out.clear()
@@ -314,6 +343,8 @@ class NativeConnection(asyncio.Protocol):
         """Close after what is written so far (a backup's last frames, a REPLICA_STOP)."""
         if self._out or self._confirms:
             self._flush()
+        if self._writer is not None:
+            self._writer.close()  # writes what is queued, then lets its descriptor go
         if self.transport is not None:
             self.transport.close()
         self._teardown()
@@ -322,6 +353,8 @@ class NativeConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._writer is not None:
+            self._writer.close()
         self.broker.connections.discard(self)
         for s in self.sessions.values():
             s.core.close()
