@@ -169,3 +169,31 @@ def test_a_backup_that_reaches_no_network_check_target_does_not_take_over(pair: 
     p.primary.kill()
     p.never_active(1, 5.0)
     assert "network-check-list" in p.backup.log_text()
+
+
+def test_an_in_sync_backup_whose_takeover_zookeeper_refused_takes_over_once_zookeeper_is_back(
+    pair: Any, zookeeper: ZooKeeperServer
+) -> None:
+    """ZooKeeper killed: the active primary stops (status 4) and its in-sync backup cannot take the
+    lock. It must not activate while ZooKeeper is down, and must not give up either: once ZooKeeper
+    is back (and the dead primary's session has expired) it takes the lock with its sequence, which
+    is current, and serves every confirmed message, without anybody restarting anything."""
+    p = pair().start_all()
+    load = Load()
+
+    async def run() -> None:
+        task = asyncio.create_task(load.run(p.url_of(0), "q"))
+        await load.until(500)
+        await asyncio.to_thread(zookeeper.stop)  # while the producer sends
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(run())
+    assert p.primary.wait_exit(15) == 4
+    p.never_active(1, 12.0)  # longer than connect-timeout (8 s): its takeover attempt has failed meanwhile
+    zookeeper.start()
+    p.wait_state(1, "active", timeout=30)
+    st = p.status(1)
+    assert st["activation_sequence"] == 2, st
+    got = asyncio.run(_drain(p.url_of(1), "q"))
+    missing = set(load.confirmed) - got
+    assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
