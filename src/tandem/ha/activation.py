@@ -28,6 +28,7 @@ from ..protocol import native as p
 from .activation_sequence import read_local_sequence
 from .announcer import announce
 from .coordination import Coordination
+from .coordinator import StaleActivation
 from .host import ActivationHost
 from .live_check import find_active
 from .node_manager import FAILBACK, LIVE, NOT_STARTED, PAUSED, NodeManager
@@ -442,6 +443,10 @@ class ReplicationActivation(Activation):
         cfg = host.config
         urls = [cfg.connector_url(n) for n in cfg.static_connectors]
         host.report("waiting")
+        # This copy was in sync when its active server went and no coordinator has called it stale:
+        # while nobody serves, it tries again to activate (the coordinator decides), rather than
+        # wait for ever for a server to follow (a ZooKeeper outage outlasting a takeover attempt).
+        current = False
         while True:
             outcome = Outcome.RETRY
             why = "no primary"
@@ -458,11 +463,24 @@ class ReplicationActivation(Activation):
                 if outcome is not Outcome.RETRY:
                     break
             if outcome is Outcome.TAKE_OVER:
-                refused = await self._may_take_over()
+                refused, current = await self._may_take_over()
                 if refused is None:
                     break
-                log.error("primary is gone (%s) but this backup does not activate: %s", why, refused)
+                log.error(
+                    "primary is gone (%s) but this backup does not activate: %s%s",
+                    why,
+                    refused,
+                    " (it tries again while nobody serves)" if current else "",
+                )
                 outcome = Outcome.RESYNC
+            elif outcome is Outcome.RETRY and current:
+                refused, current = await self._may_take_over()
+                if refused is None:
+                    why = "nobody serves its node, and the coordinator lets this current copy activate"
+                    break
+                log.info("still not activating: %s", refused)
+            else:
+                current = False  # a primary took it on: the copy is being replaced
             if self.replica is not None and self.replica.synced:
                 await host.stop_backup()  # the follower lets go: the next sync replaces the store
             if outcome is Outcome.RESYNC:
@@ -500,18 +518,21 @@ class ReplicationActivation(Activation):
             log.warning("in sync with the active server %s: asking it to step down (allow-failback)", r.peer)
             r.request_failback()
 
-    async def _may_take_over(self) -> str | None:
-        """None if this in-sync replica may activate (uncoordinated: always), else why not."""
+    async def _may_take_over(self) -> tuple[str | None, bool]:
+        """(None, _) if this in-sync replica may activate (uncoordinated: always), else (why not,
+        whether it may later: False only when the coordinator says the copy is stale)."""
         co = self.coordination
         if co is None:
-            return None
+            return None, False
         if self._session is not None:
             await asyncio.wait([self._session])  # one session: let the one being opened finish
             self._session = None
         try:
-            return await co.activate(self.nm.node_id)
+            return await co.activate(self.nm.node_id), True
+        except StaleActivation as exc:
+            return exc.message, False
         except TandemError as exc:
-            return exc.message
+            return exc.message, True
 
     async def activation_info(self) -> dict[str, Any]:
         return await _describe(self.coordination, self.host.config.data_path)
@@ -642,7 +663,10 @@ class ReplicationPrimaryActivation(ReplicationActivation):
                 "while this server was down, both now serve it, this one with its stale data (see docs/ha.md)"
             )
         if co is not None:
-            why = await co.activate(self.nm.node_id)
+            try:
+                why = await co.activate(self.nm.node_id)
+            except StaleActivation as exc:
+                why = exc.message
             if why is not None:
                 co.close()
                 raise IllegalState(f"not activating: {why}")

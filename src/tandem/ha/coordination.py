@@ -17,7 +17,7 @@ from typing import Any
 from ..config import BrokerConfig, CoordinatorConfig
 from ..errors import TandemError
 from .activation_sequence import judge, read_local_sequence, write_local_sequence
-from .coordinator import AsyncCoordinator, Coordinator, StaleActivation
+from .coordinator import AsyncCoordinator, Coordinator
 from .host import ActivationHost
 from .network_check import NetworkCheck
 
@@ -52,7 +52,9 @@ class Coordination:
         return c
 
     async def activate(self, node_id: str) -> str | None:
-        """Take the live lock and claim the next activation; None on success, else why not (nothing held)."""
+        """Take the live lock and claim the next activation; None on success, else why not (nothing
+        held). Raises StaleActivation when this copy is behind (it never may), CoordinatorUnavailable
+        when ZooKeeper cannot be reached (it may, later)."""
         if not await self.network.reachable():
             return "no host of network-check-list answers (this server may be the isolated one)"
         c = await self.open(node_id)
@@ -63,9 +65,6 @@ class Coordination:
             self.sequence = await c.claim_activation(
                 read_local_sequence(directory), lambda v: write_local_sequence(directory, v)
             )
-        except StaleActivation as exc:
-            await c.unlock()
-            return exc.message
         except BaseException:
             await c.unlock()
             raise
