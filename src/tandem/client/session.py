@@ -566,15 +566,22 @@ class AsyncConsumer:
         self._listener_task: asyncio.Task[None] | None = None
         self.closed = False
         self.error: TandemError | None = None
+        # What a reattach tells the server (deliveries received, credit granted), on this server.
+        self.received = 0
+        self.flowed = 0
 
     def _create_packet(self, cmd: int) -> p.CreateConsumer:
         ch = self.session.channel
         self.generation = self.session.conn.generation  # deliveries may arrive before the answer
+        self.received = self.flowed = 0
         return p.CreateConsumer(ch.id, cmd, self.id, self.queue, self.filter, self.requested_window, self.browse_only)
 
     def _created(self, result: dict[str, Any]) -> None:
         self.window = int(result["window"])
         self.queue = result["queue"]
+
+    def _reattach_state(self) -> tuple[int, int, int]:
+        return (self.id, self.received, self.flowed)
 
     # ------------------------------------------------------------ inbound
     def _on_deliver(self, pkt: p.Deliver) -> None:
@@ -584,6 +591,7 @@ class AsyncConsumer:
             msg._consumer = self
         msg._generation = self.generation
         self._pull_pending = False
+        self.received += 1
         self.buffer.append(msg)
         w = self._waiter
         if w is not None and not w.done():
@@ -616,6 +624,7 @@ class AsyncConsumer:
             consumed = self._consumed + msg.size
             if consumed >= w // _CREDIT_RETURN_PART:
                 session.conn.send_packet(p.Flow(session.channel.id, self.id, consumed))
+                self.flowed += consumed
                 consumed = 0
             self._consumed = consumed
         if session.transacted and not self.browse_only:
@@ -637,6 +646,7 @@ class AsyncConsumer:
     def _request_one(self) -> None:
         if self.window == 0 and not self._pull_pending and not self.buffer and not self.closed:
             self._pull_pending = True
+            self.flowed += 1
             self.session.conn.send_packet(p.Flow(self.session.channel.id, self.id, 1))
 
     def receive_nowait(self) -> ReceivedMessage | None:

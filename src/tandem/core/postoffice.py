@@ -453,4 +453,6 @@ class PostOffice:
             "addresses": len(self.addresses),
             "queues": len(self.queues),
             "messages": sum(q.message_count for q in self.queues.values()),
+            "consumers": sum(len(q.consumers) + len(q.browsers) for q in self.queues.values()),
+            "temporary_queues": sum(1 for q in self.queues.values() if q.temporary),
         }

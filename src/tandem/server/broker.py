@@ -110,6 +110,7 @@ class Broker:
         self.admin = Admin(self)
         self.authenticator = Authenticator(config)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
+        self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.started_at = 0.0
@@ -573,7 +574,9 @@ class Broker:
             "uptime_s": round(now - self.started_at, 3),
             "active_for_s": round(now - self.activated_at, 3) if self.active else 0.0,
             "peer": self._peer(),
-            "connections": len(self.connections),
+            "connections": sum(1 for c in self.connections if not getattr(c, "detached", False)),
+            "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
+            "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
             "persistence": self.config.persistence_enabled,
         }

@@ -1,0 +1,198 @@
+"""Session reattachment through the fault proxy and a real broker process.
+
+The client has a confirmation window, so the broker keeps its sessions for the connection TTL
+after the link fails. A blackhole shorter than the TTL must be invisible to the application:
+no exception, no redelivery, no duplicate (auto_dedup is off: only the replay can keep sends
+exactly once). A longer one takes the reconnect path, with the errors docs/client.md lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import tandem.aio as aio
+from broker_process import BrokerProcess
+from client_io import drain_texts, send_confirmed
+from tandem.errors import TandemError, TransactionRolledBack, Unblocked
+from tandem.testing import AsyncFaultProxy, free_port
+
+FAST = {"client_failure_check_period": 500, "connect_timeout": 500, "retry_interval": 100}
+WINDOW = {"confirmation_window_size": 1024, "auto_dedup": False, "reconnect_attempts": -1}
+Events = list[tuple[aio.FailureEvent, TandemError | None]]
+
+
+def _broker(factory: Any, port: int) -> BrokerProcess:
+    """A broker that announces the proxy (a reconnection must not go around it) and checks TTLs often."""
+    return factory(  # type: ignore[no-any-return]
+        connection_check_period=100,
+        connector_ref="via-proxy",
+        extra_toml=f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{port}"\n',
+    ).start()
+
+
+async def _until(cond: Callable[[], object], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def _reconnecting(proxy: AsyncFaultProxy, timeout: float = 10.0) -> None:
+    """Until the client, having noticed the silence, opens a second connection through the proxy."""
+    deadline = time.monotonic() + timeout
+    while (await proxy.stats()).connections < 2:
+        assert time.monotonic() < deadline, "the client did not notice the silence"
+        await asyncio.sleep(0.02)
+
+
+async def _status(url: str) -> dict[str, Any]:
+    conn = await aio.connect(url)
+    try:
+        return await conn.manage("broker.status")  # type: ignore[no-any-return]
+    finally:
+        await conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_blackhole_shorter_than_the_ttl_is_invisible(broker_factory: Any) -> None:
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    inbound = [f"in-{i}" for i in range(30)]
+    events: Events = []
+    got: list[tuple[str, int]] = []
+
+    async def main() -> None:
+        await send_confirmed(broker.url, "in", "in-", 30)
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            producer = session.create_producer("out")
+            consumer = await session.create_consumer("in", window=200)  # small: FLOWs are in flight too
+            tx = await conn.create_session(transacted=True)
+            tx_producer = tx.create_producer("tx-out")
+            for i in range(10):
+                m = await consumer.receive(5)
+                assert m is not None
+                got.append((m.text, m.delivery_count))
+            for i in range(5):
+                await producer.send(f"a-{i}")
+            await tx_producer.send("t-0")
+            await proxy.blackhole()
+            # In flight across the blackhole: sends, a commit, consumption with its acks and credit.
+            pending = [await producer.send_async(f"b-{i}") for i in range(5)]
+            await tx_producer.send_async("t-1")
+            commit = asyncio.ensure_future(tx.commit())
+            await _reconnecting(proxy)
+            await asyncio.sleep(max(0.0, 2.0 - 0.5))  # a 2-second blackhole in all
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches after the heal")
+            for fut in pending:
+                assert fut is not None
+                await asyncio.wait_for(fut, 10)
+            await asyncio.wait_for(commit, 10)
+            for i in range(5):
+                await producer.send(f"c-{i}")
+            while len(got) < 30:
+                m = await consumer.receive(5)
+                assert m is not None, f"only {len(got)} of 30 received"
+                got.append((m.text, m.delivery_count))
+            assert await consumer.receive(0.3) is None
+            await conn.close()
+        status = await _status(broker.url)
+        assert status["sessions"] == 0 and status["consumers"] == 0, status
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert got == [(t, 1) for t in inbound], "a message came twice, out of order or as a redelivery"
+    assert asyncio.run(drain_texts(broker.url, "out")) == [f"{x}-{i}" for x in "abc" for i in range(5)]
+    assert asyncio.run(drain_texts(broker.url, "tx-out")) == ["t-0", "t-1"]
+    assert asyncio.run(drain_texts(broker.url, "in")) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("direction", ["down", "up"])
+def test_unconfirmed_commands_are_replayed_exactly_once(broker_factory: Any, direction: str) -> None:
+    """`down`: the broker gets every command and the client none of its confirmations (it must
+    replay nothing); `up`: the broker gets none (the client must replay all, once)."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            # A window larger than what is sent: the server's RECEIVED never trims the buffer.
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **{**WINDOW, **FAST})
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            producer = session.create_producer("replay")
+            await producer.send("m-0")
+            await proxy.blackhole(direction)  # type: ignore[arg-type]
+            pending = [await producer.send_async(f"m-{i}") for i in range(1, 40)]
+            await asyncio.sleep(0.2)
+            await _reconnecting(proxy)
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches")
+            for fut in pending:
+                assert fut is not None
+                await asyncio.wait_for(fut, 10)
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert asyncio.run(drain_texts(broker.url, "replay")) == [f"m-{i}" for i in range(40)]
+
+
+@pytest.mark.timeout(60)
+def test_blackhole_longer_than_the_ttl_takes_the_reconnect_path(broker_factory: Any) -> None:
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+    errors: dict[str, BaseException] = {}
+
+    async def main() -> None:
+        await send_confirmed(broker.url, "in", "in-", 1)
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=1000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session(ack_mode="client")
+            consumer = await session.create_consumer("in")
+            first = await consumer.receive(5)
+            assert first is not None and first.text == "in-0"
+            tx = await conn.create_session(transacted=True)
+            await tx.create_producer("tx-out").send("t-0")
+            await proxy.blackhole()
+            receiving = asyncio.ensure_future(consumer.receive(20))
+            await asyncio.sleep(0.1)
+            await _reconnecting(proxy)
+            await asyncio.sleep(3.0)  # the broker's TTL (1 s) expires under the blackhole
+            await proxy.heal()
+            await _until(lambda: events, "the client reconnects")
+            try:
+                await receiving
+            except Unblocked as exc:
+                errors["receive"] = exc
+            try:
+                await first.ack()
+            except TandemError as exc:
+                errors["ack"] = exc
+            try:
+                await tx.commit()
+            except TransactionRolledBack as exc:
+                errors["commit"] = exc
+            again = await consumer.receive(5)
+            assert again is not None and again.text == "in-0" and again.delivery_count == 2
+            await again.ack()
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.RECONNECTED], events
+    assert set(errors) == {"receive", "ack", "commit"}, errors
+    assert errors["ack"].code.name == "STALE_ACKNOWLEDGE"
+    assert asyncio.run(drain_texts(broker.url, "tx-out")) == []
+    assert asyncio.run(drain_texts(broker.url, "in")) == []
