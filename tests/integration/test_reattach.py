@@ -76,7 +76,7 @@ def test_blackhole_shorter_than_the_ttl_is_invisible(broker_factory: Any) -> Non
             consumer = await session.create_consumer("in", window=200)  # small: FLOWs are in flight too
             tx = await conn.create_session(transacted=True)
             tx_producer = tx.create_producer("tx-out")
-            for i in range(10):
+            for _ in range(10):
                 m = await consumer.receive(5)
                 assert m is not None
                 got.append((m.text, m.delivery_count))

@@ -513,12 +513,12 @@ class NativeConnection(asyncio.Protocol):
     def on_reattach(self, pkt: p.Reattach) -> None:
         """Take over the sessions of the failed connection `pkt.connection_id` (see server/reattach.py)."""
         b = self.broker
-        old = b.reattachable.get(pkt.connection_id)
+        old: NativeConnection | None = b.reattachable.get(pkt.connection_id)
         why = ""
         gone = old is None or old is self or old.successor is not None or (old.closed and not old.detached)
         if self.window <= 0 or pkt.connection_id != self.connection_id:
             why = "this connection has no confirmation window under that id"
-        elif gone:
+        elif gone or old is None:
             b.reattachable[pkt.connection_id] = self  # it starts afresh under the id
             why = "no such connection (its TTL expired, or the server restarted or failed over)"
         elif old.username != self.username:
