@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import drain_texts, send_confirmed
-from tandem.errors import TandemError, TransactionRolledBack, Unblocked
-from tandem.testing import AsyncFaultProxy, free_port
+from tandem.errors import IllegalState, TandemError, TransactionRolledBack, Unblocked
+from tandem.testing import AsyncFaultProxy, FaultProxy, free_port
 
 FAST = {"client_failure_check_period": 500, "connect_timeout": 500, "retry_interval": 100}
 WINDOW = {"confirmation_window_size": 1024, "auto_dedup": False, "reconnect_attempts": -1}
@@ -196,3 +197,46 @@ def test_blackhole_longer_than_the_ttl_takes_the_reconnect_path(broker_factory: 
     assert errors["ack"].code.name == "STALE_ACKNOWLEDGE"
     assert asyncio.run(drain_texts(broker.url, "tx-out")) == []
     assert asyncio.run(drain_texts(broker.url, "in")) == []
+
+
+@pytest.mark.timeout(60)
+def test_send_acknowledgement_handler_confirms_each_send_once_across_a_reattach(broker_factory: Any) -> None:
+    """Blocking API: with a handler `send()` does not wait; each message is acknowledged to the
+    handler exactly once, without error, in order, though a blackhole cuts the link meanwhile."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    acked: list[tuple[str, BaseException | None]] = []
+    events: Events = []
+    with FaultProxy(broker.port, port=port) as proxy:
+        conn = tandem.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+        try:
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = conn.session()
+            session.set_send_acknowledgement_handler(lambda msg, exc: acked.append((msg.body, exc)))
+            producer = session.create_producer("acked")
+            for i in range(50):
+                producer.send(f"m-{i}")
+            proxy.blackhole()
+            for i in range(50, 100):
+                producer.send(f"m-{i}")  # returns at once: nothing is confirmed while the link is dead
+            deadline = time.monotonic() + 10
+            while proxy.stats().connections < 2:
+                assert time.monotonic() < deadline, "the client did not notice the silence"
+                time.sleep(0.02)
+            time.sleep(1.0)
+            proxy.heal()
+            producer.flush()
+        finally:
+            conn.close()
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert acked == [(f"m-{i}", None) for i in range(100)]
+    assert asyncio.run(drain_texts(broker.url, "acked")) == [f"m-{i}" for i in range(100)]
+
+
+def test_send_acknowledgement_handler_needs_a_confirmation_window(broker: BrokerProcess) -> None:
+    with tandem.connect(broker.url) as conn, conn.session() as session:
+        with pytest.raises(IllegalState, match="confirmation window"):
+            session.set_send_acknowledgement_handler(lambda msg, exc: None)
+        producer = session.create_producer("plain")
+        producer.send("still waits")  # without a handler: confirmed before it returns
+    assert asyncio.run(drain_texts(broker.url, "plain")) == ["still waits"]

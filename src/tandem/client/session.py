@@ -51,6 +51,8 @@ _decode_data = msgspec.msgpack.Decoder(MessageData).decode
 
 Listener = Callable[[ReceivedMessage], Any]
 SendCallback = Callable[[BaseException | None], None]
+# Artemis's SendAcknowledgementHandler: (the message sent, None once confirmed or the error).
+SendAckHandler = Callable[[Message, BaseException | None], Any]
 
 
 def _size(msg: Message) -> int:
@@ -91,7 +93,19 @@ class AsyncSession:
         self._rollback_only = False
         self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
         self._resend: list[Pending] = []
+        self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
+
+    def set_send_acknowledgement_handler(self, handler: SendAckHandler | None) -> None:
+        """Confirm sends asynchronously: from now on a producer's `send()` of this session returns
+        once the message is written, and `handler(message, error)` is called on the client's
+        event loop when the broker confirms it (`error` None: durable sends are on disk) or
+        refuses it. Needs `confirmation_window_size` (as Artemis): a send written before a
+        network failure is then replayed by the reattach, so the confirmation still comes.
+        `None` makes `send()` wait again."""
+        if handler is not None and self.conn.window <= 0:
+            raise IllegalState("a send-acknowledgement handler needs a confirmation window (confirmation_window_size)")
+        self.send_ack_handler = handler
 
     # --------------------------------------------------------------- factories
     def create_producer(self, address: str | None = None, window: int | None = None) -> AsyncProducer:
@@ -386,6 +400,14 @@ class AsyncSession:
                 conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
 
 
+def _call_handler(handler: SendAckHandler, msg: Message, exc: BaseException | None) -> None:
+    """A handler's own error must not reach the connection's read loop."""
+    try:
+        handler(msg, exc)
+    except Exception:
+        log.exception("send-acknowledgement handler raised")
+
+
 def _fail_waiter(waiter: Any, exc: BaseException) -> None:
     from .connection import _resolve
 
@@ -525,7 +547,13 @@ class AsyncProducer:
         return self.send_nowait(msg, callback)
 
     async def send(self, body: Message | bytes | str, **fields: Any) -> None:
-        """Send and wait for the broker's confirmation (durable: after fsync)."""
+        """Send and wait for the broker's confirmation (durable: after fsync); with the session's
+        send-acknowledgement handler, send and leave the confirmation to the handler."""
+        handler = self.session.send_ack_handler
+        if handler is not None:
+            msg = as_message(body, **fields)
+            await self.send_async(msg, partial(_call_handler, handler, msg))
+            return
         fut = await self.send_async(body, **fields)
         assert fut is not None
         timeout = self.session.conn.options.call_timeout / 1000
