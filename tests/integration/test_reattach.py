@@ -19,6 +19,7 @@ import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import drain_texts, send_confirmed
+from reply_proxy import CommitReplyDropper
 from tandem.errors import IllegalState, TandemError, TransactionRolledBack, Unblocked
 from tandem.testing import AsyncFaultProxy, FaultProxy, free_port
 
@@ -240,3 +241,30 @@ def test_send_acknowledgement_handler_needs_a_confirmation_window(broker: Broker
         producer = session.create_producer("plain")
         producer.send("still waits")  # without a handler: confirmed before it returns
     assert asyncio.run(drain_texts(broker.url, "plain")) == ["still waits"]
+
+
+@pytest.mark.timeout(60)
+def test_commit_whose_answer_was_lost_is_answered_after_the_reattach(broker: BrokerProcess) -> None:
+    """The broker commits, its answer is lost and the link reset: the reattach brings the answer
+    (the server kept it), so the commit returns normally; nothing is applied twice."""
+    events: Events = []
+
+    async def main() -> None:
+        with CommitReplyDropper(broker.port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            tx = await conn.create_session(transacted=True)
+            producer = tx.create_producer("orders")
+            for i in range(5):
+                await producer.send(f"order-{i}")
+            commit = asyncio.ensure_future(tx.commit())
+            await _until(proxy.dropped.is_set, "the commit's answer is dropped")
+            proxy.proxy.reset()
+            await asyncio.wait_for(commit, 10)  # no TransactionOutcomeUnknown: the answer came again
+            await producer.send("after")
+            await tx.commit()
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert asyncio.run(drain_texts(broker.url, "orders")) == [f"order-{i}" for i in range(5)] + ["after"]
