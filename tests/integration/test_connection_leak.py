@@ -9,6 +9,7 @@ resident memory (read from /proc) must come back to within 10 % of where it star
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import tandem.aio as aio
 from broker_process import BrokerProcess
 
 PROCESSES = 4
@@ -45,7 +47,8 @@ CLIENT = textwrap.dedent(
         url, n = sys.argv[1], int(sys.argv[3])
         conns = []
         for start in range(0, n, 50):  # 50 at a time: the broker is shared with other tests
-            conns += await asyncio.gather(*(one(url, i, 4096 if i % 2 else -1) for i in range(start, min(n, start + 50))))
+            batch = range(start, min(n, start + 50))
+            conns += await asyncio.gather(*(one(url, i, 4096 if i % 2 else -1) for i in batch))
         print("ready", len(conns), flush=True)
         await asyncio.sleep(3600)  # until SIGKILL
 
@@ -63,6 +66,14 @@ def _status(url: str) -> dict[str, Any]:
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+async def _create_shared(url: str) -> None:
+    conn = await aio.connect(url)
+    try:
+        await (await conn.create_session()).create_queue("leak-shared")
+    finally:
+        await conn.close()
 
 
 def _rss_kib(pid: int) -> int:
@@ -124,6 +135,7 @@ def test_killed_clients_leave_no_session_consumer_or_temporary_queue(broker_fact
     broker: BrokerProcess = broker_factory(connection_check_period=100, connection_ttl=TTL_MS).start()
     assert broker.proc is not None
     pid = broker.proc.pid
+    asyncio.run(_create_shared(broker.url))
     _until_clean(broker.url)
     start_rss = _rss_kib(pid)
     start_addresses = _status(broker.url)["addresses"]
