@@ -99,10 +99,14 @@ def _clients(url: str, tag: str) -> list[subprocess.Popen[str]]:
         )
         for k in range(PROCESSES)
     ]
-    for proc in procs:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # bounded by the test's timeout
-        assert line.strip() == f"ready {PER_PROCESS}", f"a client process failed: {line!r}"
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # bounded by the test's timeout
+            assert line.strip() == f"ready {PER_PROCESS}", f"a client process failed: {line!r}"
+    except BaseException:
+        _kill(procs)
+        raise
     return procs
 
 
@@ -111,6 +115,8 @@ def _kill(procs: list[subprocess.Popen[str]]) -> None:
         proc.send_signal(signal.SIGKILL)
     for proc in procs:
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _until_clean(url: str, timeout: float = 30.0) -> dict[str, int]:
@@ -137,20 +143,25 @@ def test_killed_clients_leave_no_session_consumer_or_temporary_queue(broker_fact
     pid = broker.proc.pid
     asyncio.run(_create_shared(broker.url))
     _until_clean(broker.url)
-    start_rss = _rss_kib(pid)
     start_addresses = _status(broker.url)["addresses"]
-
-    procs = _clients(broker.url, "a")
-    loaded = _counts(_status(broker.url))
-    assert loaded["sessions"] == PROCESSES * PER_PROCESS, loaded
-    assert loaded["consumers"] == 2 * PROCESSES * PER_PROCESS, loaded
-    assert loaded["temporary_queues"] == PROCESSES * PER_PROCESS, loaded
-    loaded_rss = _rss_kib(pid)
-    _kill(procs)
-    _until_clean(broker.url)
-    # A temporary queue's address, created for it, goes with it (Artemis's auto-delete-addresses).
-    assert _status(broker.url)["addresses"] == start_addresses
-    end_rss = _rss_kib(pid)
-    assert end_rss <= start_rss * 1.10, (
-        f"RSS {start_rss} KiB at the start, {loaded_rss} KiB with 1,000 clients, {end_rss} KiB after they were gone"
-    )
+    rss: list[tuple[int, int]] = []  # (with the clients, after they were gone) per round
+    # Round 0 grows the allocator's pools to the working size of 1,000 clients (what Python's
+    # allocator keeps after a storm is fragmentation, not objects: see docs/client.md); round 1
+    # must come back to where round 0 left it: what a leak of anything per client would break.
+    for rnd in range(2):
+        procs = _clients(broker.url, f"r{rnd}-")
+        try:
+            loaded = _counts(_status(broker.url))
+            loaded_rss = _rss_kib(pid)
+        finally:
+            _kill(procs)
+        assert loaded["sessions"] == PROCESSES * PER_PROCESS, loaded
+        assert loaded["consumers"] == 2 * PROCESSES * PER_PROCESS, loaded
+        assert loaded["temporary_queues"] == PROCESSES * PER_PROCESS, loaded
+        _until_clean(broker.url)
+        # A temporary queue's address, created for it, goes with it (Artemis's auto-delete-addresses).
+        assert _status(broker.url)["addresses"] == start_addresses
+        time.sleep(0.5)  # the broker gives the freed heap back once the count holds still
+        rss.append((loaded_rss, _rss_kib(pid)))
+    start, end = rss[0][1], rss[1][1]
+    assert end <= start * 1.10, f"RSS in KiB (with 1,000 clients, after they were gone) per round: {rss}"

@@ -36,6 +36,7 @@ from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
 from .admin import Admin
+from .memory import ConnectionChurn
 from .native import NativeConnection
 from .security import Authenticator
 
@@ -609,11 +610,13 @@ class Broker:
         scan_every = self.config.message_expiry_scan_period / 1000
         loop = asyncio.get_running_loop()
         last_scan = loop.time()
+        churn = ConnectionChurn()
         while True:
             await asyncio.sleep(min(period, scan_every) if scan_every > 0 else period)
             now = loop.time()
             for conn in list(self.connections):
                 conn.check_alive(now)
+            churn.observe(len(self.connections))
             if not self.active:
                 last_scan = now  # a backup that takes over scans a period later, not in its first second
             elif scan_every > 0 and now - last_scan >= scan_every:
