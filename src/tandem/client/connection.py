@@ -689,6 +689,8 @@ class AsyncConnection:
         proto = self._proto
         assert proto is not None and proto.transport is not None
         chans = [self.control, *sorted(self.channels.values(), key=lambda c: c.id)]
+        consumers = [c for ch in chans if ch.session is not None for c in ch.session.consumers.values()]
+        reported = {c: c.flowed for c in consumers}
         req = p.Reattach(
             self.client_uuid,
             [
@@ -716,6 +718,9 @@ class AsyncConnection:
             ch.received(ok.last.get(ch.id, 0))
             if ch.kept:
                 self._out.extend(frame for _, frame in ch.kept)  # in order, each exactly once
+        for c, flowed in reported.items():  # credit granted since the REATTACH went out (its FLOW was dropped)
+            if c.flowed > flowed and not c.closed:
+                self._out.append(p.encode(p.Flow(c.session.channel.id, c.id, c.flowed - flowed)))
         return True
 
     def _notify(self, kind: FailureEvent, cause: TandemError | None) -> None:
