@@ -268,3 +268,32 @@ def test_commit_whose_answer_was_lost_is_answered_after_the_reattach(broker: Bro
     asyncio.run(main())
     assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
     assert asyncio.run(drain_texts(broker.url, "orders")) == [f"order-{i}" for i in range(5)] + ["after"]
+
+
+def test_received_trims_the_resend_buffer(broker: BrokerProcess) -> None:
+    """The broker says RECEIVED every window's worth of bytes: the client's kept commands stay
+    around one window, however many are sent; without a window nothing is kept at all."""
+
+    async def main() -> tuple[int, int, bool]:
+        conn = await aio.connect(broker.url, confirmation_window_size=4096, auto_dedup=False)
+        session = await conn.create_session()
+        producer = session.create_producer("trimmed")
+        for i in range(500):
+            await producer.send_async("x" * 100 + str(i))
+        await producer.flush()
+        kept = session.channel.kept
+        assert kept is not None
+        left = len(kept)
+        size = sum(len(frame) for _, frame in kept)
+        await conn.close()
+        plain = await aio.connect(broker.url)
+        plain_session = await plain.create_session()
+        await plain_session.create_producer("trimmed").send("plain")
+        nothing_kept = plain_session.channel.kept is None
+        await plain.close()
+        return left, size, nothing_kept
+
+    left, size, nothing_kept = asyncio.run(main())
+    assert size <= 4096 + 200, f"{left} commands ({size} bytes) kept after 500 sends of ~130 bytes"
+    assert nothing_kept
+    assert len(asyncio.run(drain_texts(broker.url, "trimmed"))) == 501
