@@ -297,3 +297,31 @@ def test_received_trims_the_resend_buffer(broker: BrokerProcess) -> None:
     assert size <= 4096 + 200, f"{left} commands ({size} bytes) kept after 500 sends of ~130 bytes"
     assert nothing_kept
     assert len(asyncio.run(drain_texts(broker.url, "trimmed"))) == 501
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_broker_has_no_sessions_to_reattach(broker_factory: Any) -> None:
+    """Same node id after the restart (its store), but the sessions died with the process: the
+    REATTACH is refused and the client takes the reconnect path."""
+    port = free_port()
+    broker = broker_factory(extra_toml=f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n').start()
+    events: Events = []
+
+    async def main() -> None:
+        conn = await aio.connect(
+            broker.url, confirmation_window_size=1024, reconnect_attempts=-1, connection_ttl=30_000, **FAST
+        )
+        conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+        node = conn.node_id
+        producer = (await conn.create_session()).create_producer("restart")
+        await producer.send("before")
+        broker.kill()
+        await asyncio.get_running_loop().run_in_executor(None, broker.start)
+        await _until(lambda: events, "the client reconnects to the restarted broker")
+        await producer.send("after")
+        assert conn.node_id == node
+        await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.RECONNECTED], events
+    assert asyncio.run(drain_texts(broker.url, "restart")) == ["before", "after"]
