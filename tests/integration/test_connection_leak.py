@@ -163,5 +163,9 @@ def test_killed_clients_leave_no_session_consumer_or_temporary_queue(broker_fact
         assert _status(broker.url)["addresses"] == start_addresses
         time.sleep(0.5)  # the broker gives the freed heap back once the count holds still
         rss.append((loaded_rss, _rss_kib(pid)))
+    log = broker.log_text()
+    # The clients with a confirmation window were kept for a reattach, then let go at their TTL.
+    windowed = 2 * (PROCESSES * PER_PROCESS // 2)  # two rounds, every other client
+    assert log.count("for a reattach") == log.count("no reattach within its TTL") == windowed
     start, end = rss[0][1], rss[1][1]
     assert end <= start * 1.10, f"RSS in KiB (with 1,000 clients, after they were gone) per round: {rss}"
