@@ -382,3 +382,37 @@ def test_streams_ride_through_repeated_blackholes(broker_factory: Any, ack_mode:
     assert all(0 < n < total for n in at_cut), f"a blackhole fell outside the traffic: {at_cut}"
     assert got == [(f"s-{i}", 1) for i in range(total)]
     assert asyncio.run(drain_texts(broker.url, "stream")) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_consumer_closed_by_the_broker_while_away_is_reported_after_the_reattach(broker_factory: Any) -> None:
+    """Its queue is deleted while the link is down: the CONSUMER_CLOSED is lost on the wire,
+    the broker tells it again on the reattach, and `receive()` raises as without the outage."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            await session.create_queue("doomed")
+            consumer = await session.create_consumer("doomed")
+            await proxy.blackhole()
+            admin = await aio.connect(broker.url)
+            await admin.manage("queue.delete", name="doomed", force=True)
+            await admin.close()
+            await _reconnecting(proxy)
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches")
+            try:
+                await consumer.receive(5)
+            except TandemError as exc:
+                errors.append(exc)
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert [type(e).__name__ for e in errors] == ["QueueDoesNotExist"], errors
