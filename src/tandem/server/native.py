@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -37,6 +38,7 @@ from .reattach import (
     CLOSED_REPLIES_KEPT,
     COMMAND_SIZE,
     SEND_OVERHEAD,
+    SERVER_CLOSED_KEPT,
     ChannelReplay,
     take_lost_deliveries,
     trim_closed,
@@ -115,12 +117,19 @@ class TrackedSession(NativeSession):
     """A session of a reattachable connection: it counts deliveries sent and credit granted
     per consumer, so a reattach can tell what the client never got (server/reattach.py)."""
 
-    __slots__ = ("flowed", "sent")
+    __slots__ = ("flowed", "sent", "server_closed")
 
     def __init__(self, conn: NativeConnection, channel: int, core: ServerSession) -> None:
         super().__init__(conn, channel, core)
         self.sent: dict[int, int] = {}
         self.flowed: dict[int, int] = {}
+        self.server_closed: OrderedDict[int, p.ConsumerClosed] = OrderedDict()  # may be lost on the wire
+
+    def consumer_closed(self, consumer: Consumer, error: TandemError) -> None:
+        self.server_closed[consumer.id] = p.ConsumerClosed(self.channel, consumer.id, int(error.code), wire_text(error))
+        while len(self.server_closed) > SERVER_CLOSED_KEPT:
+            self.server_closed.popitem(last=False)
+        NativeSession.consumer_closed(self, consumer, error)
 
     def deliver(self, consumer: Consumer, ref: MessageRef) -> None:
         sent = self.sent
@@ -133,6 +142,9 @@ class TrackedSession(NativeSession):
         for cid, received, flowed in consumers:
             c = self.core.consumers.get(cid)
             if c is None:
+                closed = self.server_closed.get(cid)
+                if closed is not None:  # the client still has it: it never heard
+                    self.conn.write(_encode(closed))
                 continue
             lost = self.sent.get(cid, 0) - received
             if lost > 0:

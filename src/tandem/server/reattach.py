@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 REPLIES_KEPT = 4096
 CLOSED_REPLIES_KEPT = 4  # a closed session's: its CLOSE_SESSION answer may still be awaited
 CLOSED_CHANNELS_KEPT = 256  # closed sessions whose last command id is remembered
+SERVER_CLOSED_KEPT = 64  # consumers the server closed (queue deleted), per session: told again on a reattach
 SEND_OVERHEAD = 24  # bytes a SEND adds to its message, for the window's count
 COMMAND_SIZE = 48  # a typical command other than SEND
 
