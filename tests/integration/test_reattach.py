@@ -20,7 +20,7 @@ import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import drain_texts, send_confirmed
 from reply_proxy import CommitReplyDropper
-from tandem.errors import IllegalState, TandemError, TransactionRolledBack, Unblocked
+from tandem.errors import CallTimeout, IllegalState, TandemError, TransactionRolledBack, Unblocked
 from tandem.testing import AsyncFaultProxy, FaultProxy, free_port
 
 FAST = {"client_failure_check_period": 500, "connect_timeout": 500, "retry_interval": 100}
@@ -416,3 +416,64 @@ def test_a_consumer_closed_by_the_broker_while_away_is_reported_after_the_reatta
     asyncio.run(main())
     assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
     assert [type(e).__name__ for e in errors] == ["QueueDoesNotExist"], errors
+
+
+@pytest.mark.timeout(60)
+def test_a_session_closed_while_away_is_closed_on_the_broker_too(broker_factory: Any) -> None:
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+
+    async def main() -> None:
+        await send_confirmed(broker.url, "held", "h-", 3)
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            closing = await conn.create_session(ack_mode="client")
+            consumer = await closing.create_consumer("held")
+            m = await consumer.receive(5)
+            assert m is not None
+            await conn.create_session()  # stays open
+            await proxy.blackhole()
+            await _reconnecting(proxy)
+            closed = asyncio.ensure_future(closing.close())
+            await asyncio.sleep(0.3)
+            assert not closed.done(), "close() must wait for the reattach"
+            await proxy.heal()
+            await asyncio.wait_for(closed, 10)
+            status = await _status(broker.url)
+            assert status["sessions"] == 1 and status["consumers"] == 0, status
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    # Closed unacknowledged: all three back (the one handed to the application counts a delivery).
+    assert asyncio.run(drain_texts(broker.url, "held")) == ["h-0", "h-1", "h-2"]
+
+
+@pytest.mark.timeout(60)
+def test_a_call_that_timed_out_is_not_replayed(broker_factory: Any) -> None:
+    """CREATE_CONSUMER written into the blackhole times out: the application was told it failed,
+    so the reattach must not create the consumer behind its back."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, call_timeout=1000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            await session.create_queue("ghost")
+            await proxy.blackhole()
+            with pytest.raises(CallTimeout):
+                await session.create_consumer("ghost")
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches")
+            await (await session.create_consumer("ghost")).close()  # the session works on
+            status = await _status(broker.url)
+            assert status["consumers"] == 0, status
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
