@@ -496,6 +496,11 @@ class AsyncConnection:
             return await asyncio.wait_for(fut, t)
         except TimeoutError:
             ch.calls.pop(cmd, None)
+            if ch.kept is not None:  # given up: a reattach must not execute it later behind our back
+                for i, (kept_cmd, _) in enumerate(ch.kept):
+                    if kept_cmd == cmd:
+                        del ch.kept[i]
+                        break
             raise CallTimeout(f"no answer from {self.server} within {t:.1f}s (call_timeout)") from None
 
     async def manage(self, op: str, **args: Any) -> Any:
@@ -593,6 +598,14 @@ class AsyncConnection:
         self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
 
     _reattaching: tuple[str, str, int] | None = None  # the failed server, node and generation
+
+    async def until_reattached(self) -> None:
+        """While a reattach is under way, wait for it (the sessions may still be there to close)."""
+        if self._reattaching is not None and not self.closed:
+            try:
+                await self.wait_ready()
+            except TandemError:
+                pass
 
     def _unblock(self, exc: TandemError) -> None:
         """The sessions are lost with the connection: calls in flight fail, sends with a dedup id

@@ -337,6 +337,7 @@ class AsyncSession:
                 pass
         self.closed = True
         ch = self.channel
+        await self.conn.until_reattached()
         try:
             if not self.conn.closed and self.conn.ready:
                 unseen = {cid: c._unseen() for cid, c in self.consumers.items() if c.buffer}
@@ -842,6 +843,7 @@ class AsyncConsumer:
         session = self.session
         session.consumers.pop(self.id, None)
         ch = session.channel
+        await session.conn.until_reattached()
         if not session.conn.closed and session.conn.ready:
             unseen = self._unseen()
             await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id, unseen))
