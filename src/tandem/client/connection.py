@@ -21,6 +21,7 @@ no longer has them, the reconnection goes on as above.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import uuid
@@ -622,10 +623,10 @@ class AsyncConnection:
             if ch.session is not None:
                 ch.session._transport_lost(unblocked, resend)
 
-    def _candidates(self, failed: str) -> list[tuple[str, int]]:
-        """The backup the topology names for our node first, the failed server last (first when
-        reattaching: only it has our sessions)."""
-        order: list[str] = [failed] if self._reattaching is not None else []
+    def _candidates(self, failed: str, first: bool = False) -> list[tuple[str, int]]:
+        """The backup the topology names for our node first, the failed server last (`first`:
+        the failed server first, for a reattach: only it has our sessions)."""
+        order: list[str] = [failed] if first else []
         for n in self.topology:
             if isinstance(n, dict) and n.get("node_id") == self.node_id:
                 order += [x for x in (n.get("backup"), n.get("live")) if x]
@@ -633,7 +634,7 @@ class AsyncConnection:
         order += [x for n in self.topology if isinstance(n, dict) for x in (n.get("live"), n.get("backup")) if x]
         seen: list[str] = []
         for x in order:
-            if x not in seen and (x != failed or self._reattaching is not None):
+            if x not in seen and (x != failed or first):
                 seen.append(x)
         if failed not in seen:
             seen.append(failed)
@@ -649,7 +650,14 @@ class AsyncConnection:
         if self._reattaching is not None:
             failed_server, failed_node, _ = self._reattaching
         try:
-            last = await self._attempts(lambda: self._candidates(failed_server), self.reconnect_attempts, True)
+            rounds = itertools.count()  # a reattach tries the failed server first, in the first round only:
+            # one that accepts and never answers (a zombie) then costs one connect_timeout, not one a round
+            reattach = self._reattaching is not None
+            last = await self._attempts(
+                lambda: self._candidates(failed_server, reattach and next(rounds) == 0),
+                self.reconnect_attempts,
+                True,
+            )
         except TandemError as exc:  # a server refused us for good (authentication, version)
             self._fail(exc)
             return
