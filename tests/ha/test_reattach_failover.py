@@ -13,7 +13,7 @@ import pytest
 
 import tandem
 import tandem.aio as aio
-from client_io import drain_texts
+from client_io import drain_texts, exactly_once_across_a_kill
 from reply_proxy import CommitReplyDropper
 from tandem.errors import TandemError
 
@@ -59,3 +59,15 @@ def test_commit_answer_lost_then_failover_is_recognised_on_retry(pair: Any) -> N
     drained = asyncio.run(drain_texts(c.url_of(1), "orders"))
     assert not [k for k, n in Counter(drained).items() if n > 1], f"applied twice: {drained}"
     assert sorted(drained) == ORDERS
+
+
+@pytest.mark.timeout(180)
+def test_exactly_once_across_a_kill_with_a_confirmation_window(pair: Any) -> None:
+    """kill -9 of the primary under load, with every client reattachable: the backup refuses the
+    reattach, the reconnect path takes over, and nothing is lost or consumed twice."""
+    p = pair().start_all()
+    total = 1500
+    consumed, _times = exactly_once_across_a_kill(f"{p.url}?confirmation_window_size=4096", p.primary.kill, total)
+    twice = [k for k, n in Counter(consumed).items() if n > 1]
+    assert not twice, f"consumed twice: {twice[:10]}"
+    assert sorted(consumed) == list(range(total))
