@@ -674,3 +674,26 @@ def test_reattach_that_cannot_be_honoured_or_makes_no_sense(brokers: Factory) ->
                     break
             else:
                 pytest.fail("no answer to CLOSE_SESSION")
+
+
+def test_reattach_naming_a_session_closed_long_ago_is_refused(brokers: Factory) -> None:
+    """Its last command id is forgotten (only the latest closed sessions' are kept): replaying
+    its commands could open it again, so the broker refuses and lets the old sessions go."""
+    with guarded(brokers) as (b, _good), Raw(b.port) as first, Raw(b.port) as second:
+        hello = p.Hello(1, client_name="t", confirmation_window=1 << 20, connection_id="many")
+        first.send(p.MAGIC + p.encode(hello))
+        assert isinstance(first.next(), p.HelloOk)
+        n = 300
+        for ch in range(1, n + 1):
+            first.send(p.encode(p.CreateSession(ch, 1)) + p.encode(p.CloseSession(ch, 2)))
+        answers = [first.next() for _ in range(2 * n)]
+        assert all(isinstance(x, p.Response) for x in answers)
+        first.send(p.encode(p.CreateSession(n + 1, 1)))  # one open: the connection is kept for a reattach
+        assert isinstance(first.next(), p.Response)
+        second.send(p.MAGIC + p.encode(hello))
+        assert isinstance(second.next(), p.HelloOk)
+        second.send(p.encode(p.Reattach("many", [p.ReattachChannel(1, 2), p.ReattachChannel(n + 1, -1)])))
+        r = second.next()
+        assert isinstance(r, p.Reattached) and not r.ok and "not kept" in r.reason, r
+        second.expect_open()
+        assert_connections(b.url, 2)  # `second` and the guard's client: `first` was let go

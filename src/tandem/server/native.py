@@ -194,6 +194,7 @@ class NativeConnection(asyncio.Protocol):
         self.connection_id = ""
         self.replay: dict[int, ChannelReplay] = {}
         self.detached = False  # socket gone, sessions kept until the TTL expires
+        self.top_channel = 0  # the highest session channel created: a lower one not in `replay` was forgotten
         self.successor: NativeConnection | None = None  # the connection that reattached our sessions
 
     # ----------------------------------------------------------- transport
@@ -507,6 +508,7 @@ class NativeConnection(asyncio.Protocol):
         kind = NativeSession
         if self.window > 0:
             kind = TrackedSession
+            self.top_channel = max(self.top_channel, pkt.channel)
             b.reattachable[self.connection_id] = self  # the client's current connection: a reattach takes this one
         self.sessions[pkt.channel] = kind(self, pkt.channel, core)
         self.send(p.Response(pkt.channel, pkt.cmd, None))
@@ -519,7 +521,7 @@ class NativeConnection(asyncio.Protocol):
         r = self.replay.get(pkt.channel)
         if r is not None:  # its last command id stays: a replayed CLOSE must not open it again
             while len(r.replies) > CLOSED_REPLIES_KEPT:
-                r.replies.popitem(last=False)
+                r.dropped_upto = max(r.dropped_upto, r.replies.popitem(last=False)[0])
             trim_closed(self.replay, self.sessions)
 
     def on_reattach(self, pkt: p.Reattach) -> None:
@@ -539,6 +541,14 @@ class NativeConnection(asyncio.Protocol):
             why = "the server is not active"
         elif self.sessions:
             why = "this connection has sessions of its own"
+        elif not self._can_resume(old, pkt.channels):
+            # The client's own sessions, but a reattach could not tell it everything: it starts
+            # afresh, and the old sessions go now rather than at their TTL.
+            why = "answers the client still waits for, or a closed session's ids, were not kept"
+            if old.transport is not None:
+                old.transport.abort()
+            old._teardown()
+            b.reattachable[pkt.connection_id] = self
         if why:
             self.send(p.Reattached(False, {}, why))
             return
@@ -546,6 +556,7 @@ class NativeConnection(asyncio.Protocol):
         old.successor = self
         old._rest = None  # read but not handled: not counted as received, so the client replays them
         self.client_id = old.client_id
+        self.top_channel = old.top_channel
         self.replay = old_replay = old.replay
         old_replay.setdefault(0, ChannelReplay())
         self.sessions = old.sessions
@@ -571,6 +582,19 @@ class NativeConnection(asyncio.Protocol):
                 self.confirm(rc.channel, r.last_cmd)  # every command received is done: confirmations lost
             if isinstance(session, TrackedSession):
                 session.resume(rc.consumers)
+
+    @staticmethod
+    def _can_resume(old: NativeConnection, channels: list[p.ReattachChannel]) -> bool:
+        """Whether `old` kept what the client's channels need: every answer it may still wait
+        for, and the last command id of every session it ever created on them."""
+        for rc in channels:
+            r = old.replay.get(rc.channel)
+            if r is None:
+                if 0 < rc.channel <= old.top_channel:
+                    return False  # a session closed long ago: a replay could open it again
+            elif not r.can_answer_from(rc.awaited_from):
+                return False
+        return True
 
     def _send_run(self, packets: list[Any], i: int, j: int) -> None:
         """SENDs packets[i:j], all on one channel: one session lookup, one core call; each

@@ -32,18 +32,25 @@ class ChannelReplay:
     """One channel of a reattachable connection: the last command id received, the bytes
     received since the last RECEIVED, and the latest answers by command id."""
 
-    __slots__ = ("last_cmd", "replies", "unconfirmed")
+    __slots__ = ("dropped_upto", "last_cmd", "replies", "unconfirmed")
 
     def __init__(self) -> None:
         self.last_cmd = 0
         self.unconfirmed = 0
         self.replies: OrderedDict[int, Any] = OrderedDict()
+        self.dropped_upto = -1  # the highest command id whose answer was let go (-1: none)
 
     def keep(self, cmd: int, packet: Any, limit: int = REPLIES_KEPT) -> None:
         replies = self.replies
         replies[cmd] = packet
         while len(replies) > limit:
-            replies.popitem(last=False)
+            dropped, _ = replies.popitem(last=False)
+            self.dropped_upto = max(self.dropped_upto, dropped)
+
+    def can_answer_from(self, cmd: int) -> bool:
+        """Every answer to a command from `cmd` on is still kept (or was never sent): a client
+        waiting for them loses none. Else a reattach could confirm a refused SEND as stored."""
+        return cmd < 0 or self.dropped_upto < cmd
 
     def replies_from(self, cmd: int) -> list[Any]:
         return [pkt for c, pkt in self.replies.items() if c >= cmd]
