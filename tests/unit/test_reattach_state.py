@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from msgspec import Raw
+
+from tandem.protocol.native import RangeResult, Response
 from tandem.server.reattach import CLOSED_CHANNELS_KEPT, ChannelReplay, trim_closed
 
 
@@ -24,3 +27,17 @@ def test_closed_channels_beyond_the_limit_are_forgotten_oldest_first() -> None:
     assert len(closed) == CLOSED_CHANNELS_KEPT
     assert 0 in replay and open_channels <= set(replay)
     assert min(closed) == CLOSED_CHANNELS_KEPT + 11 - CLOSED_CHANNELS_KEPT  # the newest kept
+
+
+def test_answers_are_kept_within_a_byte_budget() -> None:
+    """A range read's answer carries messages: a few big ones push the older answers out (and
+    the latest always stays), so the broker holds no more than about the budget."""
+    big = RangeResult(1, 5, 1, 3, [(1, 1, 1, Raw(b"x" * 1000)), (2, 2, 1, Raw(b"y" * 1000))])
+    r = ChannelReplay()
+    r.keep(1, Response(1, 1), byte_limit=3000)
+    r.keep(2, big, byte_limit=3000)
+    assert list(r.replies) == [1, 2] and r.dropped_upto == -1
+    r.keep(3, big, byte_limit=3000)
+    assert list(r.replies) == [3] and r.dropped_upto == 2 and r.kept_bytes == 64 + 2000
+    r.keep(4, Response(1, 4), byte_limit=3000)
+    assert list(r.replies) == [3, 4] and not r.can_answer_from(2) and r.can_answer_from(3)

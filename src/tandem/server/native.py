@@ -521,7 +521,7 @@ class NativeConnection(asyncio.Protocol):
         r = self.replay.get(pkt.channel)
         if r is not None:  # its last command id stays: a replayed CLOSE must not open it again
             while len(r.replies) > CLOSED_REPLIES_KEPT:
-                r.dropped_upto = max(r.dropped_upto, r.replies.popitem(last=False)[0])
+                r.drop_oldest()
             trim_closed(self.replay, self.sessions)
 
     def on_reattach(self, pkt: p.Reattach) -> None:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 # lost, and those belong to calls and pipelined commands in flight at the failure: the
 # client's windows (send_window per producer, one call per caller) bound them.
 REPLIES_KEPT = 4096
+REPLY_BYTES_KEPT = 4 << 20  # and at most about this much (a range read's answer holds messages)
+REPLY_SIZE = 64  # an answer's size, for that count, besides the messages it carries
 CLOSED_REPLIES_KEPT = 4  # a closed session's: its CLOSE_SESSION answer may still be awaited
 CLOSED_CHANNELS_KEPT = 256  # closed sessions whose last command id is remembered
 SERVER_CLOSED_KEPT = 64  # consumers the server closed (queue deleted), per session: told again on a reattach
@@ -32,20 +34,31 @@ class ChannelReplay:
     """One channel of a reattachable connection: the last command id received, the bytes
     received since the last RECEIVED, and the latest answers by command id."""
 
-    __slots__ = ("dropped_upto", "last_cmd", "replies", "unconfirmed")
+    __slots__ = ("dropped_upto", "kept_bytes", "last_cmd", "replies", "unconfirmed")
 
     def __init__(self) -> None:
         self.last_cmd = 0
         self.unconfirmed = 0
         self.replies: OrderedDict[int, Any] = OrderedDict()
         self.dropped_upto = -1  # the highest command id whose answer was let go (-1: none)
+        self.kept_bytes = 0
 
-    def keep(self, cmd: int, packet: Any, limit: int = REPLIES_KEPT) -> None:
+    def keep(self, cmd: int, packet: Any, limit: int = REPLIES_KEPT, byte_limit: int = REPLY_BYTES_KEPT) -> None:
         replies = self.replies
+        old = replies.pop(cmd, None)
+        if old is not None:
+            self.kept_bytes -= _size(old)
         replies[cmd] = packet
-        while len(replies) > limit:
-            dropped, _ = replies.popitem(last=False)
+        self.kept_bytes += _size(packet)
+        while len(replies) > limit or (self.kept_bytes > byte_limit and len(replies) > 1):
+            dropped, pkt = replies.popitem(last=False)
+            self.kept_bytes -= _size(pkt)
             self.dropped_upto = max(self.dropped_upto, dropped)
+
+    def drop_oldest(self) -> None:
+        dropped, pkt = self.replies.popitem(last=False)
+        self.kept_bytes -= _size(pkt)
+        self.dropped_upto = max(self.dropped_upto, dropped)
 
     def can_answer_from(self, cmd: int) -> bool:
         """Every answer to a command from `cmd` on is still kept (or was never sent): a client
@@ -54,6 +67,11 @@ class ChannelReplay:
 
     def replies_from(self, cmd: int) -> list[Any]:
         return [pkt for c, pkt in self.replies.items() if c >= cmd]
+
+
+def _size(packet: Any) -> int:
+    messages = getattr(packet, "messages", None)  # RANGE_RESULT: [seq, id, count, message]
+    return REPLY_SIZE + (sum(len(m[3]) for m in messages) if messages else 0)
 
 
 def take_lost_deliveries(consumer: Consumer, lost: int) -> list[Any]:
