@@ -622,3 +622,78 @@ def test_stalled_connections_are_dropped_after_connection_ttl(brokers: Factory) 
             time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))  # the idle client has now been idle for 2.5 TTLs
             assert not idle.closed
             assert idle.manage("broker.status")["name"] == "b"
+
+
+def test_reattach_that_cannot_be_honoured_or_makes_no_sense(brokers: Factory) -> None:
+    """REATTACH without a window, of an unknown id, and with nonsense counts: refused or done
+    without harm, the connection answers on, the broker serves everyone else."""
+    with guarded(brokers) as (b, _good):
+        with Raw(b.port) as raw:
+            raw.hello()
+            raw.send(p.encode(p.Reattach("nobody")))
+            r = raw.next()
+            assert isinstance(r, p.Reattached) and not r.ok and "confirmation window" in r.reason, r
+            raw.expect_open()
+
+        def windowed(raw: Raw, conn_id: str) -> None:
+            raw.send(p.MAGIC + p.encode(p.Hello(1, client_name="t", confirmation_window=64, connection_id=conn_id)))
+            assert isinstance(raw.next(), p.HelloOk)
+
+        with Raw(b.port) as lone:
+            windowed(lone, "never-seen")
+            lone.send(p.encode(p.Reattach("never-seen", [p.ReattachChannel(1, 1, [(1, 1, 1)])])))
+            r = lone.next()
+            assert isinstance(r, p.Reattached) and not r.ok and "no such connection" in r.reason, r
+            lone.expect_open()
+
+        with Raw(b.port) as first, Raw(b.port) as second:
+            windowed(first, "raw-1")
+            first.send(p.encode(p.Manage(0, 1, "queue.create", {"name": "raw-q"})))
+            first.send(p.encode(p.CreateSession(1, 1)))
+            first.send(p.encode(p.CreateConsumer(1, 2, 7, "raw-q")))
+            got = [first.next() for _ in range(3)]
+            assert all(isinstance(x, (p.Response, p.Received)) for x in got), got
+            windowed(second, "raw-1")
+            nonsense = [(7, -5, -100), (99, 10**12, 10**12)]
+            second.send(p.encode(p.Reattach("raw-1", [p.ReattachChannel(0, 0), p.ReattachChannel(1, 0, nonsense)])))
+            r = second.next()
+            assert isinstance(r, p.Reattached) and r.ok and r.last == {0: 1, 1: 2}, r
+            # awaited_from 0: every answer it kept comes again, then a CONFIRM; then it answers on
+            again = [second.next() for _ in range(4)]
+            assert [(type(x).__name__, getattr(x, "cmd", None)) for x in again] == [
+                ("Response", 1),
+                ("Response", 1),
+                ("Response", 2),
+                ("Confirm", None),
+            ], again
+            second.expect_open()
+            second.send(p.encode(p.CloseSession(1, 3)))
+            for _ in range(20):  # the answers it got again first, then this one
+                pkt = second.next()
+                if isinstance(pkt, p.Response) and pkt.cmd == 3:
+                    break
+            else:
+                pytest.fail("no answer to CLOSE_SESSION")
+
+
+def test_reattach_naming_a_session_closed_long_ago_is_refused(brokers: Factory) -> None:
+    """Its last command id is forgotten (only the latest closed sessions' are kept): replaying
+    its commands could open it again, so the broker refuses and lets the old sessions go."""
+    with guarded(brokers) as (b, _good), Raw(b.port) as first, Raw(b.port) as second:
+        hello = p.Hello(1, client_name="t", confirmation_window=1 << 20, connection_id="many")
+        first.send(p.MAGIC + p.encode(hello))
+        assert isinstance(first.next(), p.HelloOk)
+        n = 300
+        for ch in range(1, n + 1):
+            first.send(p.encode(p.CreateSession(ch, 1)) + p.encode(p.CloseSession(ch, 2)))
+        answers = [first.next() for _ in range(2 * n)]
+        assert all(isinstance(x, p.Response) for x in answers)
+        first.send(p.encode(p.CreateSession(n + 1, 1)))  # one open: the connection is kept for a reattach
+        assert isinstance(first.next(), p.Response)
+        second.send(p.MAGIC + p.encode(hello))
+        assert isinstance(second.next(), p.HelloOk)
+        second.send(p.encode(p.Reattach("many", [p.ReattachChannel(1, 2), p.ReattachChannel(n + 1, -1)])))
+        r = second.next()
+        assert isinstance(r, p.Reattached) and not r.ok and "not kept" in r.reason, r
+        second.expect_open()
+        assert_connections(b.url, 2)  # `second` and the guard's client: `first` was let go

@@ -28,6 +28,12 @@ RAW = msgspec.Raw(msgspec.msgpack.encode({"body": b"\x00\x01payload", "headers":
 SAMPLES: list[n.Packet] = [
     n.Hello(1, "client-1", "alice", "secret", "my app"),
     n.Hello(1),
+    n.Hello(1, None, None, None, "app", 5000, 1 << 20, "c0ffee"),
+    n.Reattach("c0ffee", [n.ReattachChannel(0, -1), n.ReattachChannel(1, 7, [(1, 12, 4096), (2, 0, 0)])]),
+    n.Reattach("c0ffee"),
+    n.Reattached(True, {0: 3, 1: 2**40}),
+    n.Reattached(False, {}, "no such connection"),
+    n.Received(1, 2**40),
     n.HelloOk(1, "broker", "node-1", 60_000, [{"host": "h", "port": 1}]),
     n.Ping(),
     n.Pong(),
@@ -98,6 +104,49 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
         prev = p
     out.append(data[prev:])
     return out
+
+
+# ------------------------------------------------------------- reattachment
+def test_hello_of_an_older_client_reads_with_the_window_off() -> None:
+    """A HELLO without the reattachment fields (an older client) decodes with the window off."""
+    old = msgspec.msgpack.encode([1, 1, "c", None, None, "app", 5000])
+    (hello,) = client_reader().feed(MAGIC + frame(old))
+    assert hello.confirmation_window == -1 and hello.connection_id == ""
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ["id", [[1, 2, [[1, 2]]]]],  # a consumer entry short of a field
+        ["id", [[1, "x"]]],  # a string where a command id goes
+        ["id", [["ch"]]],
+        [None],
+        ["id", {"1": 2}],
+    ],
+    ids=["short-consumer", "str-cmd", "str-channel", "null-id", "map-channels"],
+)
+def test_malformed_reattach_is_a_protocol_error(fields: list[Any]) -> None:
+    payload = msgspec.msgpack.encode([24, *fields])
+    with pytest.raises(ProtocolError, match="malformed packet type 24"):
+        client_reader().feed(MAGIC + frame(payload))
+
+
+@given(
+    st.text(max_size=40),
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**31),
+            st.integers(-1, 2**62),
+            st.lists(st.tuples(st.integers(0, 2**31), st.integers(0, 2**62), st.integers(0, 2**62)), max_size=4),
+        ),
+        max_size=6,
+    ),
+)
+@settings(max_examples=150, deadline=None)
+def test_any_reattach_round_trips(conn_id: str, chans: list[Any]) -> None:
+    pkt = n.Reattach(conn_id, [n.ReattachChannel(c, a, list(cs)) for c, a, cs in chans])
+    (back,) = client_reader().feed(MAGIC + encode(pkt))
+    assert back == pkt
 
 
 # ---------------------------------------------------------------- round trips

@@ -16,7 +16,16 @@ from typing import Any, TypeVar
 from ..errors import CallTimeout, IllegalState, TandemError, Unblocked
 from .connection import AsyncConnection, FailureEvent
 from .message import Message, ReceivedMessage
-from .session import AsyncConsumer, AsyncProducer, AsyncSession, SendCallback, _size, as_message
+from .session import (
+    AsyncConsumer,
+    AsyncProducer,
+    AsyncSession,
+    SendAckHandler,
+    SendCallback,
+    _call_handler,
+    _size,
+    as_message,
+)
 
 T = TypeVar("T")
 
@@ -138,6 +147,11 @@ class Session:
     def rollback(self) -> None:
         self._run(self.aio.rollback())
 
+    def set_send_acknowledgement_handler(self, handler: SendAckHandler | None) -> None:
+        """`send()` no longer waits: `handler(message, error)` runs on the client thread once the
+        broker confirms (see AsyncSession.set_send_acknowledgement_handler; it must not block)."""
+        self.aio.set_send_acknowledgement_handler(handler)
+
     def close(self) -> None:
         self._run(self.aio.close())
 
@@ -157,7 +171,13 @@ class Producer:
         self._failures: list[BaseException] = []
 
     def send(self, body: Message | bytes | str, **fields: Any) -> None:
-        """Send and wait for the confirmation (durable: on disk)."""
+        """Send and wait for the confirmation (durable: on disk); with a send-acknowledgement
+        handler on the session, wait only for room in the window and leave it to the handler."""
+        handler = self.session.aio.send_ack_handler
+        if handler is not None:
+            msg = as_message(body, **fields)
+            self.send_async(msg, lambda exc: _call_handler(handler, msg, exc))
+            return
         self._lt.run(self.aio.send(body, **fields))
 
     def send_async(self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any) -> None:

@@ -9,11 +9,19 @@ by the retry policy — to the backup the topology names first — recreates
 sessions, consumers and temporary queues, resends the sends that carry a dedup
 id and were never confirmed, and tells listeners FAILOVER or RECONNECTED.
 Nothing waits forever: every wait ends with an answer, a timeout or an error.
+
+With a confirmation window (`confirmation_window_size` > 0) every command of a
+channel is also kept, encoded, until the server says RECEIVED; when the socket
+fails the connection first tries to reattach to its sessions on the same server
+(they wait there for the connection TTL): nothing in flight fails, the commands
+the server never got are replayed, and listeners hear REATTACHED. If the server
+no longer has them, the reconnection goes on as above.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import uuid
@@ -50,6 +58,7 @@ class FailureEvent(Enum):
     FAILOVER = "failover"  # reconnected to another server (the backup)
     RECONNECTED = "reconnected"  # reconnected to the same server
     DISCONNECT = "disconnect"  # gave up: the connection is closed
+    REATTACHED = "reattached"  # back on the same server's sessions: nothing was lost or failed
 
 
 class Pending(msgspec.Struct):
@@ -61,14 +70,31 @@ class Pending(msgspec.Struct):
 
 
 class Channel:
-    __slots__ = ("calls", "confirms", "id", "next_cmd", "session")
+    __slots__ = ("calls", "confirms", "id", "kept", "next_cmd", "session")
 
-    def __init__(self, cid: int) -> None:
+    def __init__(self, cid: int, keep: bool = False) -> None:
         self.id = cid
         self.next_cmd = 1
         self.confirms: deque[Pending] = deque()
         self.calls: dict[int, asyncio.Future[Any]] = {}
         self.session: AsyncSession | None = None
+        # Confirmation window on: (command id, encoded frame) of every command not yet RECEIVED.
+        self.kept: deque[tuple[int, bytes | bytearray]] | None = deque() if keep else None
+
+    def received(self, upto: int) -> None:
+        """The server has every command up to `upto`: no need to replay them."""
+        kept = self.kept
+        if kept is not None:
+            while kept and kept[0][0] <= upto:
+                kept.popleft()
+
+    def awaited_from(self) -> int:
+        """The lowest command id still waiting for an answer or a confirmation (-1: none)."""
+        low = min(self.calls, default=-1)
+        if self.confirms:
+            first = self.confirms[0].cmd
+            low = first if low < 0 else min(low, first)
+        return low
 
     def cmd(self) -> int:
         n = self.next_cmd
@@ -148,6 +174,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.hello: asyncio.Future[p.HelloOk] = conn.loop.create_future()
         self.activated: asyncio.Future[None] = conn.loop.create_future()
+        self.reattached: asyncio.Future[p.Reattached] = conn.loop.create_future()
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -175,6 +202,9 @@ class _Protocol(asyncio.Protocol):
                 elif t is p.HelloOk:
                     if not self.hello.done():
                         self.hello.set_result(pkt)
+                elif t is p.Reattached:
+                    if not self.reattached.done():
+                        self.reattached.set_result(pkt)
                 elif t is p.Activated:
                     conn.topology = list(pkt.nodes)
                     if not self.activated.done():
@@ -199,7 +229,7 @@ class _Protocol(asyncio.Protocol):
         if self.lost:
             return
         self.lost = True
-        for fut in (self.hello, self.activated):
+        for fut in (self.hello, self.activated, self.reattached):
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()
@@ -227,7 +257,10 @@ class AsyncConnection:
         self.node_id = ""
         self.topology: list[Any] = []
         self.channels: dict[int, Channel] = {}
-        self.control = Channel(0)
+        self.window = options.confirmation_window_size
+        self.control = Channel(0, self.window > 0)
+        if self.window > 0:
+            self.pipeline = self._pipeline_kept  # type: ignore[method-assign]  # off: no per-send cost
         self.generation = 0  # +1 on every (re)connection: messages of older ones are stale
         self._next_channel = 1
         self._proto: _Protocol | None = None
@@ -315,7 +348,16 @@ class AsyncConnection:
         )
         assert proto.transport is not None
         o = self.options
-        hello = p.Hello(p.PROTOCOL_VERSION, o.client_id, o.username, o.password, "tandem-python", o.connection_ttl)
+        hello = p.Hello(
+            p.PROTOCOL_VERSION,
+            o.client_id,
+            o.username,
+            o.password,
+            "tandem-python",
+            o.connection_ttl,
+            self.window,
+            self.client_uuid if self.window > 0 else "",
+        )
         proto.transport.write(p.MAGIC + p.encode(hello))
         try:
             ok = await asyncio.wait_for(asyncio.shield(proto.hello), timeout)
@@ -410,7 +452,7 @@ class AsyncConnection:
 
     # --------------------------------------------------------- commands
     def new_channel(self) -> Channel:
-        ch = Channel(self._next_channel)
+        ch = Channel(self._next_channel, self.window > 0)
         self._next_channel += 1
         self.channels[ch.id] = ch
         return ch
@@ -419,6 +461,15 @@ class AsyncConnection:
         """Send a confirmed command (its `cmd` already set from ch.cmd())."""
         self._write(p.encode(pkt))
         ch.confirms.append(Pending(pkt.cmd, waiter, resend))  # type: ignore[attr-defined]
+
+    def _pipeline_kept(self, ch: Channel, pkt: p.Packet, waiter: Waiter, resend: Any = None) -> None:
+        """`pipeline` with a confirmation window: the frame is kept until the server has it."""
+        frame = p.encode(pkt)
+        cmd: int = pkt.cmd  # type: ignore[attr-defined]
+        if ch.kept is not None:
+            ch.kept.append((cmd, frame))
+        self._write(frame)
+        ch.confirms.append(Pending(cmd, waiter, resend))
 
     async def call(
         self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
@@ -435,7 +486,10 @@ class AsyncConnection:
         cmd = ch.cmd()
         fut: asyncio.Future[Any] = self.loop.create_future()
         ch.calls[cmd] = fut
-        self._write(p.encode(make(cmd)))
+        frame = p.encode(make(cmd))
+        if ch.kept is not None:
+            ch.kept.append((cmd, frame))
+        self._write(frame)
         if forever:
             return await fut
         t = self.options.call_timeout / 1000 if timeout is None else timeout
@@ -443,6 +497,11 @@ class AsyncConnection:
             return await asyncio.wait_for(fut, t)
         except TimeoutError:
             ch.calls.pop(cmd, None)
+            if ch.kept is not None:  # given up: a reattach must not execute it later behind our back
+                for i, (kept_cmd, _) in enumerate(ch.kept):
+                    if kept_cmd == cmd:
+                        del ch.kept[i]
+                        break
             raise CallTimeout(f"no answer from {self.server} within {t:.1f}s (call_timeout)") from None
 
     async def manage(self, op: str, **args: Any) -> Any:
@@ -488,6 +547,10 @@ class AsyncConnection:
             ch = self.channels.get(pkt.channel) if pkt.channel else self.control
             if ch is not None:
                 ch.fail_command(pkt.cmd, error_for(pkt.code, pkt.message))
+        elif t is p.Received:
+            ch = self.channels.get(pkt.channel) if pkt.channel else self.control
+            if ch is not None:
+                ch.received(pkt.upto)
         elif t is p.Ping:
             self.send_packet(p.Pong())
         elif t is p.Pong:
@@ -522,21 +585,48 @@ class AsyncConnection:
         if self.reconnect_attempts == 0:
             self._fail(exc)
             return
-        log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
         self._out.clear()
+        self._writable.set()
+        if self.window > 0 and any(ch.session is not None for ch in self.channels.values()):
+            # Everything stays as it is: a reattach replays it, or `_unblock` fails it later.
+            log.warning("connection to %s lost (%s): reattaching", self.server, exc.message)
+            if self._reattaching is None:  # else lost again while reattaching: the first failure counts
+                self._reattaching = (self.server, self.node_id, self.generation)
+            self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
+            return
+        log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
+        self._unblock(exc)
+        self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
+
+    _reattaching: tuple[str, str, int] | None = None  # the failed server, node and generation
+
+    async def until_reattached(self) -> None:
+        """While a reattach is under way, wait for it (the sessions may still be there to close)."""
+        if self._reattaching is not None and not self.closed:
+            try:
+                await self.wait_ready()
+            except TandemError:
+                pass
+
+    def _unblock(self, exc: TandemError) -> None:
+        """The sessions are lost with the connection: calls in flight fail, sends with a dedup id
+        wait to be sent again, consumers drop what the old server delivered."""
         self._pending_acks.clear()
         unblocked = Unblocked(f"{exc.message} (the call was in flight; its outcome is unknown)")
         self.control.take_resendable(unblocked)
+        if self.control.kept is not None:
+            self.control.kept.clear()
         for ch in list(self.channels.values()):
             resend = ch.take_resendable(unblocked)
+            if ch.kept is not None:
+                ch.kept.clear()
             if ch.session is not None:
                 ch.session._transport_lost(unblocked, resend)
-        self._writable.set()
-        self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
 
-    def _candidates(self, failed: str) -> list[tuple[str, int]]:
-        """The backup the topology names for our node first, the failed server last."""
-        order: list[str] = []
+    def _candidates(self, failed: str, first: bool = False) -> list[tuple[str, int]]:
+        """The backup the topology names for our node first, the failed server last (`first`:
+        the failed server first, for a reattach: only it has our sessions)."""
+        order: list[str] = [failed] if first else []
         for n in self.topology:
             if isinstance(n, dict) and n.get("node_id") == self.node_id:
                 order += [x for x in (n.get("backup"), n.get("live")) if x]
@@ -544,9 +634,10 @@ class AsyncConnection:
         order += [x for n in self.topology if isinstance(n, dict) for x in (n.get("live"), n.get("backup")) if x]
         seen: list[str] = []
         for x in order:
-            if x not in seen and x != failed:
+            if x not in seen and (x != failed or first):
                 seen.append(x)
-        seen.append(failed)
+        if failed not in seen:
+            seen.append(failed)
         out = []
         for x in seen:
             host, _, port = x.rpartition(":")
@@ -556,8 +647,17 @@ class AsyncConnection:
 
     async def _reconnect(self, cause: TandemError) -> None:
         failed_server, failed_node = self.server, self.node_id
+        if self._reattaching is not None:
+            failed_server, failed_node, _ = self._reattaching
         try:
-            last = await self._attempts(lambda: self._candidates(failed_server), self.reconnect_attempts, True)
+            rounds = itertools.count()  # a reattach tries the failed server first, in the first round only:
+            # one that accepts and never answers (a zombie) then costs one connect_timeout, not one a round
+            reattach = self._reattaching is not None
+            last = await self._attempts(
+                lambda: self._candidates(failed_server, reattach and next(rounds) == 0),
+                self.reconnect_attempts,
+                True,
+            )
         except TandemError as exc:  # a server refused us for good (authentication, version)
             self._fail(exc)
             return
@@ -567,6 +667,23 @@ class AsyncConnection:
             self._fail(NotConnected(f"failover gave up: {last}"))
             return
         proto = self._proto
+        if self._reattaching is not None:
+            generation = self._reattaching[2]
+            try:
+                done = self.node_id == failed_node and await self._reattach()
+            except asyncio.CancelledError:
+                return
+            if self._proto is not proto or self.closed:
+                return  # lost again meanwhile: that loss started a new reconnection
+            self._reattaching = None
+            if done:
+                self.generation = generation  # deliveries from before the failure stay valid
+                self._ready.set()
+                self._flush()
+                log.warning("reattached to %s (node %s)", self.server, self.node_id)
+                self._notify(FailureEvent.REATTACHED, cause)
+                return
+            self._unblock(cause)
         self._out.clear()  # nothing written for the old server may reach the new one
         self._restoring = True
         try:
@@ -587,6 +704,45 @@ class AsyncConnection:
         kind = FailureEvent.RECONNECTED if self.server == failed_server else FailureEvent.FAILOVER
         log.warning("%s: now connected to %s (node %s, was %s)", kind.value, self.server, self.node_id, failed_node)
         self._notify(kind, cause)
+
+    async def _reattach(self) -> bool:
+        """Ask the server for our sessions back; on success replay what it never received."""
+        proto = self._proto
+        assert proto is not None and proto.transport is not None
+        chans = [self.control, *sorted(self.channels.values(), key=lambda c: c.id)]
+        consumers = [c for ch in chans if ch.session is not None for c in ch.session.consumers.values()]
+        reported = {c: c.flowed for c in consumers}
+        req = p.Reattach(
+            self.client_uuid,
+            [
+                p.ReattachChannel(
+                    ch.id,
+                    ch.awaited_from(),
+                    [c._reattach_state() for c in ch.session.consumers.values()] if ch.session is not None else [],
+                )
+                for ch in chans
+            ],
+        )
+        proto.transport.write(p.encode(req))
+        try:
+            ok = await asyncio.wait_for(asyncio.shield(proto.reattached), self.options.connect_timeout / 1000)
+        except (TimeoutError, TandemError) as exc:
+            log.warning("reattach to %s failed: %s", self.server, exc)
+            if self._proto is proto:
+                proto.abort(ConnectionLost(f"no answer to REATTACH from {self.server}"))
+            return False
+        if not ok.ok:
+            log.warning("cannot reattach to %s: %s; starting new sessions", self.server, ok.reason)
+            return False
+        self._out.clear()  # written while away: every command of it is in a channel's kept frames
+        for ch in chans:
+            ch.received(ok.last.get(ch.id, 0))
+            if ch.kept:
+                self._out.extend(frame for _, frame in ch.kept)  # in order, each exactly once
+        for c, flowed in reported.items():  # credit granted since the REATTACH went out (its FLOW was dropped)
+            if c.flowed > flowed and not c.closed:
+                self._out.append(p.encode(p.Flow(c.session.channel.id, c.id, c.flowed - flowed)))
+        return True
 
     def _notify(self, kind: FailureEvent, cause: TandemError | None) -> None:
         for listener in list(self.failure_listeners):
@@ -633,7 +789,7 @@ class AsyncConnection:
                 self.last_sent = now
 
     def add_failure_listener(self, listener: Callable[[FailureEvent, TandemError | None], None]) -> None:
-        """`listener(FailureEvent, cause)` on FAILOVER, RECONNECTED or DISCONNECT."""
+        """`listener(FailureEvent, cause)` on REATTACHED, FAILOVER, RECONNECTED or DISCONNECT."""
         self.failure_listeners.append(listener)
 
     async def wait_closed(self) -> None:

@@ -33,6 +33,9 @@ class ConnectOptions:
     producer_window_size: int = 64 * 1024  # bytes of credit asked for at a time (flow control, as Artemis)
     allow_passive: bool = False  # management only: talk to a waiting backup instead of skipping it
     auto_dedup: bool = True  # durable sends carry a dedup id and are resent after failover
+    # Bytes of commands between the server's RECEIVED confirmations; -1: off. On: the server keeps
+    # the sessions for connection_ttl after the socket fails and the client reattaches to them.
+    confirmation_window_size: int = -1
     client_id: str | None = None
     username: str | None = None
     password: str | None = None
@@ -50,6 +53,8 @@ class ConnectOptions:
             raise InvalidArgument("`send_window` must be >= 1")
         if self.producer_window_size < 1:
             raise InvalidArgument("`producer_window_size` must be >= 1 (bytes)")
+        if self.confirmation_window_size == 0 or self.confirmation_window_size < -1:
+            raise InvalidArgument("`confirmation_window_size` must be -1 (off) or a byte count > 0")
         if self.consumer_window_size < -2:
             raise InvalidArgument("`consumer_window_size` must be -1 (unbounded), 0 (pull) or a byte count")
 

@@ -51,6 +51,8 @@ _decode_data = msgspec.msgpack.Decoder(MessageData).decode
 
 Listener = Callable[[ReceivedMessage], Any]
 SendCallback = Callable[[BaseException | None], None]
+# Artemis's SendAcknowledgementHandler: (the message sent, None once confirmed or the error).
+SendAckHandler = Callable[[Message, BaseException | None], Any]
 
 
 def _size(msg: Message) -> int:
@@ -91,7 +93,19 @@ class AsyncSession:
         self._rollback_only = False
         self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
         self._resend: list[Pending] = []
+        self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
+
+    def set_send_acknowledgement_handler(self, handler: SendAckHandler | None) -> None:
+        """Confirm sends asynchronously: from now on a producer's `send()` of this session returns
+        once the message is written, and `handler(message, error)` is called on the client's
+        event loop when the broker confirms it (`error` None: durable sends are on disk) or
+        refuses it. Needs `confirmation_window_size` (as Artemis): a send written before a
+        network failure is then replayed by the reattach, so the confirmation still comes.
+        `None` makes `send()` wait again."""
+        if handler is not None and self.conn.window <= 0:
+            raise IllegalState("a send-acknowledgement handler needs a confirmation window (confirmation_window_size)")
+        self.send_ack_handler = handler
 
     # --------------------------------------------------------------- factories
     def create_producer(self, address: str | None = None, window: int | None = None) -> AsyncProducer:
@@ -323,6 +337,7 @@ class AsyncSession:
                 pass
         self.closed = True
         ch = self.channel
+        await self.conn.until_reattached()
         try:
             if not self.conn.closed and self.conn.ready:
                 unseen = {cid: c._unseen() for cid, c in self.consumers.items() if c.buffer}
@@ -384,6 +399,14 @@ class AsyncSession:
                 _fail_waiter(pend.waiter, unblocked)
             else:
                 conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+
+
+def _call_handler(handler: SendAckHandler, msg: Message, exc: BaseException | None) -> None:
+    """A handler's own error must not reach the connection's read loop."""
+    try:
+        handler(msg, exc)
+    except Exception:
+        log.exception("send-acknowledgement handler raised")
 
 
 def _fail_waiter(waiter: Any, exc: BaseException) -> None:
@@ -525,7 +548,13 @@ class AsyncProducer:
         return self.send_nowait(msg, callback)
 
     async def send(self, body: Message | bytes | str, **fields: Any) -> None:
-        """Send and wait for the broker's confirmation (durable: after fsync)."""
+        """Send and wait for the broker's confirmation (durable: after fsync); with the session's
+        send-acknowledgement handler, send and leave the confirmation to the handler."""
+        handler = self.session.send_ack_handler
+        if handler is not None:
+            msg = as_message(body, **fields)
+            await self.send_async(msg, partial(_call_handler, handler, msg))
+            return
         fut = await self.send_async(body, **fields)
         assert fut is not None
         timeout = self.session.conn.options.call_timeout / 1000
@@ -566,15 +595,22 @@ class AsyncConsumer:
         self._listener_task: asyncio.Task[None] | None = None
         self.closed = False
         self.error: TandemError | None = None
+        # What a reattach tells the server (deliveries received, credit granted), on this server.
+        self.received = 0
+        self.flowed = 0
 
     def _create_packet(self, cmd: int) -> p.CreateConsumer:
         ch = self.session.channel
         self.generation = self.session.conn.generation  # deliveries may arrive before the answer
+        self.received = self.flowed = 0
         return p.CreateConsumer(ch.id, cmd, self.id, self.queue, self.filter, self.requested_window, self.browse_only)
 
     def _created(self, result: dict[str, Any]) -> None:
         self.window = int(result["window"])
         self.queue = result["queue"]
+
+    def _reattach_state(self) -> tuple[int, int, int]:
+        return (self.id, self.received, self.flowed)
 
     # ------------------------------------------------------------ inbound
     def _on_deliver(self, pkt: p.Deliver) -> None:
@@ -584,6 +620,7 @@ class AsyncConsumer:
             msg._consumer = self
         msg._generation = self.generation
         self._pull_pending = False
+        self.received += 1
         self.buffer.append(msg)
         w = self._waiter
         if w is not None and not w.done():
@@ -616,6 +653,7 @@ class AsyncConsumer:
             consumed = self._consumed + msg.size
             if consumed >= w // _CREDIT_RETURN_PART:
                 session.conn.send_packet(p.Flow(session.channel.id, self.id, consumed))
+                self.flowed += consumed
                 consumed = 0
             self._consumed = consumed
         if session.transacted and not self.browse_only:
@@ -637,6 +675,7 @@ class AsyncConsumer:
     def _request_one(self) -> None:
         if self.window == 0 and not self._pull_pending and not self.buffer and not self.closed:
             self._pull_pending = True
+            self.flowed += 1
             self.session.conn.send_packet(p.Flow(self.session.channel.id, self.id, 1))
 
     def receive_nowait(self) -> ReceivedMessage | None:
@@ -804,6 +843,7 @@ class AsyncConsumer:
         session = self.session
         session.consumers.pop(self.id, None)
         ch = session.channel
+        await session.conn.until_reattached()
         if not session.conn.closed and session.conn.ready:
             unseen = self._unseen()
             await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id, unseen))

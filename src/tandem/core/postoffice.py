@@ -232,6 +232,11 @@ class PostOffice:
         if addr is not None:
             addr.queues.pop(name, None)
             addr.release_blocked()
+            if q.temporary and addr.auto_created and not addr.queues:
+                # Created for the temporary queue: it goes with it (Artemis's auto-delete-addresses),
+                # or every client that exits leaves an address behind.
+                del self.addresses[addr.name]
+                self.storage.delete_address(addr)
         if q.durable:
             self.storage.delete_queue(q)
         return removed
@@ -453,4 +458,6 @@ class PostOffice:
             "addresses": len(self.addresses),
             "queues": len(self.queues),
             "messages": sum(q.message_count for q in self.queues.values()),
+            "consumers": sum(len(q.consumers) + len(q.browsers) for q in self.queues.values()),
+            "temporary_queues": sum(1 for q in self.queues.values() if q.temporary),
         }

@@ -39,6 +39,10 @@ class Hello(Packet, tag=1):
     password: str | None = None
     client_name: str = ""
     connection_ttl: int = -1  # ms; -1: the broker's connection-ttl
+    # Reattachment (confirmation window on): the server keeps this connection's sessions for the
+    # TTL after the socket fails, and confirms commands every `confirmation_window` bytes (RECEIVED).
+    confirmation_window: int = -1
+    connection_id: str = ""
 
 
 class HelloOk(Packet, tag=2):
@@ -184,6 +188,23 @@ class AckUpTo(Packet, tag=23):
     seq: int
 
 
+class ReattachChannel(msgspec.Struct, array_like=True, gc=False):
+    """What the client holds of one channel: the first command it still awaits an answer or a
+    confirmation for (-1: none), and per consumer (id, deliveries received, credits granted)."""
+
+    channel: int
+    awaited_from: int = -1
+    consumers: list[tuple[int, int, int]] = []
+
+
+class Reattach(Packet, tag=24):
+    """Sent right after HELLO: take over the sessions of the failed connection `connection_id`
+    (answered by REATTACHED). See docs/decisions/0038-session-reattachment.md."""
+
+    connection_id: str
+    channels: list[ReattachChannel] = []
+
+
 class Manage(Packet, tag=20):
     """An administrative call: `op` names it, `args` are its keyword arguments."""
 
@@ -229,6 +250,24 @@ class RangeResult(Packet, tag=35):
     first_seq: int
     last_seq: int
     messages: list[tuple[int, int, int, msgspec.Raw]]
+
+
+class Reattached(Packet, tag=36):
+    """The answer to REATTACH. `ok`: the sessions are this connection's now, and `last` holds, per
+    channel the client named, the last command id the server has received on it (0: none); the
+    client replays the commands after it. Not ok: the sessions are gone (`reason`); start afresh."""
+
+    ok: bool
+    last: dict[int, int] = {}
+    reason: str = ""
+
+
+class Received(Packet, tag=37):
+    """Every command up to `upto` on `channel` has reached the server (confirmation window): the
+    client may drop them from its resend buffer. Sent each time the window's bytes have arrived."""
+
+    channel: int
+    upto: int
 
 
 class ConsumerClosed(Packet, tag=34):
@@ -327,6 +366,7 @@ ClientPacket = (
     | RequestCredits
     | ReadRange
     | AckUpTo
+    | Reattach
     | ReplicaStart
     | ReplicaAck
     | ReplicaSynced
@@ -345,6 +385,8 @@ ServerPacket = (
     | Deliver
     | ConsumerClosed
     | RangeResult
+    | Reattached
+    | Received
     | ReplicaAccept
     | ReplicaSyncStart
     | ReplicaOps

@@ -36,6 +36,7 @@ from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
 from .admin import Admin
+from .memory import ConnectionChurn
 from .native import NativeConnection
 from .security import Authenticator
 
@@ -110,6 +111,7 @@ class Broker:
         self.admin = Admin(self)
         self.authenticator = Authenticator(config)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
+        self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.started_at = 0.0
@@ -573,7 +575,9 @@ class Broker:
             "uptime_s": round(now - self.started_at, 3),
             "active_for_s": round(now - self.activated_at, 3) if self.active else 0.0,
             "peer": self._peer(),
-            "connections": len(self.connections),
+            "connections": sum(1 for c in self.connections if not getattr(c, "detached", False)),
+            "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
+            "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
             "persistence": self.config.persistence_enabled,
         }
@@ -606,11 +610,13 @@ class Broker:
         scan_every = self.config.message_expiry_scan_period / 1000
         loop = asyncio.get_running_loop()
         last_scan = loop.time()
+        churn = ConnectionChurn()
         while True:
             await asyncio.sleep(min(period, scan_every) if scan_every > 0 else period)
             now = loop.time()
             for conn in list(self.connections):
                 conn.check_alive(now)
+            churn.observe(len(self.connections))
             if not self.active:
                 last_scan = now  # a backup that takes over scans a period later, not in its first second
             elif scan_every > 0 and now - last_scan >= scan_every:

@@ -40,6 +40,11 @@ class BrokerContext(Protocol):
         ...
 
     @property
+    def reattachable(self) -> dict[str, Any]:
+        """Connections with a confirmation window, by connection id: their sessions may be reattached."""
+        ...
+
+    @property
     def postoffice(self) -> PostOffice:
         """Only while active: use `require_active()` where a client may ask a waiting server."""
         ...

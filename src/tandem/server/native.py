@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -34,6 +35,15 @@ from ..errors import (
 )
 from ..protocol import native as p
 from .link_writer import LinkWriter
+from .reattach import (
+    CLOSED_REPLIES_KEPT,
+    COMMAND_SIZE,
+    SEND_OVERHEAD,
+    SERVER_CLOSED_KEPT,
+    ChannelReplay,
+    take_lost_deliveries,
+    trim_closed,
+)
 
 if TYPE_CHECKING:
     from .context import BrokerContext
@@ -104,6 +114,52 @@ class NativeSession:
             self.conn.write(_encode(p.ConsumerClosed(self.channel, consumer.id, int(error.code), wire_text(error))))
 
 
+class TrackedSession(NativeSession):
+    """A session of a reattachable connection: it counts deliveries sent and credit granted
+    per consumer, so a reattach can tell what the client never got (server/reattach.py)."""
+
+    __slots__ = ("flowed", "sent", "server_closed")
+
+    def __init__(self, conn: NativeConnection, channel: int, core: ServerSession) -> None:
+        super().__init__(conn, channel, core)
+        self.sent: dict[int, int] = {}
+        self.flowed: dict[int, int] = {}
+        self.server_closed: OrderedDict[int, p.ConsumerClosed] = OrderedDict()  # may be lost on the wire
+
+    def consumer_closed(self, consumer: Consumer, error: TandemError) -> None:
+        self.server_closed[consumer.id] = p.ConsumerClosed(self.channel, consumer.id, int(error.code), wire_text(error))
+        while len(self.server_closed) > SERVER_CLOSED_KEPT:
+            self.server_closed.popitem(last=False)
+        NativeSession.consumer_closed(self, consumer, error)
+
+    def deliver(self, consumer: Consumer, ref: MessageRef) -> None:
+        sent = self.sent
+        sent[consumer.id] = sent.get(consumer.id, 0) + 1
+        NativeSession.deliver(self, consumer, ref)
+
+    def resume(self, consumers: list[tuple[int, int, int]]) -> None:
+        """After a reattach: deliveries the client never received go back to their queue (not a
+        failed delivery: their count stays), credit it granted in lost FLOWs is added."""
+        for cid, received, flowed in consumers:
+            c = self.core.consumers.get(cid)
+            if c is None:
+                closed = self.server_closed.get(cid)
+                if closed is not None:  # the client still has it: it never heard
+                    self.conn.write(_encode(closed))
+                continue
+            lost = self.sent.get(cid, 0) - received
+            if lost > 0:
+                self.sent[cid] = received
+                refs = take_lost_deliveries(c, lost)
+                if refs:
+                    c.queue.cancel(refs, redeliver_delay=False, unseen={r.message.id for r in refs})
+            extra = flowed - self.flowed.get(cid, 0)
+            if extra > 0:
+                self.flowed[cid] = flowed
+                c.add_credits(extra)
+            c.queue.deliver_soon()
+
+
 class NativeConnection(asyncio.Protocol):
     def __init__(self, broker: BrokerContext, acceptor: str) -> None:
         self.broker = broker
@@ -134,6 +190,14 @@ class NativeConnection(asyncio.Protocol):
         self.replica: Any = None  # a backup replicating over this connection (ha/source.py's BackupStream)
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._writer: LinkWriter | None = None  # writes from threads (a backup's link), see write_from_threads
+        self.username: str | None = None
+        # Reattachment (server/reattach.py): on with a confirmation window from the client.
+        self.window = -1
+        self.connection_id = ""
+        self.replay: dict[int, ChannelReplay] = {}
+        self.detached = False  # socket gone, sessions kept until the TTL expires
+        self.top_channel = 0  # the highest session channel created: a lower one not in `replay` was forgotten
+        self.successor: NativeConnection | None = None  # the connection that reattached our sessions
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,7 +212,7 @@ class NativeConnection(asyncio.Protocol):
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._teardown()
+        self._teardown(detach=True)
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -212,7 +276,17 @@ class NativeConnection(asyncio.Protocol):
             self.transport.abort()
 
     def send(self, packet: p.Packet) -> None:
-        self.write(_encode(packet))
+        conn = self
+        while conn.successor is not None:  # answers to commands taken over by a reattach
+            conn = conn.successor
+        if conn.window > 0:
+            t = type(packet)
+            if t is p.Response or t is p.Exception_ or t is p.RangeResult:
+                r = conn.replay.get(packet.channel)  # type: ignore[attr-defined]
+                if r is not None:
+                    r.keep(packet.cmd, packet)  # type: ignore[attr-defined]
+        if not conn.closed:
+            conn.write(_encode(packet))
 
     def confirm(self, channel: int, upto: int) -> None:
         # Confirmations are cumulative, and may come out of order (a slice whose wait went through
@@ -276,6 +350,8 @@ class NativeConnection(asyncio.Protocol):
         handlers = _HANDLERS
         n = len(packets)
         end = start + PACKETS_PER_PASS if n - start > PACKETS_PER_PASS else n
+        if self.window > 0:
+            self._note_commands(packets, start, end)
         i = start
         while i < end:
             pkt = packets[i]
@@ -313,6 +389,26 @@ class NativeConnection(asyncio.Protocol):
             if self.writable and not self.closed and self.transport is not None:
                 self.transport.resume_reading()
 
+    def _note_commands(self, packets: list[Any], start: int, end: int) -> None:
+        """Reattachable: the last command id received per channel (these are all handled in this
+        pass), and a RECEIVED each time the confirmation window's bytes have arrived."""
+        replay = self.replay
+        window = self.window
+        for k in range(start, end):
+            pkt = packets[k]
+            cmd = getattr(pkt, "cmd", None)
+            if cmd is None:
+                continue
+            ch = pkt.channel
+            r = replay.get(ch)
+            if r is None:
+                r = replay[ch] = ChannelReplay()
+            r.last_cmd = cmd
+            r.unconfirmed += len(pkt.message) + SEND_OVERHEAD if type(pkt) is _SEND else COMMAND_SIZE
+            if r.unconfirmed >= window:
+                r.unconfirmed = 0
+                self.write(_encode(p.Received(ch, cmd)))
+
     def _continue(self) -> None:
         rest, self._rest = self._rest, None
         if rest is not None and not self.closed:
@@ -349,23 +445,45 @@ class NativeConnection(asyncio.Protocol):
             self.transport.close()
         self._teardown()
 
-    def _teardown(self) -> None:
+    def _teardown(self, detach: bool = False) -> None:
+        """The connection is over; with `detach` (its socket failed) a reattachable one keeps its
+        sessions, consumers and temporary queues until its TTL expires (check_alive)."""
         if self.closed:
+            if self.detached and not detach:
+                self._release()  # closed for good (broker stopping): no reattach any more
             return
         self.closed = True
         if self._writer is not None:
             self._writer.close()
+        if detach and self.window > 0 and self.successor is None and self.broker.active and self.sessions:
+            self.detached = True
+            self.writable = False  # the queues hold deliveries until a reattach
+            log.info(
+                "connection from %s lost: its %d session(s) wait %d ms for a reattach",
+                self.peer,
+                len(self.sessions),
+                self.ttl_ms,
+            )
+            return
+        self._release()
+
+    def _release(self) -> None:
+        self.detached = False
         self.broker.connections.discard(self)
-        for s in self.sessions.values():
-            s.core.close()
-        self.sessions.clear()
-        if self.broker.active:
-            for name in list(self.temp_queues):
-                try:
-                    self.broker.postoffice.delete_queue(name, force=True)
-                except TandemError:
-                    pass
-        self.temp_queues.clear()
+        if self.connection_id and self.broker.reattachable.get(self.connection_id) is self:
+            del self.broker.reattachable[self.connection_id]
+        if self.successor is None:  # else its successor has them now
+            for s in self.sessions.values():
+                s.core.close()
+            if self.broker.active:
+                for name in list(self.temp_queues):
+                    try:
+                        self.broker.postoffice.delete_queue(name, force=True)
+                    except TandemError:
+                        pass
+        self.sessions = {}
+        self.temp_queues = set()
+        self.replay = {}
         self.broker.backup_gone(self)
         for fut in self._drain_waiters:
             if not fut.done():
@@ -390,12 +508,19 @@ class NativeConnection(asyncio.Protocol):
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
         self.handshaken = True
         self.client_id = pkt.client_id
+        self.username = pkt.username
         b = self.broker
         cfg = b.config
         if cfg.connection_ttl_override > 0:
             self.ttl_ms = cfg.connection_ttl_override
         elif pkt.connection_ttl > 0:
             self.ttl_ms = min(pkt.connection_ttl, cfg.connection_ttl_max)  # a client cannot pick "never"
+        if pkt.confirmation_window > 0 and pkt.connection_id:
+            self.window = pkt.confirmation_window
+            self.connection_id = pkt.connection_id
+            self.replay[0] = ChannelReplay()
+            # A connection of that id still there is what a REATTACH will take over: it keeps the id.
+            b.reattachable.setdefault(pkt.connection_id, self)
         self.send(p.HelloOk(p.PROTOCOL_VERSION, cfg.name, b.node_id, self.ttl_ms, b.topology(), b.active))
 
     def on_ping(self, pkt: p.Ping) -> None:
@@ -417,7 +542,12 @@ class NativeConnection(asyncio.Protocol):
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
         b = self.broker
         core = ServerSession(b.require_active(), self, pkt.name, pkt.transacted)
-        self.sessions[pkt.channel] = NativeSession(self, pkt.channel, core)
+        kind = NativeSession
+        if self.window > 0:
+            kind = TrackedSession
+            self.top_channel = max(self.top_channel, pkt.channel)
+            b.reattachable[self.connection_id] = self  # the client's current connection: a reattach takes this one
+        self.sessions[pkt.channel] = kind(self, pkt.channel, core)
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_close_session(self, pkt: p.CloseSession) -> None:
@@ -425,6 +555,83 @@ class NativeConnection(asyncio.Protocol):
         if s is not None:
             s.core.close({cid: set(ids) for cid, ids in pkt.unseen.items()})
         self.send(p.Response(pkt.channel, pkt.cmd, None))
+        r = self.replay.get(pkt.channel)
+        if r is not None:  # its last command id stays: a replayed CLOSE must not open it again
+            while len(r.replies) > CLOSED_REPLIES_KEPT:
+                r.drop_oldest()
+            trim_closed(self.replay, self.sessions)
+
+    def on_reattach(self, pkt: p.Reattach) -> None:
+        """Take over the sessions of the failed connection `pkt.connection_id` (see server/reattach.py)."""
+        b = self.broker
+        old: NativeConnection | None = b.reattachable.get(pkt.connection_id)
+        why = ""
+        gone = old is None or old is self or old.successor is not None or (old.closed and not old.detached)
+        if self.window <= 0 or pkt.connection_id != self.connection_id:
+            why = "this connection has no confirmation window under that id"
+        elif gone or old is None:
+            b.reattachable[pkt.connection_id] = self  # it starts afresh under the id
+            why = "no such connection (its TTL expired, or the server restarted or failed over)"
+        elif old.username != self.username:
+            why = "the connection belongs to another user"
+        elif not b.active:
+            why = "the server is not active"
+        elif self.sessions:
+            why = "this connection has sessions of its own"
+        elif not self._can_resume(old, pkt.channels):
+            # The client's own sessions, but a reattach could not tell it everything: it starts
+            # afresh, and the old sessions go now rather than at their TTL.
+            why = "answers the client still waits for, or a closed session's ids, were not kept"
+            if old.transport is not None:
+                old.transport.abort()
+            old._teardown()
+            b.reattachable[pkt.connection_id] = self
+        if why:
+            self.send(p.Reattached(False, {}, why))
+            return
+        assert old is not None
+        old.successor = self
+        old._rest = None  # read but not handled: not counted as received, so the client replays them
+        self.client_id = old.client_id
+        self.top_channel = old.top_channel
+        self.replay = old_replay = old.replay
+        old_replay.setdefault(0, ChannelReplay())
+        self.sessions = old.sessions
+        self.temp_queues |= old.temp_queues
+        for s in self.sessions.values():
+            s.conn = self
+        if old.transport is not None:
+            old.transport.abort()
+        old._teardown()  # closed for good; its state is ours now (it closes none of it)
+        b.reattachable[pkt.connection_id] = self
+        last = {rc.channel: (old_replay[rc.channel].last_cmd if rc.channel in old_replay else 0) for rc in pkt.channels}
+        log.info("connection from %s reattached %d session(s)", self.peer, len(self.sessions))
+        self.send(p.Reattached(True, last))
+        for rc in pkt.channels:
+            r = old_replay.get(rc.channel)
+            if r is not None and rc.awaited_from >= 0:
+                for reply in r.replies_from(rc.awaited_from):
+                    self.write(_encode(reply))  # answers the client may have lost
+            session = self.sessions.get(rc.channel)
+            if session is None:
+                continue
+            if r is not None and not session.pending_durable and not session.batch_upto:
+                self.confirm(rc.channel, r.last_cmd)  # every command received is done: confirmations lost
+            if isinstance(session, TrackedSession):
+                session.resume(rc.consumers)
+
+    @staticmethod
+    def _can_resume(old: NativeConnection, channels: list[p.ReattachChannel]) -> bool:
+        """Whether `old` kept what the client's channels need: every answer it may still wait
+        for, and the last command id of every session it ever created on them."""
+        for rc in channels:
+            r = old.replay.get(rc.channel)
+            if r is None:
+                if 0 < rc.channel <= old.top_channel:
+                    return False  # a session closed long ago: a replay could open it again
+            elif not r.can_answer_from(rc.awaited_from):
+                return False
+        return True
 
     def _send_run(self, packets: list[Any], i: int, j: int) -> None:
         """SENDs packets[i:j], all on one channel: one session lookup, one core call; each
@@ -457,6 +664,8 @@ class NativeConnection(asyncio.Protocol):
     def on_flow(self, pkt: p.Flow) -> None:
         s = self.sessions.get(pkt.channel)
         if s is not None:
+            if self.window > 0 and isinstance(s, TrackedSession):
+                s.flowed[pkt.consumer_id] = s.flowed.get(pkt.consumer_id, 0) + pkt.credits
             s.core.flow(pkt.consumer_id, pkt.credits)
 
     def on_ack(self, pkt: p.Ack) -> None:
@@ -481,7 +690,7 @@ class NativeConnection(asyncio.Protocol):
         self._reply(pkt.channel, pkt.cmd, True if already else None, after_journal=wrote or already)
 
     def _failed_unless_closed(self, pkt: Any, exc: TandemError) -> None:
-        if not self.closed:
+        if not self.closed or self.successor is not None or self.detached:
             self.command_failed(pkt, exc)
 
     def on_rollback(self, pkt: p.Rollback) -> None:
@@ -494,8 +703,7 @@ class NativeConnection(asyncio.Protocol):
         channel, cmd = pkt.channel, pkt.cmd
 
         def grant(amount: int) -> None:
-            if not self.closed:
-                self.send(p.Response(channel, cmd, amount))
+            self.send(p.Response(channel, cmd, amount))
 
         po = self.broker.require_active()
         addr = po.addresses.get(pkt.address)
@@ -527,24 +735,19 @@ class NativeConnection(asyncio.Protocol):
         pkt = p.Response(channel, cmd, result)
         if after_journal:
             self._send_after(self.broker.storage.after_durable, pkt)
-        elif not self.closed:
+        else:
             self.send(pkt)
 
     def _send_after(self, when: Callable[[Callable[[], None]], None], pkt: p.Packet) -> None:
         """Send `pkt` once `when` (a store's after_durable) calls back, unless closed by then."""
 
-        def send() -> None:
-            if not self.closed:
-                self.send(pkt)
-
-        when(send)
+        when(partial(self.send, pkt))  # send(): to the connection that reattached, if one did
 
     def on_manage(self, pkt: p.Manage) -> None:
         channel, cmd = pkt.channel, pkt.cmd
 
         def reply(result: Any) -> None:
-            if not self.closed:
-                self.send(p.Response(channel, cmd, result))
+            self.send(p.Response(channel, cmd, result))
 
         self.broker.admin.handle(pkt.op, pkt.args, self, reply)
 
@@ -581,6 +784,9 @@ class NativeConnection(asyncio.Protocol):
         """Close a connection silent for longer than its TTL, not logged in by handshake-timeout, or
         with a packet not complete within its TTL; ping one we have not written to lately."""
         if self.closed:
+            if self.detached and now - self.last_received > self.ttl_ms / 1000:
+                log.info("connection from %s: no reattach within its TTL: its sessions close", self.peer)
+                self._release()
             return
         ttl = self.ttl_ms / 1000
         ping_every = max(ttl / 4, 0.05)
@@ -620,6 +826,7 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.RequestCredits: NativeConnection.on_request_credits,
     p.ReadRange: NativeConnection.on_read_range,
     p.AckUpTo: NativeConnection.on_ack_up_to,
+    p.Reattach: NativeConnection.on_reattach,
     p.ReplicaStart: NativeConnection.on_replica_start,
     p.ReplicaAck: NativeConnection.on_replica_ack,
     p.ReplicaSynced: NativeConnection.on_replica_synced,

@@ -1,0 +1,479 @@
+"""Session reattachment through the fault proxy and a real broker process.
+
+The client has a confirmation window, so the broker keeps its sessions for the connection TTL
+after the link fails. A blackhole shorter than the TTL must be invisible to the application:
+no exception, no redelivery, no duplicate (auto_dedup is off: only the replay can keep sends
+exactly once). A longer one takes the reconnect path, with the errors docs/client.md lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import tandem
+import tandem.aio as aio
+from broker_process import BrokerProcess
+from client_io import drain_texts, send_confirmed
+from reply_proxy import CommitReplyDropper
+from tandem.errors import CallTimeout, IllegalState, TandemError, TransactionRolledBack, Unblocked
+from tandem.testing import AsyncFaultProxy, FaultProxy, free_port
+
+FAST = {"client_failure_check_period": 500, "connect_timeout": 500, "retry_interval": 100}
+WINDOW = {"confirmation_window_size": 1024, "auto_dedup": False, "reconnect_attempts": -1}
+Events = list[tuple[aio.FailureEvent, TandemError | None]]
+
+
+def _broker(factory: Any, port: int) -> BrokerProcess:
+    """A broker that announces the proxy (a reconnection must not go around it) and checks TTLs often."""
+    return factory(  # type: ignore[no-any-return]
+        connection_check_period=100,
+        connector_ref="via-proxy",
+        extra_toml=f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{port}"\n',
+    ).start()
+
+
+async def _until(cond: Callable[[], object], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def _reconnecting(proxy: AsyncFaultProxy, timeout: float = 10.0) -> None:
+    """Until the client, having noticed the silence, opens a second connection through the proxy."""
+    deadline = time.monotonic() + timeout
+    while (await proxy.stats()).connections < 2:
+        assert time.monotonic() < deadline, "the client did not notice the silence"
+        await asyncio.sleep(0.02)
+
+
+async def _status(url: str) -> dict[str, Any]:
+    conn = await aio.connect(url)
+    try:
+        return await conn.manage("broker.status")  # type: ignore[no-any-return]
+    finally:
+        await conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_blackhole_shorter_than_the_ttl_is_invisible(broker_factory: Any) -> None:
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    inbound = [f"in-{i}" for i in range(30)]
+    events: Events = []
+    got: list[tuple[str, int]] = []
+
+    async def main() -> None:
+        await send_confirmed(broker.url, "in", "in-", 30)
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            producer = session.create_producer("out")
+            consumer = await session.create_consumer("in", window=200)  # small: FLOWs are in flight too
+            tx = await conn.create_session(transacted=True)
+            tx_producer = tx.create_producer("tx-out")
+            for _ in range(10):
+                m = await consumer.receive(5)
+                assert m is not None
+                got.append((m.text, m.delivery_count))
+            for i in range(5):
+                await producer.send(f"a-{i}")
+            await tx_producer.send("t-0")
+            await proxy.blackhole()
+            # In flight across the blackhole: sends, a commit, consumption with its acks and credit.
+            pending = [await producer.send_async(f"b-{i}") for i in range(5)]
+            await tx_producer.send_async("t-1")
+            commit = asyncio.ensure_future(tx.commit())
+            await _reconnecting(proxy)
+            await asyncio.sleep(max(0.0, 2.0 - 0.5))  # a 2-second blackhole in all
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches after the heal")
+            for fut in pending:
+                assert fut is not None
+                await asyncio.wait_for(fut, 10)
+            await asyncio.wait_for(commit, 10)
+            for i in range(5):
+                await producer.send(f"c-{i}")
+            while len(got) < 30:
+                m = await consumer.receive(5)
+                assert m is not None, f"only {len(got)} of 30 received"
+                got.append((m.text, m.delivery_count))
+            assert await consumer.receive(0.3) is None
+            await conn.close()
+        status = await _status(broker.url)
+        assert status["sessions"] == 0 and status["consumers"] == 0, status
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert got == [(t, 1) for t in inbound], "a message came twice, out of order or as a redelivery"
+    assert asyncio.run(drain_texts(broker.url, "out")) == [f"{x}-{i}" for x in "abc" for i in range(5)]
+    assert asyncio.run(drain_texts(broker.url, "tx-out")) == ["t-0", "t-1"]
+    assert asyncio.run(drain_texts(broker.url, "in")) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("direction", ["down", "up"])
+def test_unconfirmed_commands_are_replayed_exactly_once(broker_factory: Any, direction: str) -> None:
+    """`down`: the broker gets every command and the client none of its confirmations (it must
+    replay nothing); `up`: the broker gets none (the client must replay all, once)."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            # A window larger than what is sent: the server's RECEIVED never trims the buffer.
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **{**WINDOW, **FAST})
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            producer = session.create_producer("replay")
+            await producer.send("m-0")
+            await proxy.blackhole(direction)  # type: ignore[arg-type]
+            pending = [await producer.send_async(f"m-{i}") for i in range(1, 40)]
+            await asyncio.sleep(0.2)
+            await _reconnecting(proxy)
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches")
+            for fut in pending:
+                assert fut is not None
+                await asyncio.wait_for(fut, 10)
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert asyncio.run(drain_texts(broker.url, "replay")) == [f"m-{i}" for i in range(40)]
+
+
+@pytest.mark.timeout(60)
+def test_blackhole_longer_than_the_ttl_takes_the_reconnect_path(broker_factory: Any) -> None:
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+    errors: dict[str, BaseException] = {}
+
+    async def main() -> None:
+        await send_confirmed(broker.url, "in", "in-", 1)
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=1000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session(ack_mode="client")
+            consumer = await session.create_consumer("in")
+            first = await consumer.receive(5)
+            assert first is not None and first.text == "in-0"
+            tx = await conn.create_session(transacted=True)
+            await tx.create_producer("tx-out").send("t-0")
+            await proxy.blackhole()
+            receiving = asyncio.ensure_future(consumer.receive(20))
+            await asyncio.sleep(0.1)
+            await _reconnecting(proxy)
+            await asyncio.sleep(3.0)  # the broker's TTL (1 s) expires under the blackhole
+            await proxy.heal()
+            await _until(lambda: events, "the client reconnects")
+            try:
+                await receiving
+            except Unblocked as exc:
+                errors["receive"] = exc
+            try:
+                await first.ack()
+            except TandemError as exc:
+                errors["ack"] = exc
+            try:
+                await tx.commit()
+            except TransactionRolledBack as exc:
+                errors["commit"] = exc
+            again = await consumer.receive(5)
+            assert again is not None and again.text == "in-0" and again.delivery_count == 2
+            await again.ack()
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.RECONNECTED], events
+    assert set(errors) == {"receive", "ack", "commit"}, errors
+    assert errors["ack"].code.name == "STALE_ACKNOWLEDGE"
+    assert asyncio.run(drain_texts(broker.url, "tx-out")) == []
+    assert asyncio.run(drain_texts(broker.url, "in")) == []
+
+
+@pytest.mark.timeout(60)
+def test_send_acknowledgement_handler_confirms_each_send_once_across_a_reattach(broker_factory: Any) -> None:
+    """Blocking API: with a handler `send()` does not wait; each message is acknowledged to the
+    handler exactly once, without error, in order, though a blackhole cuts the link meanwhile."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    acked: list[tuple[str, BaseException | None]] = []
+    events: Events = []
+    with FaultProxy(broker.port, port=port) as proxy:
+        conn = tandem.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+        try:
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = conn.session()
+            session.set_send_acknowledgement_handler(lambda msg, exc: acked.append((msg.body, exc)))
+            producer = session.create_producer("acked")
+            for i in range(50):
+                producer.send(f"m-{i}")
+            proxy.blackhole()
+            for i in range(50, 100):
+                producer.send(f"m-{i}")  # returns at once: nothing is confirmed while the link is dead
+            deadline = time.monotonic() + 10
+            while proxy.stats().connections < 2:
+                assert time.monotonic() < deadline, "the client did not notice the silence"
+                time.sleep(0.02)
+            time.sleep(1.0)
+            proxy.heal()
+            producer.flush()
+        finally:
+            conn.close()
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert acked == [(f"m-{i}", None) for i in range(100)]
+    assert asyncio.run(drain_texts(broker.url, "acked")) == [f"m-{i}" for i in range(100)]
+
+
+def test_send_acknowledgement_handler_needs_a_confirmation_window(broker: BrokerProcess) -> None:
+    with tandem.connect(broker.url) as conn, conn.session() as session:
+        with pytest.raises(IllegalState, match="confirmation window"):
+            session.set_send_acknowledgement_handler(lambda msg, exc: None)
+        producer = session.create_producer("plain")
+        producer.send("still waits")  # without a handler: confirmed before it returns
+    assert asyncio.run(drain_texts(broker.url, "plain")) == ["still waits"]
+
+
+@pytest.mark.timeout(60)
+def test_commit_whose_answer_was_lost_is_answered_after_the_reattach(broker: BrokerProcess) -> None:
+    """The broker commits, its answer is lost and the link reset: the reattach brings the answer
+    (the server kept it), so the commit returns normally; nothing is applied twice."""
+    events: Events = []
+
+    async def main() -> None:
+        with CommitReplyDropper(broker.port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            tx = await conn.create_session(transacted=True)
+            producer = tx.create_producer("orders")
+            for i in range(5):
+                await producer.send(f"order-{i}")
+            commit = asyncio.ensure_future(tx.commit())
+            await _until(proxy.dropped.is_set, "the commit's answer is dropped")
+            proxy.proxy.reset()
+            await asyncio.wait_for(commit, 10)  # no TransactionOutcomeUnknown: the answer came again
+            await producer.send("after")
+            await tx.commit()
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert asyncio.run(drain_texts(broker.url, "orders")) == [f"order-{i}" for i in range(5)] + ["after"]
+
+
+def test_received_trims_the_resend_buffer(broker: BrokerProcess) -> None:
+    """The broker says RECEIVED every window's worth of bytes: the client's kept commands stay
+    around one window, however many are sent; without a window nothing is kept at all."""
+
+    async def main() -> tuple[int, int, bool]:
+        conn = await aio.connect(broker.url, confirmation_window_size=4096, auto_dedup=False)
+        session = await conn.create_session()
+        producer = session.create_producer("trimmed")
+        for i in range(500):
+            await producer.send_async("x" * 100 + str(i))
+        await producer.flush()
+        kept = session.channel.kept
+        assert kept is not None
+        left = len(kept)
+        size = sum(len(frame) for _, frame in kept)
+        await conn.close()
+        plain = await aio.connect(broker.url)
+        plain_session = await plain.create_session()
+        await plain_session.create_producer("trimmed").send("plain")
+        nothing_kept = plain_session.channel.kept is None
+        await plain.close()
+        return left, size, nothing_kept
+
+    left, size, nothing_kept = asyncio.run(main())
+    assert size <= 4096 + 200, f"{left} commands ({size} bytes) kept after 500 sends of ~130 bytes"
+    assert nothing_kept
+    assert len(asyncio.run(drain_texts(broker.url, "trimmed"))) == 501
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_broker_has_no_sessions_to_reattach(broker_factory: Any) -> None:
+    """Same node id after the restart (its store), but the sessions died with the process: the
+    REATTACH is refused and the client takes the reconnect path."""
+    port = free_port()
+    broker = broker_factory(extra_toml=f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n').start()
+    events: Events = []
+
+    async def main() -> None:
+        conn = await aio.connect(
+            broker.url, confirmation_window_size=1024, reconnect_attempts=-1, connection_ttl=30_000, **FAST
+        )
+        conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+        node = conn.node_id
+        producer = (await conn.create_session()).create_producer("restart")
+        await producer.send("before")
+        broker.kill()
+        await asyncio.get_running_loop().run_in_executor(None, broker.start)
+        await _until(lambda: events, "the client reconnects to the restarted broker")
+        await producer.send("after")
+        assert conn.node_id == node
+        await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.RECONNECTED], events
+    assert asyncio.run(drain_texts(broker.url, "restart")) == ["before", "after"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("ack_mode", ["auto", "client", "individual"])
+def test_streams_ride_through_repeated_blackholes(broker_factory: Any, ack_mode: str) -> None:
+    """A producer and a consumer on one connection stream while the link is blackholed twice
+    (each time shorter than the TTL): the consumer sees every message once, in order, as a
+    first delivery; everything is acknowledged; no exception reaches the application."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    total = 1500
+    events: Events = []
+    got: list[tuple[str, int]] = []
+    at_cut: list[int] = []  # messages received when each blackhole began
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(
+                proxy.url, connection_ttl=10_000, send_window=50, **{**WINDOW, "confirmation_window_size": 2048}, **FAST
+            )
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            out = await conn.create_session()
+            producer = out.create_producer("stream")
+            inn = await conn.create_session(ack_mode=ack_mode)
+            consumer = await inn.create_consumer("stream", window=4096)
+
+            async def produce() -> None:
+                for i in range(total):
+                    await producer.send_async(f"s-{i}")
+                    if i % 10 == 0:
+                        await asyncio.sleep(0.02)  # ~3 s of traffic: both blackholes fall inside it
+                await producer.flush()
+
+            async def consume() -> None:
+                while len(got) < total:
+                    m = await consumer.receive(20)
+                    assert m is not None, f"stalled after {len(got)} messages"
+                    got.append((m.text, m.delivery_count))
+                    if ack_mode != "auto":
+                        await m.ack()
+
+            tasks = [asyncio.ensure_future(produce()), asyncio.ensure_future(consume())]
+            for n in range(2):
+                await asyncio.sleep(0.3)
+                at_cut.append(len(got))
+                await proxy.blackhole()
+                await asyncio.sleep(1.5)
+                await proxy.heal()
+                await _until(lambda n=n: len(events) > n, f"reattach {n + 1}")
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED] * 2, events
+    assert all(0 < n < total for n in at_cut), f"a blackhole fell outside the traffic: {at_cut}"
+    assert got == [(f"s-{i}", 1) for i in range(total)]
+    assert asyncio.run(drain_texts(broker.url, "stream")) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_consumer_closed_by_the_broker_while_away_is_reported_after_the_reattach(broker_factory: Any) -> None:
+    """Its queue is deleted while the link is down: the CONSUMER_CLOSED is lost on the wire,
+    the broker tells it again on the reattach, and `receive()` raises as without the outage."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            await session.create_queue("doomed")
+            consumer = await session.create_consumer("doomed")
+            await proxy.blackhole()
+            admin = await aio.connect(broker.url)
+            await admin.manage("queue.delete", name="doomed", force=True)
+            await admin.close()
+            await _reconnecting(proxy)
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches")
+            try:
+                await consumer.receive(5)
+            except TandemError as exc:
+                errors.append(exc)
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert [type(e).__name__ for e in errors] == ["QueueDoesNotExist"], errors
+
+
+@pytest.mark.timeout(60)
+def test_a_session_closed_while_away_is_closed_on_the_broker_too(broker_factory: Any) -> None:
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+
+    async def main() -> None:
+        await send_confirmed(broker.url, "held", "h-", 3)
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            closing = await conn.create_session(ack_mode="client")
+            consumer = await closing.create_consumer("held")
+            m = await consumer.receive(5)
+            assert m is not None
+            await conn.create_session()  # stays open
+            await proxy.blackhole()
+            await _reconnecting(proxy)
+            closed = asyncio.ensure_future(closing.close())
+            await asyncio.sleep(0.3)
+            assert not closed.done(), "close() must wait for the reattach"
+            await proxy.heal()
+            await asyncio.wait_for(closed, 10)
+            status = await _status(broker.url)
+            assert status["sessions"] == 1 and status["consumers"] == 0, status
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    # Closed unacknowledged: all three back (the one handed to the application counts a delivery).
+    assert asyncio.run(drain_texts(broker.url, "held")) == ["h-0", "h-1", "h-2"]
+
+
+@pytest.mark.timeout(60)
+def test_a_call_that_timed_out_is_not_replayed(broker_factory: Any) -> None:
+    """CREATE_CONSUMER written into the blackhole times out: the application was told it failed,
+    so the reattach must not create the consumer behind its back."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    events: Events = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, connection_ttl=10_000, call_timeout=1000, **WINDOW, **FAST)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            session = await conn.create_session()
+            await session.create_queue("ghost")
+            await proxy.blackhole()
+            with pytest.raises(CallTimeout):
+                await session.create_consumer("ghost")
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches")
+            await (await session.create_consumer("ghost")).close()  # the session works on
+            status = await _status(broker.url)
+            assert status["consumers"] == 0, status
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
