@@ -184,6 +184,37 @@ class AckUpTo(Packet, tag=23):
     seq: int
 
 
+# Large messages (docs/protocol.md): a body over the client's min-large-message-size goes as
+# LARGE_BEGIN (the message without its body), LARGE_CHUNKs numbered from 0, and LARGE_END, the
+# one command of the three (confirmed like a SEND). One large send at a time per channel.
+class LargeBegin(Packet, tag=24):
+    channel: int
+    message: msgspec.Raw  # MessageData with an empty body
+    size: int = -1  # the body's size when known (-1: not known until LARGE_END)
+    compressed: bool = False  # the chunks are a zlib stream (the client compressed the body)
+
+
+class LargeChunk(Packet, tag=25):
+    channel: int
+    index: int  # 0, 1, 2...: a gap or repeat is a protocol error
+    data: bytes
+
+
+class LargeEnd(Packet, tag=26):
+    """The body is complete: `chunks` chunks of `size` bytes in all (checked by the broker)."""
+
+    channel: int
+    cmd: int
+    chunks: int
+    size: int
+
+
+class LargeAbort(Packet, tag=27):
+    """The client gives up the large send in progress (its source failed): the broker discards it."""
+
+    channel: int
+
+
 class Manage(Packet, tag=20):
     """An administrative call: `op` names it, `args` are its keyword arguments."""
 
@@ -229,6 +260,29 @@ class RangeResult(Packet, tag=35):
     first_seq: int
     last_seq: int
     messages: list[tuple[int, int, int, msgspec.Raw]]
+
+
+class DeliverLarge(Packet, tag=36):
+    """A large message's header; its body follows as DELIVER_CHUNKs for the same consumer and
+    message, before anything else for that consumer."""
+
+    channel: int
+    consumer_id: int
+    message_id: int
+    delivery_count: int
+    seq: int
+    message: msgspec.Raw  # MessageData with an empty body
+    size: int  # the body's bytes as stored (compressed, if it is)
+    compressed: bool = False
+
+
+class DeliverChunk(Packet, tag=37):
+    channel: int
+    consumer_id: int
+    message_id: int
+    index: int
+    data: bytes
+    last: bool = False
 
 
 class ConsumerClosed(Packet, tag=34):
@@ -327,6 +381,10 @@ ClientPacket = (
     | RequestCredits
     | ReadRange
     | AckUpTo
+    | LargeBegin
+    | LargeChunk
+    | LargeEnd
+    | LargeAbort
     | ReplicaStart
     | ReplicaAck
     | ReplicaSynced
@@ -343,6 +401,8 @@ ServerPacket = (
     | Response
     | Exception_
     | Deliver
+    | DeliverLarge
+    | DeliverChunk
     | ConsumerClosed
     | RangeResult
     | ReplicaAccept
