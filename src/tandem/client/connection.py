@@ -17,6 +17,7 @@ import asyncio
 import logging
 import socket
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
@@ -186,6 +187,10 @@ class _Protocol(asyncio.Protocol):
                     conn._handle(pkt)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             self.abort(ProtocolError(f"malformed packet from {conn.server}: {exc}"))
+        except ProtocolError as exc:  # e.g. a large message's chunks out of order
+            self.abort(exc)
+        except (OSError, zlib.error) as exc:  # a large body's spool file, or its decompression
+            self.abort(ProtocolError(f"cannot take a large message from {conn.server}: {exc}"))
 
     def abort(self, exc: TandemError) -> None:
         if self.transport is not None:
@@ -470,6 +475,14 @@ class AsyncConnection:
             ch = self.channels.get(pkt.channel)
             if ch is not None and ch.session is not None:
                 ch.session._deliver(pkt)
+        elif t is p.DeliverChunk:
+            ch = self.channels.get(pkt.channel)
+            if ch is not None and ch.session is not None:
+                ch.session._deliver_chunk(pkt)
+        elif t is p.DeliverLarge:
+            ch = self.channels.get(pkt.channel)
+            if ch is not None and ch.session is not None:
+                ch.session._deliver_large(pkt)
         elif t is p.Confirm:
             ch = self.channels.get(pkt.channel) if pkt.channel else self.control
             if ch is not None:
