@@ -335,6 +335,47 @@ class RawStomp:
         self.sock.close()
 
 
+def test_stomp_large_send_is_streamed_and_delivered_to_stomp_and_native(broker_factory: Factory) -> None:
+    """A SEND with a content-length over min-large-message-size, on a broker whose max-frame-size is
+    far smaller than the body: taken (a buffered frame would be refused), stored as a large message's
+    file, and delivered whole to a STOMP subscriber (a MESSAGE streamed from the file) and to a
+    native consumer."""
+    b = broker_factory(extra_toml=STOMP_ACCEPTORS, max_frame_size=64 * 1024, min_large_message_size=16 * 1024).start()
+    data = body(1024 * 1024 + 17, seed=10).replace(b"\0", b"\1")  # (a NUL is fine too: content-length)
+    data = data[:1000] + b"\0\n\0" + data[1003:]
+    sender = RawStomp(b.ports["stomp"])
+    try:
+        for dest in ("stomp-out", "native-out"):
+            head = f"SEND\ndestination:/queue/{dest}\npersistent:true\nreceipt:r-{dest}\ncontent-length:{len(data)}\n\n"
+            sender.sock.sendall(head.encode())
+            view = memoryview(data)
+            for i in range(0, len(data), 100_000):  # in pieces, as a real client's socket would
+                sender.sock.sendall(view[i : i + 100_000])
+            sender.sock.sendall(b"\0")
+            f = sender.next()
+            assert f.command == "RECEIPT" and f.headers["receipt-id"] == f"r-{dest}", f
+        assert len(files(b)) == 2
+        assert all((b.data_dir / "large-messages" / n).stat().st_size == len(data) for n in files(b))
+    finally:
+        sender.close()
+    sub = RawStomp(b.ports["stomp"])
+    try:
+        sub.sock.sendall(b"SUBSCRIBE\nid:s1\ndestination:/queue/stomp-out\nack:client-individual\n\n\0")
+        m = sub.next()
+        assert m.command == "MESSAGE", m
+        assert m.headers["content-length"] == str(len(data))
+        assert m.body == data
+        sub.sock.sendall(f"ACK\nid:{m.headers['ack']}\nreceipt:ack\n\n\0".encode())
+        f = sub.next()
+        assert f.command == "RECEIPT", f
+    finally:
+        sub.close()
+    with tandem.connect(url(b)) as c, c.session() as s:
+        m2 = s.create_consumer("native-out").receive(5)
+        assert m2 is not None and m2.large and m2.body == data
+    assert wait_for(lambda: files(b) == []), files(b)
+
+
 def test_native_large_message_to_a_stomp_subscriber_then_small_ones(broker_factory: Factory) -> None:
     """A STOMP subscriber gets a native producer's large message as one MESSAGE frame, and the
     frames after it intact (nothing written into the middle of the streamed body)."""

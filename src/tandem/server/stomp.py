@@ -28,6 +28,7 @@ from ..errors import DuplicateId, TandemError, clip
 from ..protocol import stomp as st
 
 if TYPE_CHECKING:
+    from ..store.large_messages import LargeUpload
     from .context import BrokerContext
 
 log = logging.getLogger("tandem.stomp")
@@ -168,6 +169,7 @@ class StompConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = st.StompParser(broker.config.max_frame_size, first_frame_limit=HANDSHAKE_FRAME_LIMIT)
+        self.parser.stream_over = broker.config.min_large_message_size  # bigger SEND bodies: large messages
         self.version = "1.0"
         self.connected = False
         self.closed = False
@@ -199,6 +201,7 @@ class StompConnection(asyncio.Protocol):
         self._acked: dict[Consumer, list[MessageRef]] = {}  # taken by ACKs of this read, not journaled yet
         self._ack_prefixes: dict[str, Subscription] = {}  # "CID" of the 1.2 ack ids "CID.MID" -> subscription
         self.stream: BodyStream | None = None  # a large body going out: nothing else is written meanwhile
+        self.upload: LargeSend | None = None  # a large SEND's body coming in
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -415,6 +418,9 @@ class StompConnection(asyncio.Protocol):
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.stop()
+        upload, self.upload = self.upload, None
+        if upload is not None:
+            upload.discard()
         if self._beat_timer is not None:
             self._beat_timer.cancel()
             self._beat_timer = None
@@ -626,7 +632,38 @@ class StompConnection(asyncio.Protocol):
         session = self.session
         assert session is not None
         message = Message.create(session.postoffice.ids.next(), data)
+        if frame.streamed:  # its body follows in pieces (BODY_PART), straight to its file
+            large = getattr(self.broker.storage, "large", None)
+            if large is None:
+                raise st.StompError("this broker does not take large messages (no data directory)")
+            try:
+                self.upload = LargeSend(message, large.upload(message.id), frame, tx)
+            except OSError as exc:
+                raise TandemError(f"cannot store a large message: {exc}") from None
+            return
         self._sent(frame, message, tx)
+
+    def on_body_part(self, frame: st.Frame) -> None:
+        up = self.upload
+        if up is None or up.file is None:
+            raise st.StompError("body data without a SEND")
+        try:
+            up.file.write(frame.body)
+        except OSError as exc:
+            up.discard()
+            raise TandemError(f"cannot store a large message: {exc}") from None
+
+    def on_body_end(self, frame: st.Frame) -> None:
+        up, self.upload = self.upload, None
+        if up is None or up.file is None:
+            raise st.StompError("body end without a SEND")
+        file, up.file = up.file, None
+        try:
+            up.message.large = file.finish(False)
+        except OSError as exc:
+            file.discard()
+            raise TandemError(f"cannot store a large message: {exc}") from None
+        self._sent(up.frame, up.message, up.tx)
 
     def _sent(self, frame: st.Frame, message: Message, tx: Transaction | None) -> None:
         """Route a SEND's message (now, or at its transaction's commit), its receipt after."""
@@ -860,6 +897,8 @@ class StompConnection(asyncio.Protocol):
 _HANDLERS: dict[str, Callable[[StompConnection, st.Frame], None]] = {
     command: getattr(StompConnection, f"on_{command.lower()}") for command in st.CLIENT_COMMANDS
 }
+_HANDLERS[st.BODY_PART] = StompConnection.on_body_part
+_HANDLERS[st.BODY_END] = StompConnection.on_body_end
 
 
 def _is_multicast(po: Any, address: str) -> bool:
@@ -929,3 +968,20 @@ class BodyStream:
         fd, self.fd = self.fd, None
         if fd is not None:
             os.close(fd)
+
+
+class LargeSend:
+    """A SEND whose body (over min-large-message-size) streams into a large message's file."""
+
+    __slots__ = ("file", "frame", "message", "tx")
+
+    def __init__(self, message: Message, file: LargeUpload, frame: st.Frame, tx: Transaction | None) -> None:
+        self.message = message
+        self.file: LargeUpload | None = file
+        self.frame = frame
+        self.tx = tx
+
+    def discard(self) -> None:
+        f, self.file = self.file, None
+        if f is not None:
+            f.discard()
