@@ -136,6 +136,25 @@ def test_compressed_large_message_arrives_whole(broker: BrokerProcess) -> None:
         assert m is not None and m.body == data
 
 
+def test_empty_and_exact_threshold_streams(broker: BrokerProcess) -> None:
+    """send_stream always makes a large message, even of an empty body; `send` of a body of
+    exactly min_large_message_size bytes is an ordinary one (only a body over it is large)."""
+    with tandem.connect(url(broker)) as c, c.session() as s:
+        s.create_queue(QUEUE)
+        p = s.create_producer(QUEUE)
+        p.send_stream(io.BytesIO(b""))
+        p.send(b"e" * CHUNK)
+        p.send_stream(b"tiny")
+        cons = s.create_consumer(QUEUE)
+        got = [cons.receive(5) for _ in range(3)]
+        assert [(m.large, m.body) for m in got if m is not None] == [
+            (True, b""),
+            (False, b"e" * CHUNK),
+            (True, b"tiny"),
+        ]
+    assert wait_for(lambda: files(broker) == [])
+
+
 def test_ordering_with_small_messages_around_a_large_one(broker: BrokerProcess) -> None:
     """Queued before the consumer comes: the broker streams the large one over several loop passes,
     and the small one after it waits for its last chunk (it is not written between them)."""

@@ -751,8 +751,6 @@ class AsyncConsumer:
         old, self._arriving = self._arriving, msg
         if old is not None and old._large is not None:
             old._large.close()
-        if pkt.size == 0:
-            self._on_chunk(p.DeliverChunk(pkt.channel, pkt.consumer_id, pkt.message_id, 0, b"", True))
 
     def _on_chunk(self, pkt: p.DeliverChunk) -> None:
         msg = self._arriving
