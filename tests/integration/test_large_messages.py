@@ -203,6 +203,23 @@ def test_transaction_rollback_discards_the_file_and_commit_delivers(broker: Brok
             assert s.create_consumer(QUEUE).receive(0.3) is None
 
 
+def test_kill_with_an_uncommitted_large_message_leaves_nothing(broker: BrokerProcess) -> None:
+    """Its body complete (a whole .msg file) but its transaction never committed: after kill -9
+    the file has no record, is removed at start, and nothing is delivered."""
+    data = body(3 * CHUNK, seed=15)
+    with tandem.connect(url(broker)) as c:
+        with c.session() as s:
+            s.create_queue(QUEUE)
+        tx = c.session(transacted=True)
+        tx.create_producer(QUEUE).send(data)
+        assert [n for n in files(broker) if n.endswith(".msg")], files(broker)
+        broker.kill()
+    broker.start()
+    assert files(broker) == []
+    with tandem.connect(url(broker)) as c, c.session() as s:
+        assert s.create_consumer(QUEUE).receive(0.3) is None
+
+
 def test_multicast_file_stays_until_every_queue_acked(broker: BrokerProcess) -> None:
     data = body(2 * CHUNK + 1, seed=5)
     with tandem.connect(url(broker)) as c, c.session() as s:
@@ -217,6 +234,30 @@ def test_multicast_file_stays_until_every_queue_acked(broker: BrokerProcess) -> 
         m = s.create_consumer("sub.b").receive(5)
         assert m is not None and m.body == data
     assert wait_for(lambda: files(broker) == [])
+
+
+def test_dead_lettered_large_message_keeps_its_body_across_a_restart(broker_factory: Factory) -> None:
+    """A large message that fails its last delivery moves to the dead-letter address: the copy
+    shares the file, survives a restart whole, and the file goes once the copy is acknowledged."""
+    b = broker_factory(address_settings={QUEUE: {"dead-letter-address": "DLQ", "max-delivery-attempts": 1}}).start()
+    data = body(5 * CHUNK, seed=14)
+    with tandem.connect(url(b)) as c, c.session(ack_mode="client") as s:
+        s.create_queue(QUEUE)
+        s.create_queue("DLQ")
+        s.create_producer(QUEUE).send(data)
+        m = s.create_consumer(QUEUE).receive(5)
+        assert m is not None
+        m.nack()
+        assert len(files(b)) == 1
+    b.stop()
+    b.start()
+    assert len(files(b)) == 1
+    with tandem.connect(url(b)) as c, c.session() as s:
+        assert s.create_consumer(QUEUE).receive(0.3) is None
+        d = s.create_consumer("DLQ").receive(5)
+        assert d is not None and d.large and d.body == data
+        assert d.properties["_AMQ_ORIG_QUEUE"] == QUEUE
+    assert wait_for(lambda: files(b) == []), files(b)
 
 
 def test_non_durable_large_message_file_goes_when_consumed(broker: BrokerProcess) -> None:
