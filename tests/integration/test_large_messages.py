@@ -602,3 +602,34 @@ def test_a_message_far_larger_than_the_broker_memory_growth_allows(broker: Broke
     # (measured: about 7 MiB for 256 MiB; a body held whole would add at least its own size)
     assert growth < 32 << 20, f"broker peak RSS grew by {growth >> 20} MiB for a {BIG >> 20} MiB message"
     assert wait_for(lambda: files(broker) == [])
+
+
+def test_deleting_a_queue_removes_its_large_messages_files(broker: BrokerProcess) -> None:
+    with tandem.connect(url(broker)) as c, c.session() as s:
+        s.create_queue(QUEUE)
+        p = s.create_producer(QUEUE)
+        for i in range(3):
+            p.send(body(2 * CHUNK, seed=20 + i))
+        assert len(files(broker)) == 3
+        assert s.delete_queue(QUEUE, force=True) == 3
+    assert wait_for(lambda: files(broker) == []), files(broker)
+
+
+def test_without_persistence_large_messages_still_live_in_files(broker_factory: Factory) -> None:
+    """persistence-enabled = false: the body is still never held in memory (a file), the file goes
+    when consumed, and a restart starts with an empty directory."""
+    b = broker_factory(persistence_enabled=False).start()
+    data = body(4 * CHUNK, seed=30)
+    with tandem.connect(url(b)) as c, c.session() as s:
+        s.create_queue(QUEUE)
+        p = s.create_producer(QUEUE)
+        p.send(data)
+        p.send(data)
+        assert len(files(b)) == 2
+        m = s.create_consumer(QUEUE).receive(5)
+        assert m is not None and m.body == data
+        assert wait_for(lambda: len(files(b)) == 1), files(b)
+    b.kill()
+    assert len(files(b)) == 1
+    b.start()
+    assert files(b) == []
