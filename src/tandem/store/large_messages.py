@@ -150,9 +150,7 @@ class LargeUpload:
         self.size = 0
         self._unsynced = 0
         self._syncing = False
-        io = store.io
-        io.create(self.part, 0, None)
-        self._fd: int | None = io.open(self.part)
+        self._fd: int | None = store.io.create_empty(self.part)
 
     def write(self, data: bytes) -> None:
         fd = self._fd
