@@ -12,6 +12,7 @@ last of the two to go removes it, after the record's deletion is on disk.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -166,8 +167,6 @@ class LargeUpload:
 
     def _background_sync(self, fd: int) -> None:
         """Sync what is written so far off the loop, so the final sync has little left to do."""
-        import asyncio
-
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
