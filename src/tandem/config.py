@@ -202,6 +202,10 @@ class BrokerConfig(_Conf, frozen=True):
 
     # Wire limits and liveness.
     max_frame_size: int = 100 * MiB
+    # Large messages (docs/storage.md): a STOMP body over this is streamed into a file under
+    # large-messages/; also the size of the chunks the broker delivers a large message in. Native
+    # clients decide for themselves (their `min_large_message_size` option), as in Artemis.
+    min_large_message_size: int = 100 * KiB
     connection_ttl: int = 60_000
     connection_ttl_override: int = -1
     connection_ttl_max: int = 300_000  # the longest TTL (or heart-beat) a client may ask for
@@ -263,6 +267,7 @@ class BrokerConfig(_Conf, frozen=True):
         _check_positive(self, "journal_buffer_size", minimum=4 * KiB)
         _check_positive(self, "journal_compact_min_files", minimum=0)
         _check_positive(self, "max_frame_size", minimum=1 * KiB)
+        _check_positive(self, "min_large_message_size", minimum=1 * KiB)
         _check_positive(self, "connection_ttl", minimum=100)
         _check_positive(self, "connection_check_period", minimum=10)
         _check_positive(self, "connection_ttl_max", minimum=100)

@@ -105,7 +105,8 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                         per_queue[queues.get(qid, f"#{qid}")] += 1
                 if records:
                     print(
-                        f"   message {rid}: refs={m.refs} size={len(m.message)} updates={len(lr.updates or ())}",
+                        f"   message {rid}: refs={m.refs} size={len(m.message)} updates={len(lr.updates or ())}"
+                        + (f" large={m.large.file}:{m.large.size}" if m.large is not None else ""),
                         file=out,
                     )
     print("== messages per queue", file=out)

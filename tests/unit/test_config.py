@@ -28,6 +28,7 @@ name = "edge-1"
 data-directory = "/var/lib/tandem"
 persistence-enabled = false
 max-frame-size = 2097152
+min-large-message-size = 262144
 connection-ttl = 30000
 connection-ttl-override = 45000
 connection-ttl-max = 120000
@@ -203,6 +204,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
             AddressConfig(name="prices", routing_type="multicast"),
         ],
         max_frame_size=2 * 1024 * 1024,
+        min_large_message_size=256 * 1024,
         connection_ttl=30_000,
         connection_ttl_override=45_000,
         connection_ttl_max=120_000,
@@ -382,6 +384,7 @@ def test_good_bind_values(tmp_path: Path, bind: str, expected: tuple[str, int]) 
         "journal-pool-files = -1",
         "journal-buffer-size = 100",
         "max-frame-size = 10",
+        "min-large-message-size = 1000",
         "connection-ttl = 5",
         "connection-check-period = 1",
         "default-consumer-window-size = -5",

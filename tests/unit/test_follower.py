@@ -230,3 +230,83 @@ def test_a_warm_up_in_short_polls_lists_the_directory_once_per_pass_not_per_poll
     assert done is True and set(follower.live) == set(range(1, 12_001))
     assert polls > 10, polls
     assert listings <= 3, f"{listings} listings in {polls} polls"
+
+
+def test_follower_and_cold_load_agree_on_large_messages(tmp_path: Path) -> None:
+    """Large messages (bodies in files under large-messages/): a warm takeover and a cold load
+    hold the same ones with the same files; one whose file was lost is dropped by both (never
+    delivered), and a file no record names (a crashed upload) is removed."""
+    cfg = load_config(
+        None,
+        data_directory=str(tmp_path),
+        journal_file_size=64 * 1024,
+        journal_buffer_timeout=0,
+        acceptors=[{"name": "n", "bind": "127.0.0.1:0"}],
+    )
+
+    def snap(broker: Broker) -> list[tuple[int, str, int]]:
+        q = broker.postoffice.queues["big"]
+        out = []
+        for r in q.iter_refs():
+            lg = r.message.large
+            assert lg is not None
+            assert (tmp_path / "large-messages" / lg.name).stat().st_size == lg.size
+            out.append((r.message.id, lg.name, lg.size))
+        return out
+
+    async def main() -> tuple[list[Any], list[Any], list[Any]]:
+        from tandem.core.message import Message, MessageData
+        from tandem.core.session import ServerSession
+
+        writer = Broker(cfg)
+        await writer.start()
+        follower = StoreFollower(tmp_path, journal_settings(cfg))
+        po = writer.postoffice
+        session = ServerSession(po, None)
+        po.create_queue("big")
+        large = writer.storage.large  # type: ignore[union-attr]
+        for i in range(6):
+            m = Message.create(po.ids.next(), MessageData("big", True, body=b""))
+            up = large.upload(m.id)
+            for _ in range(3):
+                up.write(bytes([i]) * 10_000)
+            m.large = up.finish(False)
+            session.send_message(m)
+            del m
+            await asyncio.sleep(0.005)
+            assert follower.poll() is not False, follower.problem
+        q = po.queues["big"]
+        first = next(iter(q.iter_refs()))
+        q._remove_queued(first)
+        q.delivering_count += 1
+        q.acknowledge([first])  # its file goes once the DELETE is synced
+        del first
+        await asyncio.sleep(0.05)
+        stray = large.upload(po.ids.next())  # an upload a crash interrupted
+        stray.write(b"partial")
+        expected = snap(writer)
+        assert len(expected) == 5
+        await writer.storage.stop()
+        writer.node_manager.close()  # type: ignore[union-attr]
+        assert follower.poll() is not False, follower.problem
+        lost = expected[2]
+        (tmp_path / "large-messages" / lost[1]).unlink()  # a disk that lost a synced file
+        warm = Broker(cfg)
+        warm.node_manager = None
+        storage = follower.finish()
+        assert storage is not None, follower.problem
+        warm.storage = storage
+        warm._load()
+        got_warm = snap(warm)
+        await warm.storage.stop()
+        cold = Broker(cfg)
+        cold.storage = type(storage)(tmp_path, journal_settings(cfg))
+        cold._load()
+        got_cold = snap(cold)
+        await cold.storage.stop()
+        return [e for e in expected if e != lost], got_warm, got_cold
+
+    expected, warm, cold = asyncio.run(main())
+    assert warm == expected
+    assert cold == expected
+    assert sorted(p.name for p in (tmp_path / "large-messages").iterdir()) == sorted(n for _, n, _ in expected)

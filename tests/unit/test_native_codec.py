@@ -20,6 +20,7 @@ from tandem.errors import (
     error_for,
 )
 from tandem.protocol import native as n
+from tandem.protocol.large import ChunkCounter
 from tandem.protocol.native import MAGIC, ClientPacket, FrameReader, ServerPacket, encode, encode_many
 
 MAX = 64 * 1024
@@ -65,6 +66,14 @@ SAMPLES: list[n.Packet] = [
     n.Exception_(1, 8, int(ErrorCode.QUEUE_DOES_NOT_EXIST), "no such queue"),
     n.Deliver(1, 7, 42, 2, 17, RAW),
     n.ConsumerClosed(1, 7, int(ErrorCode.SHUTTING_DOWN), "bye"),
+    n.LargeBegin(1, RAW, 1 << 31, True),
+    n.LargeBegin(1, RAW),
+    n.LargeChunk(1, 0, b"\x00" * 100),
+    n.LargeEnd(1, 17, 3, 300),
+    n.LargeAbort(1),
+    n.DeliverLarge(1, 7, 42, 1, 17, RAW, 1 << 33, False),
+    n.DeliverChunk(1, 7, 42, 5, b"chunk", True),
+    n.DeliverChunk(1, 7, 42, 0, b""),
     n.ReplicaStart("tandem.cluster", "pw", "127.0.0.1:61617", "pair-1"),
     n.ReplicaStart("u", "p", "h:1"),
     n.ReplicaAck(2**40),
@@ -503,3 +512,61 @@ def test_invalid_utf8_in_every_string_of_every_packet(sample: n.Packet, where: s
         (got,) = packets
         assert type(got) is type(sample)
         assert any(bad in raw for raw in _raw_fields(got)), f"{path} of {sample!r} accepted"
+
+
+# ----------------------------------------------------------- large messages
+@given(
+    body=st.binary(max_size=4000),
+    chunk=st.integers(min_value=1, max_value=700),
+    cuts=st.lists(st.integers(min_value=0, max_value=6000), max_size=12),
+    announce=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_large_body_in_chunks_reassembles_through_any_cutting(
+    body: bytes, chunk: int, cuts: list[int], announce: bool
+) -> None:
+    """BEGIN + numbered CHUNKs + END, cut anywhere on the wire: the reader gives them back in order,
+    the counter accepts them, and the chunks' data joined is the body."""
+    pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)]
+    packets: list[n.Packet] = [n.LargeBegin(3, RAW, len(body) if announce else -1)]
+    packets += [n.LargeChunk(3, i, piece) for i, piece in enumerate(pieces)]
+    packets.append(n.LargeEnd(3, 9, len(pieces), len(body)))
+    got = _feed_all(client_reader(), split(MAGIC + encode_many(packets), cuts))
+    assert got == packets
+    counter = ChunkCounter(got[0].size)
+    joined = bytearray()
+    for c in got[1:-1]:
+        counter.chunk(c.index, len(c.data))
+        joined += c.data
+    counter.end(got[-1].chunks, got[-1].size)
+    assert bytes(joined) == body
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=8),
+    skip=st.integers(min_value=0, max_value=7),
+    how=st.sampled_from(["gap", "repeat", "short-end", "long-end", "over-announced"]),
+)
+@settings(max_examples=200, deadline=None)
+def test_large_chunk_counter_refuses_every_broken_sequence(sizes: list[int], skip: int, how: str) -> None:
+    """A gap, a repeated chunk, an end that does not match, or more bytes than announced: ProtocolError."""
+    total = sum(sizes)
+    k = skip % len(sizes)
+    counter = ChunkCounter(total if how != "over-announced" else max(total - 1, 0))
+    with pytest.raises(ProtocolError):
+        for i, size in enumerate(sizes):
+            if how == "gap" and i == k:
+                counter.chunk(i + 1, size)
+            counter.chunk(i, size)
+            if how == "repeat" and i == k:
+                counter.chunk(i, size)
+        if how == "over-announced" and total == 0:
+            counter.chunk(len(sizes), 1)
+        end = {"short-end": (len(sizes) - 1, total), "long-end": (len(sizes), total + 1)}.get(how, (len(sizes), total))
+        counter.end(*end)
+
+
+def test_large_chunk_counter_accepts_an_empty_body() -> None:
+    counter = ChunkCounter(0)
+    counter.end(0, 0)
+    assert counter.complete

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from tandem.errors import FrameTooLarge, ProtocolError
 from tandem.protocol.stomp import (
+    BODY_END,
+    BODY_PART,
     CLIENT_COMMANDS,
     SERVER_COMMANDS,
     VERSIONS,
@@ -597,3 +599,63 @@ def test_streams_of_mixed_frames_parse_the_same_in_any_chunking(
     assert parser(version, max_frame_size=1 << 20).feed(data) == expected
     p = parser(version, max_frame_size=1 << 20)
     assert [f for chunk in cut(data, cuts) for f in p.feed(chunk)] == expected
+
+
+# ------------------------------------------------------- streamed SEND bodies (large messages)
+def _collect(p: StompParser, pieces: list[bytes]) -> list[Frame]:
+    out: list[Frame] = []
+    for piece in pieces:
+        out += p.feed(piece)
+    return out
+
+
+@given(
+    body=st.binary(max_size=3000),
+    over=st.integers(min_value=0, max_value=100),
+    cuts=st.lists(st.integers(min_value=0, max_value=3200), max_size=10),
+    version=st.sampled_from(["1.0", "1.2"]),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_send_over_stream_over_comes_out_in_pieces_in_any_chunking(
+    body: bytes, over: int, cuts: list[int], version: str
+) -> None:
+    """SEND with a content-length over `stream_over`: the frame (empty body, streamed), its body
+    in pieces that join to the body, BODY_END; then the next frame parses as usual. Smaller
+    bodies come whole. The body may hold NULs and LFs (content-length says where it ends)."""
+    data = (
+        b"SEND\ndestination:/queue/a\ncontent-length:%d\n\n" % len(body) + body + b"\0\n"
+        b"SEND\ndestination:/queue/b\n\nafter\0"
+    )
+    p = parser(version, max_frame_size=256)  # smaller than most bodies: streaming is not limited by it
+    p.stream_over = over
+    frames = _collect(p, cut(data, cuts))
+    assert frames[-1] == Frame("SEND", {"destination": "/queue/b"}, b"after")
+    frames = frames[:-1]
+    if len(body) <= over:
+        assert frames == [Frame("SEND", {"destination": "/queue/a", "content-length": str(len(body))}, body)]
+        return
+    head, *parts, end = frames
+    assert head.command == "SEND" and head.streamed and head.body == b""
+    assert head.headers["content-length"] == str(len(body))
+    assert all(f.command == BODY_PART and f.body for f in parts)
+    assert b"".join(f.body for f in parts) == body
+    assert end.command == BODY_END
+    assert p.buffered == 0
+
+
+def test_a_streamed_body_without_its_nul_is_an_error() -> None:
+    p = parser()
+    p.stream_over = 4
+    frames = p.feed(b"SEND\ndestination:/queue/a\ncontent-length:10\n\n0123456")
+    assert [f.command for f in frames] == ["SEND", BODY_PART]
+    assert p.feed(b"789")[0].body == b"789"
+    with pytest.raises(StompError, match="NUL"):
+        p.feed(b"X")
+
+
+def test_only_send_frames_stream() -> None:
+    """Other frames with a body over the threshold are still held whole (and to max-frame-size)."""
+    p = parser(command="SEND")
+    p.stream_over = 2
+    (f,) = p.feed(b"BEGIN\ntransaction:t\ncontent-length:5\n\nhello\0")
+    assert f.command == "BEGIN" and not f.streamed and f.body == b"hello"

@@ -180,6 +180,13 @@ class Producer:
             return
         self._lt.run(self.aio.send(body, **fields))
 
+    def send_stream(
+        self, source: Any, size: int | None = None, *, message: Message | None = None, **fields: Any
+    ) -> None:
+        """Send a body read from `source` (a binary file object, or bytes) as a large message, a chunk
+        at a time, and wait for the confirmation (see AsyncProducer.send_stream)."""
+        self._lt.run(self.aio.send_stream(source, size, message=message, **fields), timeout=None)
+
     def send_async(self, body: Message | bytes | str, callback: SendCallback | None = None, **fields: Any) -> None:
         """Send without waiting for the confirmation; blocks only while the window is full.
 

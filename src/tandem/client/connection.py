@@ -25,6 +25,7 @@ import itertools
 import logging
 import socket
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
@@ -216,6 +217,10 @@ class _Protocol(asyncio.Protocol):
                     conn._handle(pkt)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             self.abort(ProtocolError(f"malformed packet from {conn.server}: {exc}"))
+        except ProtocolError as exc:  # e.g. a large message's chunks out of order
+            self.abort(exc)
+        except (OSError, zlib.error) as exc:  # a large body's spool file, or its decompression
+            self.abort(ProtocolError(f"cannot take a large message from {conn.server}: {exc}"))
 
     def abort(self, exc: TandemError) -> None:
         if self.transport is not None:
@@ -529,6 +534,14 @@ class AsyncConnection:
             ch = self.channels.get(pkt.channel)
             if ch is not None and ch.session is not None:
                 ch.session._deliver(pkt)
+        elif t is p.DeliverChunk:
+            ch = self.channels.get(pkt.channel)
+            if ch is not None and ch.session is not None:
+                ch.session._deliver_chunk(pkt)
+        elif t is p.DeliverLarge:
+            ch = self.channels.get(pkt.channel)
+            if ch is not None and ch.session is not None:
+                ch.session._deliver_large(pkt)
         elif t is p.Confirm:
             ch = self.channels.get(pkt.channel) if pkt.channel else self.control
             if ch is not None:
@@ -587,7 +600,8 @@ class AsyncConnection:
             return
         self._out.clear()
         self._writable.set()
-        if self.window > 0 and any(ch.session is not None for ch in self.channels.values()):
+        sessions = [ch.session for ch in self.channels.values() if ch.session is not None]
+        if self.window > 0 and sessions and not any(s.large_open for s in sessions):
             # Everything stays as it is: a reattach replays it, or `_unblock` fails it later.
             log.warning("connection to %s lost (%s): reattaching", self.server, exc.message)
             if self._reattaching is None:  # else lost again while reattaching: the first failure counts

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import os
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..core.message import DEFAULT_PRIORITY, PROPERTY_TYPES, MessageData, Properties, RoutingType
 from ..errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from .large import LargeBody
     from .session import AsyncConsumer
 
 _time_ns = time.time_ns
@@ -61,7 +64,7 @@ class ReceivedMessage:
     """A delivered message. `ack()` acknowledges it (cumulatively in `client` ack mode)."""
 
     id: int
-    body: bytes
+    _body: bytes
     address: str
     properties: dict[str, Any]
     durable: bool
@@ -74,6 +77,31 @@ class ReceivedMessage:
     size: int
     _consumer: AsyncConsumer | None = field(default=None, repr=False)
     _generation: int = field(default=0, repr=False)  # which connection delivered it (failover voids older ones)
+    _large: LargeBody | None = field(default=None, repr=False)  # a large message's body (a spooled file)
+
+    @property
+    def body(self) -> bytes:
+        """The whole body (a large message's is read from its spool file: prefer `body_stream()`)."""
+        return self._body if self._large is None else self._large.read()
+
+    @property
+    def large(self) -> bool:
+        """Whether the body came as a large message (in chunks, kept in a spooled file)."""
+        return self._large is not None
+
+    def body_stream(self) -> IO[bytes]:
+        """The body as a binary file object from its start (for any message; large ones are not in memory)."""
+        if self._large is None:
+            return io.BytesIO(self._body)
+        return self._large.stream()
+
+    def save_body(self, path: str | os.PathLike[str]) -> int:
+        """Write the body to `path`; returns its size in bytes."""
+        if self._large is None:
+            with open(path, "wb") as out:
+                out.write(self._body)
+            return len(self._body)
+        return self._large.save(path)
 
     @property
     def redelivered(self) -> bool:

@@ -40,6 +40,10 @@ class ConnectOptions:
     username: str | None = None
     password: str | None = None
     max_frame_size: int = 100 * 1024 * 1024
+    # A body over this is streamed to the broker in chunks of this size as a large message (the
+    # client decides, as in Artemis); -1: never (bodies go whole, up to max_frame_size).
+    min_large_message_size: int = 100 * 1024
+    compress_large_messages: bool = False  # zlib a large body on the client (the broker stores what it gets)
 
     def __post_init__(self) -> None:
         if self.reconnect_attempts < -1 or self.initial_connect_attempts < -1:
@@ -57,6 +61,8 @@ class ConnectOptions:
             raise InvalidArgument("`confirmation_window_size` must be -1 (off) or a byte count > 0")
         if self.consumer_window_size < -2:
             raise InvalidArgument("`consumer_window_size` must be -1 (unbounded), 0 (pull) or a byte count")
+        if self.min_large_message_size != -1 and not 1024 <= self.min_large_message_size <= self.max_frame_size // 2:
+            raise InvalidArgument("`min_large_message_size` must be -1 (off) or from 1024 to half of `max_frame_size`")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ConnectOptions)}

@@ -29,6 +29,7 @@ from ..errors import (
     ConnectionLost,
     IllegalState,
     InvalidArgument,
+    ProtocolError,
     StaleAcknowledge,
     TandemError,
     TransactionOutcomeUnknown,
@@ -36,6 +37,7 @@ from ..errors import (
     Unblocked,
 )
 from ..protocol import native as p
+from .large import LargeBody, Rewind, Source, body_size, pieces
 from .message import Message, ReceivedMessage
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ ACK_MODES = ("auto", "client", "individual")
 # of a busy broker sat with an empty window while its credit waited for a turn (4+4 p99 halved).
 _CREDIT_RETURN_PART = 4
 _decode_data = msgspec.msgpack.Decoder(MessageData).decode
+_encode = msgspec.msgpack.Encoder().encode
 
 Listener = Callable[[ReceivedMessage], Any]
 SendCallback = Callable[[BaseException | None], None]
@@ -95,6 +98,11 @@ class AsyncSession:
         self._resend: list[Pending] = []
         self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
+        self.sending_large = False  # a large message's chunks are going out (one at a time per session)
+        # Large sends begun and not answered yet: their chunks are not kept for a reattach, so a
+        # connection lost meanwhile reconnects instead (the send starts again from its start).
+        self.large_open = 0
+        self._large_done: asyncio.Future[None] | None = None
 
     def set_send_acknowledgement_handler(self, handler: SendAckHandler | None) -> None:
         """Confirm sends asynchronously: from now on a producer's `send()` of this session returns
@@ -360,6 +368,16 @@ class AsyncSession:
         if c is not None:
             c._on_deliver(pkt)
 
+    def _deliver_large(self, pkt: p.DeliverLarge) -> None:
+        c = self.consumers.get(pkt.consumer_id)
+        if c is not None:
+            c._on_deliver_large(pkt)
+
+    def _deliver_chunk(self, pkt: p.DeliverChunk) -> None:
+        c = self.consumers.get(pkt.consumer_id)
+        if c is not None:
+            c._on_chunk(pkt)
+
     def _consumer_closed(self, cid: int, err: TandemError) -> None:
         c = self.consumers.pop(cid, None)
         if c is not None:
@@ -470,6 +488,9 @@ class AsyncProducer:
         transacted = session.transacted
         if data.dedup_id is None and data.durable and not transacted and conn.options.auto_dedup:
             data.dedup_id = f"{self._dedup_prefix}{next(self._sent)}"
+        threshold = conn.options.min_large_message_size
+        if 0 <= threshold < len(data.body):
+            return self._send_large_now(data, callback)
         credits = self._credits
         c = credits.get(data.address)
         if c is not None and c >= 0:
@@ -488,6 +509,148 @@ class AsyncProducer:
             return fut
         conn.pipeline(ch, p.SendData(ch.id, cmd, data), partial(self._confirmed, callback), resend)
         return None
+
+    # --------------------------------------------------------- large messages
+    def _begin_large(self, data: MessageData, size: int) -> tuple[Channel, int]:
+        """LARGE_BEGIN for `data` (its body goes in the chunks); the channel and the chunk size."""
+        session = self.session
+        conn = session.conn
+        opts = conn.options
+        step = min(opts.min_large_message_size, opts.max_frame_size // 2)
+        header = msgspec.structs.replace(data, body=b"")
+        ch = session.channel
+        compress = opts.compress_large_messages
+        # Compressed, the size that goes is known only at the end.
+        conn.send_packet(p.LargeBegin(ch.id, msgspec.Raw(_encode(header)), -1 if compress else size, compress))
+        session.large_open += 1
+        if session.transacted:
+            session._tx_work = True
+        return ch, step
+
+    def _end_large(self, ch: Channel, chunks: int, size: int, waiter: Any) -> None:
+        self.in_flight += 1
+        cmd = ch.cmd()
+        self.session.conn.pipeline(ch, p.LargeEnd(ch.id, cmd, chunks, size), waiter, None)
+
+    def _send_large_now(self, data: MessageData, callback: SendCallback | None) -> asyncio.Future[None] | None:
+        """A large bytes body from `send_nowait`: every chunk written now (the caller holds the
+        body anyway). Not resent after a failover: the send fails with Unblocked."""
+        conn = self.session.conn
+        if self.session.sending_large:
+            raise IllegalState("a large message is being streamed on this session: send this one with send()")
+        ch, step = self._begin_large(data, len(data.body))
+        n = total = 0
+        for piece in pieces(data.body, step, conn.options.compress_large_messages):
+            conn.send_packet(p.LargeChunk(ch.id, n, piece))
+            n += 1
+            total += len(piece)
+        session = self.session
+
+        def answered(*_: object) -> None:
+            session.large_open -= 1
+
+        if callback is None:
+            fut: asyncio.Future[None] = conn.loop.create_future()
+            fut.add_done_callback(self._done_future)
+            fut.add_done_callback(answered)
+            self._end_large(ch, n, total, fut)
+            return fut
+
+        def confirmed(exc: BaseException | None) -> None:
+            answered()
+            self._confirmed(callback, exc)
+
+        self._end_large(ch, n, total, confirmed)
+        return None
+
+    async def send_stream(
+        self, source: Source, size: int | None = None, *, message: Message | None = None, **fields: Any
+    ) -> None:
+        """Send a body read from `source` (a binary file object, or bytes) as a large message,
+        a chunk at a time, and wait for the confirmation. `message` (or keyword fields) gives the
+        rest of the message (its own body is ignored). A failover mid-send sends it again from
+        the start when the source can seek back and the send has a dedup id (durable sends get
+        one with `auto_dedup`); otherwise it raises Unblocked and the application sends again."""
+        msg = message if message is not None else Message(b"", **fields)
+        if message is not None and fields:
+            raise InvalidArgument("pass either a message or keyword fields, not both")
+        data = msg.to_data(self.address)
+        data.body = b""
+        session = self.session
+        if data.dedup_id is None and data.durable and not session.transacted and session.conn.options.auto_dedup:
+            data.dedup_id = f"{self._dedup_prefix}{next(self._sent)}"
+        await self._send_large(data, source, body_size(source) if size is None else size)
+
+    async def _send_large(self, data: MessageData, source: Source, size: int) -> None:
+        session = self.session
+        conn = session.conn
+        while session.sending_large:  # one large send at a time per session: wait for the current one
+            session._check()
+            assert session._large_done is not None
+            await asyncio.shield(session._large_done)
+        done: asyncio.Future[None] = conn.loop.create_future()
+        session._large_done = done
+        session.sending_large = True
+        rewind = Rewind(source)
+        try:
+            while True:
+                try:
+                    await self._send_large_once(data, source, size)
+                    return
+                except Unblocked:
+                    if data.dedup_id is None or session.transacted or not rewind.possible or conn.closed:
+                        raise
+                    log.warning("a large message was interrupted by a failover: sending it again from its start")
+                    rewind.rewind()
+                    await conn.wait_ready()
+        finally:
+            session.sending_large = False
+            if session._large_done is done:
+                session._large_done = None
+            done.set_result(None)
+
+    async def _send_large_once(self, data: MessageData, source: Source, size: int) -> None:
+        session = self.session
+        conn = session.conn
+        await self.ready()
+        generation = conn.generation
+        ch, step = self._begin_large(data, size)
+        try:
+            await self._stream_large(ch, step, source, generation)
+        finally:
+            session.large_open -= 1
+
+    async def _stream_large(self, ch: Channel, step: int, source: Source, generation: int) -> None:
+        conn = self.session.conn
+
+        def check() -> None:
+            if conn.generation != generation or not conn.ready:
+                raise Unblocked("the connection failed while a large message was being sent")
+
+        try:
+            n = total = 0
+            for piece in pieces(source, step, conn.options.compress_large_messages):
+                check()
+                conn.send_packet(p.LargeChunk(ch.id, n, piece))
+                n += 1
+                total += len(piece)
+                await asyncio.sleep(0)  # the chunk goes out (the flush runs): the socket paces us
+                await conn.drain()
+            check()
+        except Unblocked:
+            raise
+        except BaseException:
+            if conn.generation == generation and conn.ready:
+                conn.send_packet(p.LargeAbort(ch.id))  # the broker drops what it has
+            raise
+        fut: asyncio.Future[None] = conn.loop.create_future()
+        fut.add_done_callback(self._done_future)
+        self._end_large(ch, n, total, fut)
+        timeout = conn.options.call_timeout / 1000
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise CallTimeout(f"send not confirmed within {timeout:.1f}s (call_timeout)") from None
 
     def _confirmed(self, callback: SendCallback, exc: BaseException | None) -> None:
         self._done()
@@ -543,6 +706,15 @@ class AsyncProducer:
         msg = as_message(body, **fields)
         address = msg.address or self.address
         size = _size(msg) if address is not None else 0
+        threshold = self.session.conn.options.min_large_message_size
+        if 0 <= threshold < size:  # streamed a chunk at a time; confirmed when this returns
+            await self.send_stream(msg.body.encode() if isinstance(msg.body, str) else msg.body, message=msg)
+            if callback is not None:
+                callback(None)
+                return None
+            fut: asyncio.Future[None] = self.session.conn.loop.create_future()
+            fut.set_result(None)
+            return fut
         if not self.has_room(address, size):
             await self.ready(address, size)
         return self.send_nowait(msg, callback)
@@ -598,6 +770,7 @@ class AsyncConsumer:
         # What a reattach tells the server (deliveries received, credit granted), on this server.
         self.received = 0
         self.flowed = 0
+        self._arriving: ReceivedMessage | None = None  # a large message whose chunks are coming
 
     def _create_packet(self, cmd: int) -> p.CreateConsumer:
         ch = self.session.channel
@@ -626,6 +799,32 @@ class AsyncConsumer:
         if w is not None and not w.done():
             w.set_result(None)
 
+    def _on_deliver_large(self, pkt: p.DeliverLarge) -> None:
+        raw = pkt.message
+        msg = ReceivedMessage.from_data(_decode_data(raw), pkt.message_id, pkt.delivery_count, pkt.seq, len(raw))
+        msg._large = LargeBody(pkt.size, pkt.compressed)
+        if not self.browse_only:
+            msg._consumer = self
+        msg._generation = self.generation
+        self._pull_pending = False
+        old, self._arriving = self._arriving, msg
+        if old is not None and old._large is not None:
+            old._large.close()
+
+    def _on_chunk(self, pkt: p.DeliverChunk) -> None:
+        msg = self._arriving
+        if msg is None or msg.id != pkt.message_id or msg._large is None:
+            raise ProtocolError(f"a chunk of message {pkt.message_id}, which is not arriving")
+        msg._large.add(pkt.index, pkt.data, pkt.last)
+        if not pkt.last:
+            return
+        self._arriving = None
+        self.received += 1  # whole: a reattach counts it delivered (a part lost is sent again)
+        self.buffer.append(msg)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
     def _mark_closed(self, err: TandemError | None) -> None:
         self.closed = True
         self.error = err
@@ -635,6 +834,9 @@ class AsyncConsumer:
 
     def _transport_lost(self, exc: TandemError) -> None:
         """Deliveries from the old server are void: the new one sends them again."""
+        arriving, self._arriving = self._arriving, None
+        if arriving is not None and arriving._large is not None:
+            arriving._large.close()
         self.buffer.clear()
         self._consumed = 0
         self._pull_pending = False

@@ -10,6 +10,7 @@ and into every delivery.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
@@ -84,6 +85,32 @@ _sent_decoder = msgspec.msgpack.Decoder(SentHeader)
 _data_encoder = msgspec.msgpack.Encoder()
 
 
+class LargeBody:
+    """A large message's body: a file of the store's (store/large_messages.py), not bytes.
+
+    One per message object holding it; when the last such object is freed, `release` tells
+    the store, which removes the file once no journal record names it either."""
+
+    __slots__ = ("compressed", "name", "release", "size")
+
+    def __init__(self, name: str, size: int, compressed: bool, release: Callable[[str], None] | None) -> None:
+        self.name = name
+        self.size = size  # bytes in the file (compressed ones, if the producer compressed)
+        self.compressed = compressed
+        self.release = release
+
+    def __del__(self) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            try:
+                release(self.name)
+            except Exception:  # a finalizer must not raise (interpreter shutdown); a start-up cleans up
+                pass
+
+    def __repr__(self) -> str:
+        return f"LargeBody({self.name!r}, size={self.size})"
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -106,6 +133,7 @@ class Message(msgspec.Struct, gc=False, eq=False):
     properties: Properties | None
     raw: msgspec.Raw | bytes
     durable_refs: int = 0
+    large: LargeBody | None = None  # the body is a file; `raw` holds the message without it
 
     @classmethod
     def decode(cls, mid: int, raw: msgspec.Raw | bytes, sent: bool = False) -> Message:

@@ -305,6 +305,7 @@ class PostOffice:
             data.body,
         )
         nm = Message.create(self.ids.next(), copy)
+        nm.large = m.large  # a large body's file is shared by the copy (kept while either needs it)
         ops: list[object] = []
         try:
             refs = self._store(nm, self.route(nm), ops)

@@ -390,6 +390,10 @@ class Queue:
                 self.delivering_count += 1
                 c.deliver(ref)
                 delivered += 1
+                if m.large is not None:
+                    # Its chunks go out over several loop passes; the sink is not ready again until
+                    # the last is out (it then asks for delivery again), so nothing overtakes it.
+                    return delivered
         return delivered
 
     def _dispatch_browsers(self) -> int:

@@ -236,6 +236,11 @@ class Journal:
         self._cur_off = last.file.size if full else last.end.offset
 
     @property
+    def started(self) -> bool:
+        """Whether records may be written (start ran, no stop since)."""
+        return self._writer is not None
+
+    @property
     def torn_tail(self) -> str | None:
         """The torn tails a load found (repaired unless read-only), or None."""
         return "; ".join(self.torn_tails) if self.torn_tails else None

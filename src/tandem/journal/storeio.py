@@ -57,6 +57,14 @@ class StoreIO:
         if self.ops is not None:
             self.ops.append(FileOp(CREATE, name, size, key=-1 if key is None else key))
 
+    def create_empty(self, name: str) -> int:
+        """A new empty file, opened for writing (not synced: its writer syncs it when it is
+        complete, as a large message's body is); the backup creates it too."""
+        fd = os.open(self.directory / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        if self.ops is not None:
+            self.ops.append(FileOp(CREATE, name, 0, key=-1))
+        return fd
+
     def note_write(self, name: str, offset: int, buffers: Sequence[bytes]) -> None:
         """A write the caller is about to make itself (the journal's batches: the backup gets them
         first, see Writer.write_batch); only noted, and only with a tap."""

@@ -205,6 +205,37 @@ class Reattach(Packet, tag=24):
     channels: list[ReattachChannel] = []
 
 
+# Large messages (docs/protocol.md): a body over the client's min-large-message-size goes as
+# LARGE_BEGIN (the message without its body), LARGE_CHUNKs numbered from 0, and LARGE_END, the
+# one command of the three (confirmed like a SEND). One large send at a time per channel.
+class LargeBegin(Packet, tag=25):
+    channel: int
+    message: msgspec.Raw  # MessageData with an empty body
+    size: int = -1  # the body's size when known (-1: not known until LARGE_END)
+    compressed: bool = False  # the chunks are a zlib stream (the client compressed the body)
+
+
+class LargeChunk(Packet, tag=26):
+    channel: int
+    index: int  # 0, 1, 2...: a gap or repeat is a protocol error
+    data: bytes
+
+
+class LargeEnd(Packet, tag=27):
+    """The body is complete: `chunks` chunks of `size` bytes in all (checked by the broker)."""
+
+    channel: int
+    cmd: int
+    chunks: int
+    size: int
+
+
+class LargeAbort(Packet, tag=28):
+    """The client gives up the large send in progress (its source failed): the broker discards it."""
+
+    channel: int
+
+
 class Manage(Packet, tag=20):
     """An administrative call: `op` names it, `args` are its keyword arguments."""
 
@@ -268,6 +299,29 @@ class Received(Packet, tag=37):
 
     channel: int
     upto: int
+
+
+class DeliverLarge(Packet, tag=38):
+    """A large message's header; its body follows as DELIVER_CHUNKs for the same consumer and
+    message, before anything else for that consumer."""
+
+    channel: int
+    consumer_id: int
+    message_id: int
+    delivery_count: int
+    seq: int
+    message: msgspec.Raw  # MessageData with an empty body
+    size: int  # the body's bytes as stored (compressed, if it is)
+    compressed: bool = False
+
+
+class DeliverChunk(Packet, tag=39):
+    channel: int
+    consumer_id: int
+    message_id: int
+    index: int
+    data: bytes
+    last: bool = False
 
 
 class ConsumerClosed(Packet, tag=34):
@@ -367,6 +421,10 @@ ClientPacket = (
     | ReadRange
     | AckUpTo
     | Reattach
+    | LargeBegin
+    | LargeChunk
+    | LargeEnd
+    | LargeAbort
     | ReplicaStart
     | ReplicaAck
     | ReplicaSynced
@@ -383,6 +441,8 @@ ServerPacket = (
     | Response
     | Exception_
     | Deliver
+    | DeliverLarge
+    | DeliverChunk
     | ConsumerClosed
     | RangeResult
     | Reattached

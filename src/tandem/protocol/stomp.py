@@ -38,6 +38,7 @@ class Frame(msgspec.Struct, gc=False):
     command: str
     headers: dict[str, str] = msgspec.field(default_factory=dict)
     body: bytes = b""
+    streamed: bool = False  # a SEND whose body follows as BODY_PART frames and a BODY_END (see StompParser)
 
     def get(self, name: str, default: str | None = None) -> str | None:
         return self.headers.get(name, default)
@@ -73,7 +74,12 @@ def escape(text: str, version: str) -> str:
 # What the buffer holds between reads (`_state`): nothing, the start of a frame whose header
 # block has not ended, a frame whose body ends at a known length, one whose body ends at a NUL,
 # or bytes held back after CONNECT (parsed once the connection has its version).
-_EMPTY, _HEAD, _LENGTH, _NUL, _HELD = range(5)
+_EMPTY, _HEAD, _LENGTH, _NUL, _HELD, _STREAM = range(6)
+
+# Pseudo-commands (no STOMP command starts with NUL): pieces of a streamed SEND's body, in order,
+# then its end (the NUL was there). Only a parser with `stream_over` set makes them.
+BODY_PART = "\0body"
+BODY_END = "\0end"
 
 
 class StompParser:
@@ -104,6 +110,11 @@ class StompParser:
         self._body_start = 0  # _LENGTH, _NUL: where the body starts in the buffer
         self._command = ""
         self._frame_headers: dict[str, str] = {}
+        self._left = 0  # _STREAM: body bytes still to come
+        # A SEND with a content-length over this (>= 0) is not buffered: its body comes out in
+        # pieces as it arrives (BODY_PART frames, then BODY_END), and max-frame-size does not limit
+        # it (a server's large messages). -1: every frame whole.
+        self.stream_over = -1
         self.heartbeats = 0
         self.failed: ProtocolError | None = None  # bad input after good frames of the same read
         # Work done on frames that span reads: bytes searched in the parser's own buffer and
@@ -133,7 +144,7 @@ class StompParser:
         # this read), kept from frame to frame: each search starts where the last one stopped, so
         # a read of many frames is searched about once, even when none ends its headers with LF LF.
         lf = cr = -1
-        if self._buf:
+        if self._buf or self._state == _STREAM:
             resumed = self._resume(data, out)
             if resumed is None:
                 return out
@@ -218,6 +229,13 @@ class StompParser:
                 length = ascii_int(length_text)
                 if length is None:
                     raise StompError(f"content-length must be ASCII digits, got {length_text[:20]!r}")
+                if command == "SEND" and 0 <= self.stream_over < length:
+                    out.append(Frame(command, headers, b"", True))
+                    after = self._stream(data, body_start, length, out)
+                    if after is None:
+                        return out
+                    pos = after
+                    continue
                 end = body_start + length
                 if end - pos >= limit:
                     raise FrameTooLarge(f"frame of {end - pos + 1} bytes exceeds {self._named(limit)}")
@@ -256,9 +274,31 @@ class StompParser:
         if headers is not None:
             self._command, self._frame_headers, self._body_start = command, headers, body - pos
 
+    def _stream(self, data: bytes, start: int, left: int, out: list[Frame]) -> int | None:
+        """Pass on up to `left` body bytes from data[start:], then expect the NUL: where parsing
+        goes on after it, or None (state _STREAM) when the body or its NUL is still to come."""
+        n = len(data)
+        take = min(left, n - start)
+        if take > 0:
+            out.append(Frame(BODY_PART, {}, data[start : start + take]))
+        left -= take
+        pos = start + take
+        if left or pos >= n:
+            self._state = _STREAM
+            self._left = left
+            return None
+        if data[pos] != 0:
+            raise StompError("frame body is not followed by NUL (content-length too short?)")
+        self._state = _EMPTY
+        out.append(Frame(BODY_END, {}))
+        return pos + 1
+
     def _resume(self, data: bytes, out: list[Frame]) -> tuple[bytes, int, int, int] | None:
         """Go on with the buffered frame: None while it is still incomplete, else the bytes to
         parse next, where to start, and where the header end lies in them if already known."""
+        if self._state == _STREAM:
+            pos = self._stream(data, 0, self._left, out)
+            return None if pos is None else (data, pos, -1, -1)
         buf = self._buf
         state = self._state
         if state == _LENGTH or state == _NUL:

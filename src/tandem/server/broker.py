@@ -198,7 +198,7 @@ class Broker:
                 log.warning("warm takeover not possible (%s): loading the journal", follower.problem or "compaction")
             self.storage = JournalStorage(cfg.data_path, journal_settings(cfg), tap)
         else:
-            self.storage = NullStorage()
+            self.storage = NullStorage(cfg.data_path / "large-messages")
         self._load()
         self.load_seconds = time.monotonic() - t0
         leftovers = self.storage.take_leftovers()

@@ -34,6 +34,7 @@ from ..errors import (
     wire_text,
 )
 from ..protocol import native as p
+from . import large
 from .link_writer import LinkWriter
 from .reattach import (
     CLOSED_REPLIES_KEPT,
@@ -62,7 +63,19 @@ _pack_len = p.LENGTH.pack
 class NativeSession:
     """Per-channel state: in-order confirmation of pipelined commands."""
 
-    __slots__ = ("batch_upto", "channel", "conn", "core", "dirty", "pending_durable", "storage", "sync")
+    __slots__ = (
+        "_pump_soon",
+        "batch_upto",
+        "channel",
+        "conn",
+        "core",
+        "dirty",
+        "pending_durable",
+        "storage",
+        "streams",
+        "sync",
+        "upload",
+    )
 
     def __init__(self, conn: NativeConnection, channel: int, core: ServerSession) -> None:
         self.conn = conn
@@ -73,6 +86,9 @@ class NativeSession:
         self.batch_upto = 0
         self.pending_durable = 0
         self.dirty = False
+        self.upload: large.Upload | None = None  # a large message arriving
+        self.streams: list[large.ChunkPump] = []  # large messages going out (the first is writing)
+        self._pump_soon = False
 
     # Confirmation ordering: a command is confirmed only after every earlier one.
     def completed(self, cmd: int, durable: bool) -> None:
@@ -100,13 +116,48 @@ class NativeSession:
     # DeliverySink
     @property
     def writable(self) -> bool:
-        return self.conn.writable
+        return self.conn.writable and not self.streams  # a large message's chunks go out in one run
 
     def deliver(self, consumer: Consumer, ref: MessageRef) -> None:
         m = ref.message
+        if m.large is not None:
+            try:
+                self.streams.append(large.ChunkPump(self, consumer, ref))
+            except OSError as exc:  # its file is gone: never deliver part of a message
+                log.error("large message %s cannot be delivered: %s", m.id, exc)
+                self.conn.fatal(InternalError(f"large message {m.id} cannot be read: {exc}"))
+                return
+            self.pump_streams()
+            return
         self.conn.write(
             _encode(p.Deliver(self.channel, consumer.id, m.id, ref.delivery_count + 1, ref.seq, m.raw))  # type: ignore[arg-type]
         )
+
+    def pump_streams(self) -> None:
+        """Write large messages' chunks while the socket takes them; the queues go on after the last."""
+        self._pump_soon = False
+        streams = self.streams
+        while streams:
+            if not streams[0].pump():
+                return
+            streams.pop(0)
+        if not self.conn.closed:
+            for c in self.core.consumers.values():
+                c.queue.deliver_soon()
+
+    def pump_soon(self) -> None:
+        if not self._pump_soon:
+            self._pump_soon = True
+            self.conn.loop.call_soon(self.pump_streams)
+
+    def drop_large(self) -> None:
+        """The session ends: an upload in progress is discarded, deliveries in progress stop."""
+        up, self.upload = self.upload, None
+        if up is not None:
+            up.discard()
+        for pump in self.streams:
+            pump.stop()
+        self.streams.clear()
 
     def consumer_closed(self, consumer: Consumer, error: TandemError) -> None:
         self.core.forget_consumer(consumer)
@@ -228,7 +279,10 @@ class NativeConnection(asyncio.Protocol):
                 fut.set_result(None)
         if self.transport is not None and not self.closed and not self._slicing:
             self.transport.resume_reading()
-        for s in self.sessions.values():
+        for s in list(self.sessions.values()):
+            if s.streams:
+                s.pump_streams()
+                continue
             for c in s.core.consumers.values():
                 c.queue.deliver_soon()
 
@@ -474,6 +528,7 @@ class NativeConnection(asyncio.Protocol):
             del self.broker.reattachable[self.connection_id]
         if self.successor is None:  # else its successor has them now
             for s in self.sessions.values():
+                s.drop_large()
                 s.core.close()
             if self.broker.active:
                 for name in list(self.temp_queues):
@@ -553,6 +608,7 @@ class NativeConnection(asyncio.Protocol):
     def on_close_session(self, pkt: p.CloseSession) -> None:
         s = self.sessions.pop(pkt.channel, None)
         if s is not None:
+            s.drop_large()
             s.core.close({cid: set(ids) for cid, ids in pkt.unseen.items()})
         self.send(p.Response(pkt.channel, pkt.cmd, None))
         r = self.replay.get(pkt.channel)
@@ -623,7 +679,10 @@ class NativeConnection(asyncio.Protocol):
     @staticmethod
     def _can_resume(old: NativeConnection, channels: list[p.ReattachChannel]) -> bool:
         """Whether `old` kept what the client's channels need: every answer it may still wait
-        for, and the last command id of every session it ever created on them."""
+        for, and the last command id of every session it ever created on them; and no large
+        message in transfer either way (a chunk lost on the wire is not kept for a replay)."""
+        if any(s.upload is not None or s.streams for s in old.sessions.values()):
+            return False  # a large message in transfer: its lost chunks cannot be replayed
         for rc in channels:
             r = old.replay.get(rc.channel)
             if r is None:
@@ -717,6 +776,11 @@ class NativeConnection(asyncio.Protocol):
         self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
         refs = q.read_range(pkt.start, pkt.end, pkt.limit)
+        for r in refs:
+            if r.message.large is not None:  # never a message without its body
+                raise IllegalState(
+                    f"message at sequence {r.seq} of {pkt.queue!r} is a large message: range reads do not carry them"
+                )
         # delivery_count as DELIVER counts it: this read is delivery number failed + 1
         items = [(r.seq, r.message.id, r.delivery_count + 1, _raw(r.message.raw)) for r in refs]
         # Only what is on disk may leave: a reader that keeps offsets (Spark) must never
@@ -752,6 +816,28 @@ class NativeConnection(asyncio.Protocol):
         self.broker.admin.handle(pkt.op, pkt.args, self, reply)
 
     # --------------------------------------------------------- replication
+    # ------------------------------------------------------ large messages
+    def on_large_begin(self, pkt: p.LargeBegin) -> None:
+        large.begin(self._session_or_fatal(pkt.channel), pkt)
+
+    def on_large_chunk(self, pkt: p.LargeChunk) -> None:
+        large.chunk(self._session_or_fatal(pkt.channel), pkt)
+
+    def on_large_end(self, pkt: p.LargeEnd) -> None:
+        large.end(self._session(pkt.channel), pkt)
+
+    def on_large_abort(self, pkt: p.LargeAbort) -> None:
+        s = self.sessions.get(pkt.channel)
+        if s is not None:
+            large.abort(s, pkt)
+
+    def _session_or_fatal(self, channel: int) -> NativeSession:
+        """BEGIN and CHUNK carry no command id to answer: a bad channel closes the connection."""
+        s = self.sessions.get(channel)
+        if s is None:
+            raise ProtocolError(f"large message data for channel {channel}, which has no session")
+        return s
+
     def on_replica_start(self, pkt: p.ReplicaStart) -> None:
         if self.replica is not None:
             raise ProtocolError("REPLICA_START sent twice")
@@ -827,6 +913,10 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
     p.ReadRange: NativeConnection.on_read_range,
     p.AckUpTo: NativeConnection.on_ack_up_to,
     p.Reattach: NativeConnection.on_reattach,
+    p.LargeBegin: NativeConnection.on_large_begin,
+    p.LargeChunk: NativeConnection.on_large_chunk,
+    p.LargeEnd: NativeConnection.on_large_end,
+    p.LargeAbort: NativeConnection.on_large_abort,
     p.ReplicaStart: NativeConnection.on_replica_start,
     p.ReplicaAck: NativeConnection.on_replica_ack,
     p.ReplicaSynced: NativeConnection.on_replica_synced,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import socket
 import time
@@ -27,6 +28,7 @@ from ..errors import DuplicateId, TandemError, clip
 from ..protocol import stomp as st
 
 if TYPE_CHECKING:
+    from ..store.large_messages import LargeUpload
     from .context import BrokerContext
 
 log = logging.getLogger("tandem.stomp")
@@ -80,13 +82,14 @@ class Subscription:
     # DeliverySink
     @property
     def writable(self) -> bool:
-        return self.conn.writable
+        return self.conn.writable and self.conn.stream is None  # a large body goes out in one run
 
     def deliver(self, consumer: Consumer, ref: MessageRef) -> None:
         conn = self.conn
         m = ref.message
         data = _decode_data(m.raw)
         body = data.body
+        lg = m.large
         # Built by hand (the hot path): only the subscription, destination and properties can need escaping.
         redelivered = "redelivered:true\n" if ref.delivery_count else ""
         ack = f"ack:{consumer.id}.{m.id}\n" if self.ack_header else ""
@@ -102,8 +105,19 @@ class Subscription:
                 key = (k, v, type(v), version)
                 line = lines.get(key)
                 parts.append(_property_line(key) if line is None else line)
-        parts.append(f"content-length:{len(body)}\n\n")
-        conn.write_frame("".join(parts).encode(), body)
+        if lg is not None:  # the body streams from its file after the head
+            if lg.compressed:
+                parts.append("tandem-compressed:zlib\n")  # compressed by its native producer: as stored
+            parts.append(f"content-length:{lg.size}\n\n")
+            try:
+                conn.stream_body("".join(parts).encode(), m)
+            except OSError as exc:  # its file is gone: never a frame with part of a body
+                log.error("large message %s cannot be delivered: %s", m.id, exc)
+                conn.close()
+                return
+        else:
+            parts.append(f"content-length:{len(body)}\n\n")
+            conn.write_frame("".join(parts).encode(), body)
         if self.ack_mode == "auto":  # acknowledged as it leaves (STOMP's auto mode)
             refs = consumer.take_acked(m.id, cumulative=False)
             consumer.queue.acknowledge(refs)
@@ -155,6 +169,7 @@ class StompConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = st.StompParser(broker.config.max_frame_size, first_frame_limit=HANDSHAKE_FRAME_LIMIT)
+        self.parser.stream_over = broker.config.min_large_message_size  # bigger SEND bodies: large messages
         self.version = "1.0"
         self.connected = False
         self.closed = False
@@ -185,6 +200,8 @@ class StompConnection(asyncio.Protocol):
         self._destinations: dict[str, tuple[str, RoutingType]] = {}  # destination header -> (address, type)
         self._acked: dict[Consumer, list[MessageRef]] = {}  # taken by ACKs of this read, not journaled yet
         self._ack_prefixes: dict[str, Subscription] = {}  # "CID" of the 1.2 ack ids "CID.MID" -> subscription
+        self.stream: BodyStream | None = None  # a large body going out: nothing else is written meanwhile
+        self.upload: LargeSend | None = None  # a large SEND's body coming in
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -209,6 +226,9 @@ class StompConnection(asyncio.Protocol):
             return  # an ERROR is on its way: stay quiet
         self.writable = True
         self._release("write")
+        if self.stream is not None:
+            self.stream.run()
+            return
         for sub in self.subscriptions.values():
             if sub.consumer is not None:
                 sub.consumer.queue.deliver_soon()
@@ -242,8 +262,26 @@ class StompConnection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def stream_body(self, head: bytes, message: Message) -> None:
+        """Write a frame whose body is a large message's file: the head now, the body as the socket takes it."""
+        stream = BodyStream(self, message)  # opens the file first: an error leaves nothing written
+        self._out.append(head)
+        self._flush()
+        self.stream = stream
+        stream.run()
+
+    def stream_done(self) -> None:
+        self.stream = None
+        if self._out:
+            self._flush_soon()
+        for sub in self.subscriptions.values():
+            if sub.consumer is not None:
+                sub.consumer.queue.deliver_soon()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self.stream is not None:
+            return  # in the middle of a frame's body: what else was written waits for its end
         out = self._out
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
@@ -377,6 +415,12 @@ class StompConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.stop()
+        upload, self.upload = self.upload, None
+        if upload is not None:
+            upload.discard()
         if self._beat_timer is not None:
             self._beat_timer.cancel()
             self._beat_timer = None
@@ -587,7 +631,47 @@ class StompConnection(asyncio.Protocol):
         tx = self._tx(frame) if "transaction" in h else None
         session = self.session
         assert session is not None
-        wrote = session.send_message(Message.create(session.postoffice.ids.next(), data), tx)
+        message = Message.create(session.postoffice.ids.next(), data)
+        if frame.streamed:  # its body follows in pieces (BODY_PART), straight to its file
+            large = getattr(self.broker.storage, "large", None)
+            if large is None:
+                raise st.StompError("this broker does not take large messages (no data directory)")
+            try:
+                self.upload = LargeSend(message, large.upload(message.id), frame, tx)
+            except OSError as exc:
+                raise TandemError(f"cannot store a large message: {exc}") from None
+            return
+        self._sent(frame, message, tx)
+
+    def on_body_part(self, frame: st.Frame) -> None:
+        up = self.upload
+        if up is None or up.file is None:
+            raise st.StompError("body data without a SEND")
+        try:
+            up.file.write(frame.body)
+        except OSError as exc:
+            up.discard()
+            raise TandemError(f"cannot store a large message: {exc}") from None
+
+    def on_body_end(self, frame: st.Frame) -> None:
+        up, self.upload = self.upload, None
+        if up is None or up.file is None:
+            raise st.StompError("body end without a SEND")
+        file, up.file = up.file, None
+        try:
+            up.message.large = file.finish(False)
+        except OSError as exc:
+            file.discard()
+            raise TandemError(f"cannot store a large message: {exc}") from None
+        self._sent(up.frame, up.message, up.tx)
+
+    def _sent(self, frame: st.Frame, message: Message, tx: Transaction | None) -> None:
+        """Route a SEND's message (now, or at its transaction's commit), its receipt after."""
+        h = frame.headers
+        session = self.session
+        assert session is not None
+        address = message.address
+        wrote = session.send_message(message, tx)
         if "receipt" in h:
             self._receipt(frame, durable=wrote)
         if tx is None:
@@ -813,6 +897,8 @@ class StompConnection(asyncio.Protocol):
 _HANDLERS: dict[str, Callable[[StompConnection, st.Frame], None]] = {
     command: getattr(StompConnection, f"on_{command.lower()}") for command in st.CLIENT_COMMANDS
 }
+_HANDLERS[st.BODY_PART] = StompConnection.on_body_part
+_HANDLERS[st.BODY_END] = StompConnection.on_body_end
 
 
 def _is_multicast(po: Any, address: str) -> bool:
@@ -828,3 +914,74 @@ def _version() -> str:
     from .. import __version__
 
     return __version__
+
+
+# ------------------------------------------------------------ large messages
+STREAM_CHUNKS_PER_PASS = 8
+
+
+class BodyStream:
+    """A large message's body going out as a MESSAGE frame's body, from its file, then the NUL."""
+
+    __slots__ = ("conn", "fd", "message", "offset", "size")
+
+    def __init__(self, conn: StompConnection, message: Message) -> None:
+        lg = message.large
+        assert lg is not None
+        storage: Any = conn.broker.storage
+        self.fd: int | None = os.open(storage.large.path(lg.name), os.O_RDONLY)
+        self.conn = conn
+        self.message = message  # holds the body (and its file) until the NUL is out
+        self.size = lg.size
+        self.offset = 0
+
+    def run(self) -> None:
+        conn = self.conn
+        fd = self.fd
+        transport = conn.transport
+        if fd is None or transport is None or transport.is_closing():
+            self.stop()
+            return
+        step = min(conn.broker.config.min_large_message_size, 1 << 20)
+        for _ in range(STREAM_CHUNKS_PER_PASS):
+            if not conn.writable:
+                return  # resume_writing runs us again
+            data = os.pread(fd, min(step, self.size - self.offset), self.offset) if self.offset < self.size else b""
+            if not data and self.offset < self.size:
+                log.error("large message %s: its file ends at %d of %d bytes", self.message.id, self.offset, self.size)
+                self.stop()
+                conn.close()  # never a frame with part of a body: the client sees the connection end
+                return
+            self.offset += len(data)
+            if self.offset >= self.size:
+                transport.write(data)
+                transport.write(b"\0")
+                conn.last_sent = conn.loop.time()
+                self.stop()
+                conn.stream_done()
+                return
+            transport.write(data)
+            conn.last_sent = conn.loop.time()
+        conn.loop.call_soon(self.run)
+
+    def stop(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class LargeSend:
+    """A SEND whose body (over min-large-message-size) streams into a large message's file."""
+
+    __slots__ = ("file", "frame", "message", "tx")
+
+    def __init__(self, message: Message, file: LargeUpload, frame: st.Frame, tx: Transaction | None) -> None:
+        self.message = message
+        self.file: LargeUpload | None = file
+        self.frame = frame
+        self.tx = tx
+
+    def discard(self) -> None:
+        f, self.file = self.file, None
+        if f is not None:
+            f.discard()

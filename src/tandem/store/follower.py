@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..core.message import Message, MessageRef
+from ..core.message import MessageRef
 from ..journal import ADD, DELETE, UPDATE, JournalSettings, LiveRecord
 from ..journal.follower import JournalFollower
 from .journal_storage import JournalStorage
@@ -60,9 +60,7 @@ class StoreFollower:
         if kind == ADD:
             if utype == RecordType.MESSAGE and lr.obj is None:
                 rec = _dec_message.decode(body)
-                m = Message.decode(rid, rec.message)
-                if rec.expiration:
-                    m.expiration = rec.expiration
+                m = self.storage.make_message(rid, rec)  # a large one's file is checked at takeover
                 refs = tuple(MessageRef(m, qid, seq) for qid, seq in rec.refs)  # a tuple: untracked by the GC
                 m.durable_refs = len(refs)
                 lr.obj = refs
@@ -86,6 +84,7 @@ class StoreFollower:
                     if r.queue == dc.queue_id:
                         r.delivery_count = dc.count
         elif kind == DELETE:
+            self.storage.large.record_deleted(rid)
             if lr.obj is not None:
                 for r in lr.obj:
                     if not r.removed:

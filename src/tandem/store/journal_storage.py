@@ -23,6 +23,8 @@ from ..core.queue import Queue
 from ..errors import JournalError
 from ..journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord, Op
 from ..journal.storeio import Tap
+from .large_messages import DIRECTORY as LARGE_DIRECTORY
+from .large_messages import LargeMessageStore
 from .records import (
     COUNTER_RECORD_BASE,
     AckRecord,
@@ -30,6 +32,7 @@ from .records import (
     CounterRecord,
     DeliveryCountRecord,
     DuplicateIdRecord,
+    LargeRecord,
     MessageRecord,
     QueueRecord,
     RecordType,
@@ -95,9 +98,10 @@ class JournalStorage:
         self._next_counter_rid = COUNTER_RECORD_BASE
         self.messages = Journal(self.data_dir / "journal", "tandem-data", settings, tap)
         self._followed: tuple[dict[int, LiveRecord], dict[int, LiveRecord], Any] | None = None
+        self._drop_at_start: list[int] = []  # records found broken before the journal ran
         self._leftovers: dict[int, LiveRecord] | None = None
-        for d in ("paging", "large-messages"):
-            (self.data_dir / d).mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "paging").mkdir(parents=True, exist_ok=True)
+        self.large = LargeMessageStore(self.data_dir / LARGE_DIRECTORY, tap, self.messages.after_durable)
 
     @property
     def journals(self) -> list[Journal]:
@@ -118,10 +122,40 @@ class JournalStorage:
         state.messages = self._iter_messages(live)
         return state
 
+    def make_message(self, rid: int, rec: MessageRecord) -> Message:
+        """The message of a MESSAGE record (its large body's handle too, counted as recorded)."""
+        m = Message.decode(rid, rec.message)
+        if rec.expiration:
+            m.expiration = rec.expiration
+        lg = rec.large
+        if lg is not None:
+            m.large = self.large.body(lg.file, lg.size, lg.compressed)
+            self.large.recorded(rid, lg.file)
+        return m
+
+    def _whole(self, rid: int, m: Message) -> bool:
+        """A large message whose file is not whole is never delivered: its record goes (logged)."""
+        lg = m.large
+        if lg is None or self.large.complete(lg.name, lg.size):
+            return True
+        log.error(
+            "large message %s: its file %s is missing or not %d bytes long; the message is dropped",
+            rid,
+            lg.name,
+            lg.size,
+        )
+        self.large.record_deleted(rid)
+        if self.messages.started:
+            self.messages.delete(rid)
+        else:  # a warm load checks before the journal runs
+            self._drop_at_start.append(rid)
+        return False
+
     def set_tap(self, tap: Tap | None) -> None:
         """Before `start`: stream every change from now on (a backup that took over replicates in turn)."""
         self.bindings.tap = tap
         self.messages.tap = tap
+        self.large.set_tap(tap)
 
     def adopt_followed(self, bindings: dict[int, LiveRecord], messages: dict[int, LiveRecord], follower: Any) -> None:
         """Journals already read by a follower (store/follower.py): `load` builds from what it built."""
@@ -137,7 +171,21 @@ class JournalStorage:
         state.dedup = [(a, d, rid) for rid, (a, d) in follower.dedup.items()]
         state.queue_refs = follower.by_queue
         self._leftovers = mlive  # the follower's message objects carry on; its records are freed later
+        self._check_followed_large(mlive)
         return state
+
+    def _check_followed_large(self, mlive: dict[int, LiveRecord]) -> None:
+        """A warm load's large messages: those without their whole file are dropped, unrecorded files removed."""
+        for rid in list(self.large.records):
+            lr = mlive.get(rid)
+            refs = lr.obj if lr is not None else None
+            if not refs:
+                continue
+            m = refs[0].message
+            if not self._whole(rid, m):
+                for r in refs:
+                    r.removed = True
+        self.large.clean()
 
     def take_leftovers(self) -> dict[int, LiveRecord] | None:
         """What a warm load no longer needs, for the caller to free once it serves (a chunk at a time)."""
@@ -175,13 +223,21 @@ class JournalStorage:
         msg_type = RecordType.MESSAGE
         decode = _dec_message.decode
         make = Message.decode
+        broken: list[tuple[int, Message]] = []
         for rid, lr in live.items():
             if lr.user_type != msg_type:
                 continue
             rec = decode(lr.body)
-            if lr.updates is None and not rec.expiration:  # the common case
+            if rec.large is not None:
+                m = self.make_message(rid, rec)
+                if not self.large.complete(rec.large.file, rec.large.size):
+                    broken.append((rid, m))  # dropped after the walk (no journal change while iterating)
+                    continue
+            elif lr.updates is None and not rec.expiration:  # the common case
                 yield LoadedMessage(make(rid, rec.message), [(qid, seq, 0) for qid, seq in rec.refs])
                 continue
+            else:
+                m = make(rid, rec.message)
             counts: dict[int, int] = {}
             acked: set[int] = set()
             for utype, ubody in lr.updates or ():
@@ -191,19 +247,27 @@ class JournalStorage:
                     dc = _dec_dc.decode(ubody)
                     counts[dc.queue_id] = dc.count
             refs = [(qid, seq, counts.get(qid, 0)) for qid, seq in rec.refs if qid not in acked]
-            m = make(rid, rec.message)
             if rec.expiration:
                 m.expiration = rec.expiration
             yield LoadedMessage(m, refs)
         live.clear()
+        for rid, m in broken:
+            self._whole(rid, m)
+        del broken
+        self.large.clean()
 
     def start(self) -> None:
         self.bindings.start()
         self.messages.start()
+        self.large.start()
+        drop, self._drop_at_start = self._drop_at_start, []
+        for rid in drop:
+            self.messages.delete(rid)
 
     async def stop(self) -> None:
         await self.messages.stop()
         await self.bindings.stop()
+        self.large.close()
 
     def set_failure_handler(self, handler: Callable[[BaseException], None]) -> None:
         self.bindings.on_failure = handler
@@ -271,7 +335,13 @@ class JournalStorage:
         raw = message.raw
         if type(raw) is not msgspec.Raw:
             raw = msgspec.Raw(raw)
-        body = _encode(MessageRecord(refs, raw, message.expiration if message.expiration else 0))
+        lg = message.large
+        if lg is None:
+            body = _encode(MessageRecord(refs, raw, message.expiration if message.expiration else 0))
+        else:
+            large = LargeRecord(lg.name, lg.size, lg.compressed)
+            body = _encode(MessageRecord(refs, raw, message.expiration if message.expiration else 0, large))
+            self.large.recorded(message.id, lg.name)
         if tx is None:
             self.messages.add_soon(message.id, RecordType.MESSAGE, body)
         else:
@@ -287,6 +357,8 @@ class JournalStorage:
             tx.append(op)
         elif op.kind == DELETE:
             self.messages.delete(op.id)
+            if message.large is not None:
+                self.large.record_deleted(message.id)
         else:
             self.messages.update(op.id, op.user_type, op.body)
 
@@ -305,6 +377,9 @@ class JournalStorage:
                 self.messages.update(m.id, RecordType.ACK, _encode(AckRecord(queue.id)))
         if deletes:
             self.messages.delete_many(deletes)
+            if self.large.records:
+                for mid in deletes:
+                    self.large.record_deleted(mid)
 
     def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
         # Advisory, and written as consumers close: a failed journal (the broker is stopping) skips it.
@@ -333,10 +408,15 @@ class JournalStorage:
         if len(ops) != len(tx):
             raise JournalError("transaction holds something that is not a journal operation")
         self.messages.batch(ops)
+        if self.large.records:
+            for op in ops:
+                if op.kind == DELETE:
+                    self.large.record_deleted(op.id)
 
     def delete_message(self, message_id: int) -> None:
         """Reload clean-up: a message none of whose queues still exist."""
         self.messages.delete(message_id)
+        self.large.record_deleted(message_id)
 
     def after_durable(self, cb: Callable[[], None]) -> None:
         """Run `cb` once everything stored so far is on disk, in both journals.
@@ -356,7 +436,14 @@ class NullStorage:
 
     persistent = False
 
+    def __init__(self, large_dir: Path | None = None) -> None:
+        """`large_dir`: where large messages' bodies go for as long as they live (None: none accepted)."""
+        self.large: LargeMessageStore | None = LargeMessageStore(large_dir) if large_dir is not None else None
+
     def load(self) -> LoadedState:
+        if self.large is not None:
+            self.large.clean()  # nothing is recorded: every file is a previous run's
+            self.large.start()
         return LoadedState()
 
     def take_leftovers(self) -> None:
@@ -366,7 +453,8 @@ class NullStorage:
         pass
 
     async def stop(self) -> None:
-        pass
+        if self.large is not None:
+            self.large.close()
 
     def set_failure_handler(self, handler: Callable[[BaseException], None]) -> None:
         pass

@@ -44,12 +44,21 @@ class QueueRecord(msgspec.Struct, array_like=True, gc=False):
     reader_only: bool = False
 
 
+class LargeRecord(msgspec.Struct, array_like=True, gc=False):
+    """Where a large message's body is: a file of large-messages/, whole at `size` bytes."""
+
+    file: str
+    size: int
+    compressed: bool = False
+
+
 class MessageRecord(msgspec.Struct, array_like=True, gc=False):
     """A routed message: (queue id, per-queue sequence) for each durable queue, then its bytes."""
 
     refs: list[tuple[int, int]]
     message: msgspec.Raw
     expiration: int = 0  # set by the broker (expiry-delay) when the message carried none
+    large: LargeRecord | None = None  # a large message: `message` has no body, the file has it
 
 
 class DuplicateIdRecord(msgspec.Struct, array_like=True, gc=False):

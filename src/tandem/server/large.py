@@ -1,0 +1,221 @@
+"""Large messages on a native connection: a body received in chunks, a body delivered in chunks.
+
+Receiving: LARGE_BEGIN opens an upload (a `.part` file, store/large_messages.py), each
+LARGE_CHUNK is checked (protocol/large.py) and written at once, LARGE_END syncs and renames
+the file and only then routes the message, one command confirmed like a SEND. Nothing of the
+body stays in memory beyond the chunk being written.
+
+Delivering: `ChunkPump` reads the file a chunk at a time and writes while the socket takes
+it (the transport's high-water mark is the flow control); the session delivers nothing else
+until the last chunk is out, so a consumer gets a large message's chunks in one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..core.message import Message, MessageRef
+from ..errors import IllegalState, InternalError, InvalidArgument, ProtocolError, TandemError
+from ..protocol import native as p
+from ..protocol.large import ChunkCounter
+
+if TYPE_CHECKING:
+    from ..core.consumer import Consumer
+    from ..store.large_messages import LargeUpload
+    from .native import NativeSession
+
+log = logging.getLogger("tandem.native")
+
+MAX_DELIVERY_CHUNK = 1 << 20
+CHUNKS_PER_PASS = 8  # chunks a pump writes before the loop gets a turn
+
+
+class Upload:
+    """A large message arriving on one session (at most one at a time)."""
+
+    __slots__ = ("compressed", "counter", "error", "file", "message")
+
+    def __init__(self, message: Message | None, file: LargeUpload | None, size: int, compressed: bool) -> None:
+        self.message = message
+        self.file = file
+        self.counter = ChunkCounter(size)
+        self.compressed = compressed
+        self.error: TandemError | None = None  # refused at BEGIN or failed since: END answers this
+
+    def discard(self) -> None:
+        f, self.file = self.file, None
+        if f is not None:
+            f.discard()
+
+
+def begin(session: NativeSession, pkt: p.LargeBegin) -> None:
+    if session.upload is not None:
+        raise ProtocolError("LARGE_BEGIN while a large message is still being sent on this channel")
+    storage = session.conn.broker.storage
+    large = getattr(storage, "large", None)
+    message: Message | None = None
+    error: TandemError | None = None
+    try:
+        message = Message.decode(session.core.postoffice.ids.next(), pkt.message, True)
+        if len(msgspec.msgpack.decode(pkt.message, type=_BodyOnly).body):  # the header only, please
+            raise InvalidArgument("a large message's LARGE_BEGIN must carry an empty body (the chunks hold it)")
+        if large is None:
+            raise IllegalState("this broker does not take large messages (no data directory)")
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        error = InvalidArgument(f"malformed message: {exc}")
+    except UnicodeDecodeError as exc:
+        error = InvalidArgument(f"malformed message: a string is not valid UTF-8 ({exc.reason})")
+    except TandemError as exc:
+        error = exc
+    file = None
+    if error is None and message is not None and large is not None:
+        try:
+            file = large.upload(message.id)
+        except OSError as exc:
+            error = InternalError(f"cannot store a large message: {exc}")
+    up = Upload(message if error is None else None, file, pkt.size, pkt.compressed)
+    up.error = error
+    session.upload = up
+
+
+def chunk(session: NativeSession, pkt: p.LargeChunk) -> None:
+    up = session.upload
+    if up is None:
+        raise ProtocolError("LARGE_CHUNK without a LARGE_BEGIN")
+    up.counter.chunk(pkt.index, len(pkt.data))
+    if up.file is None:
+        return  # refused: the chunks are counted and dropped, END answers the error
+    try:
+        up.file.write(pkt.data)
+    except OSError as exc:
+        log.error("cannot write a large message: %s", exc)
+        up.error = InternalError(f"cannot store a large message: {exc}")
+        up.discard()
+
+
+def end(session: NativeSession, pkt: p.LargeEnd) -> None:
+    up = session.upload
+    if up is None:
+        raise ProtocolError("LARGE_END without a LARGE_BEGIN")
+    session.upload = None
+    try:
+        up.counter.end(pkt.chunks, pkt.size)
+    except ProtocolError:
+        up.discard()
+        raise
+    if up.error is not None or up.file is None or up.message is None:
+        up.discard()
+        session.conn.command_failed(pkt, up.error or InternalError("large message lost its file"))
+        return
+    message = up.message
+    file, up.file = up.file, None
+    try:
+        message.large = file.finish(up.compressed)
+    except OSError as exc:
+        file.discard()
+        session.conn.command_failed(pkt, InternalError(f"cannot store a large message: {exc}"))
+        return
+    up.message = None
+    try:
+        durable = session.core.send_message(message)
+    except TandemError as exc:  # not routed: the message goes, and its file with it
+        session.conn.command_failed(pkt, exc)
+        return
+    session.completed(pkt.cmd, durable)
+
+
+def abort(session: NativeSession, pkt: p.LargeAbort) -> None:
+    up, session.upload = session.upload, None
+    if up is not None:
+        up.discard()
+
+
+class _BodyOnly(msgspec.Struct, array_like=True):
+    address: Any = None
+    durable: Any = None
+    priority: Any = None
+    expiration: Any = None
+    timestamp: Any = None
+    dedup_id: Any = None
+    routing_type: Any = None
+    properties: Any = None
+    body: bytes = b""
+
+
+# -------------------------------------------------------------- delivery
+class ChunkPump:
+    """Writes one large message's chunks to a consumer while the socket takes them."""
+
+    __slots__ = ("consumer", "fd", "index", "message", "offset", "session", "size")
+
+    def __init__(self, session: NativeSession, consumer: Consumer, ref: MessageRef) -> None:
+        m = ref.message
+        lg = m.large
+        assert lg is not None
+        self.session = session
+        self.consumer = consumer
+        self.message = m  # holds the body (and its file) until the last chunk is out
+        self.size = lg.size
+        storage: Any = session.conn.broker.storage
+        self.fd: int | None = os.open(storage.large.path(lg.name), os.O_RDONLY)
+        self.offset = 0
+        self.index = 0
+        session.conn.write(
+            p.encode(
+                p.DeliverLarge(
+                    session.channel,
+                    consumer.id,
+                    m.id,
+                    ref.delivery_count + 1,
+                    ref.seq,
+                    _raw(m.raw),
+                    lg.size,
+                    lg.compressed,
+                )
+            )
+        )
+
+    def pump(self) -> bool:
+        """Write chunks while the socket takes them; True once the last is out (or the pump stopped)."""
+        fd = self.fd
+        if fd is None:
+            return True
+        s = self.session
+        conn = s.conn
+        if conn.closed or self.consumer.closed:
+            self.stop()
+            return True
+        step = min(conn.broker.config.min_large_message_size, MAX_DELIVERY_CHUNK)
+        for _ in range(CHUNKS_PER_PASS):
+            if not conn.writable:
+                return False
+            data = os.pread(fd, min(step, self.size - self.offset), self.offset)
+            if self.offset + len(data) < self.size and not data:
+                log.error("large message %s: its file ends at %d of %d bytes", self.message.id, self.offset, self.size)
+                conn.fatal(InternalError(f"large message {self.message.id} cannot be read whole"))
+                self.stop()
+                return True
+            self.offset += len(data)
+            last = self.offset >= self.size
+            conn.write_now(
+                p.encode(p.DeliverChunk(s.channel, self.consumer.id, self.message.id, self.index, data, last))
+            )
+            self.index += 1
+            if last:
+                self.stop()
+                return True
+        s.pump_soon()
+        return False
+
+    def stop(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _raw(raw: msgspec.Raw | bytes) -> msgspec.Raw:
+    return raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)
