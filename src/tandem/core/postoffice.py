@@ -20,7 +20,7 @@ from ..errors import (
     QueueDoesNotExist,
     QueueExists,
 )
-from .address import Address
+from .address import UNLIMITED, Address, MemoryLimits
 from .consumer import Filter
 from .dedup import TX_CACHE, DuplicateIdCache
 from .ids import IdGenerator
@@ -54,6 +54,7 @@ class PostOffice:
         compile_filter: FilterCompiler = _no_filters,
         call_later: Later | None = None,
         persist_id_cache: bool = True,
+        limits: MemoryLimits = UNLIMITED,
     ) -> None:
         self.storage = storage
         self.ids = ids
@@ -62,6 +63,7 @@ class PostOffice:
         self.compile_filter = compile_filter
         self._call_later = call_later
         self.persist_id_cache = persist_id_cache and storage.persistent
+        self.limits = limits
         self.addresses: dict[str, Address] = {}
         self.queues: dict[str, Queue] = {}
         self.queues_by_id: dict[int, Queue] = {}
@@ -83,7 +85,7 @@ class PostOffice:
                 addr.routing_types |= routing_types
                 self.storage.store_address(addr)
             return addr
-        addr = Address(self.ids.next(), name, set(routing_types), auto_created, self.settings_for(name))
+        addr = Address(self.ids.next(), name, set(routing_types), auto_created, self.settings_for(name), self.limits)
         self.addresses[name] = addr
         self.storage.store_address(addr)
         return addr
@@ -101,6 +103,7 @@ class PostOffice:
 
     def restore_address(self, addr: Address) -> None:
         addr.settings = self.settings_for(addr.name)
+        addr.limits = self.limits
         self.addresses[addr.name] = addr
 
     # ---------------------------------------------------------------- queues
@@ -211,7 +214,9 @@ class PostOffice:
         """Reload path: the queue's address must already be restored."""
         addr = self.addresses.get(q.address)
         if addr is None:
-            addr = Address(self.ids.next(), q.address, {q.routing_type}, True, self.settings_for(q.address))
+            addr = Address(
+                self.ids.next(), q.address, {q.routing_type}, True, self.settings_for(q.address), self.limits
+            )
             self.addresses[q.address] = addr
             self.storage.store_address(addr)
         self._register(q, addr)
@@ -319,11 +324,20 @@ class PostOffice:
         addr = self.addresses.get(message.address)
         if addr is None:
             addr = self._auto_address(message)
-        if addr.settings.address_full_policy == "FAIL" and addr.full:
-            raise AddressFull(
-                f"address {addr.name!r} is full ({addr.size_bytes} of {addr.settings.max_size_bytes} bytes)"
-            )
-        return addr.route(message)
+        policy = addr.settings.address_full_policy
+        if policy == "BLOCK" or policy == "PAGE":
+            return addr.route(message)
+        if not addr.full:
+            addr.dropping = False
+            return addr.route(message)
+        if policy == "DROP":
+            addr.drop(message.id)
+            return []
+        lim = self.limits
+        raise AddressFull(
+            f"address {addr.name!r} is full ({addr.size_bytes} of {addr.settings.max_size_bytes} bytes; "
+            f"broker: {lim.size} of {lim.max_size} bytes, {lim.messages} of {lim.max_messages} messages)"
+        )
 
     def _auto_address(self, message: Message) -> Address:
         name = message.address

@@ -145,10 +145,10 @@ class Queue:
     def ready_bytes(self) -> int:
         return self._bytes
 
-    def _account(self, size: int) -> None:
+    def _account(self, size: int, count: int) -> None:
         addr = self.addr
         if addr is not None:
-            addr.size_changed(size)
+            addr.size_changed(size, count)
 
     def add(self, ref: MessageRef) -> None:
         m = ref.message
@@ -158,7 +158,7 @@ class Queue:
         self._count += 1
         size = len(m.raw)
         self._bytes += size
-        self._account(size)
+        self._account(size, 1)
         self.messages_added += 1
         if self.browsers:
             for pending in self.browsers.values():
@@ -173,7 +173,7 @@ class Queue:
         self._levels[m.priority].append(ref)
         self._count += 1
         self._bytes += m.size
-        self._account(m.size)
+        self._account(m.size, 1)
         if ref.seq >= self._next_seq:
             self._next_seq = ref.seq + 1
 
@@ -192,7 +192,7 @@ class Queue:
                 n += 1
         self._count += n
         self._bytes += size
-        self._account(size)
+        self._account(size, n)
         if top >= self._next_seq:
             self._next_seq = top + 1
         return n
@@ -427,7 +427,7 @@ class Queue:
         if durable:
             self.storage.store_acks(durable, self, tx)
         if released:
-            self._account(-released)
+            self._account(-released, -len(refs))
 
     def cancel(self, refs: list[MessageRef], redeliver_delay: bool = True, unseen: Collection[int] = ()) -> None:
         """Delivered refs come back unacknowledged (consumer gone, rollback, negative ack)."""

@@ -430,6 +430,7 @@ class Broker:
                 _compile_filter,
                 loop.call_later,
                 cfg.persist_id_cache,
+                cfg.memory_limits(),
             )
             self._restore(state)
         finally:
