@@ -19,6 +19,7 @@ from .message import Message, MessageRef, RoutingType
 from .settings import AddressSettings
 
 if TYPE_CHECKING:
+    from .paging import AddressPager
     from .queue import Queue
 
 log = logging.getLogger("tandem.address")
@@ -87,6 +88,7 @@ class Address:
         "limits",
         "messages_dropped",
         "name",
+        "pager",
         "queues",
         "routing_types",
         "settings",
@@ -112,6 +114,7 @@ class Address:
         self.blocked: deque[tuple[int, Callable[[int], None]]] = deque()  # producers waiting for credit
         self._rr = 0
         self.limits = limits
+        self.pager: AddressPager | None = None  # created when the address first pages
         self.messages_dropped = 0  # by address-full-policy = DROP
         self.dropping = False  # dropping since the last time it was not full (one log line per episode)
 
@@ -161,6 +164,10 @@ class Address:
         if delta < 0 and self.blocked and not self.full:
             self.release_blocked()
 
+    @property
+    def paging(self) -> bool:
+        return self.pager is not None and self.pager.active
+
     def request_credit(self, amount: int, grant: Callable[[int], None]) -> None:
         """Grant producer credit now, or when the address has room again (BLOCK policy)."""
         if self.settings.address_full_policy != "BLOCK" or not self.bounded:
@@ -199,4 +206,7 @@ class Address:
             "address_full_policy": self.settings.address_full_policy,
             "blocked_producers": len(self.blocked),
             "messages_dropped": self.messages_dropped,
+            "paging": self.pager is not None and self.pager.active,
+            "paged_bytes": self.pager.store.paged_bytes(self.id) if self.pager is not None else 0,
+            "paged_messages": sum(self.pager.paged.values()) if self.pager is not None else 0,
         }

@@ -106,6 +106,7 @@ class Message(msgspec.Struct, gc=False, eq=False):
     properties: Properties | None
     raw: msgspec.Raw | bytes
     durable_refs: int = 0
+    rid: int = 0  # its journal record's id when not `id` (a copy taken from a page file)
 
     @classmethod
     def decode(cls, mid: int, raw: msgspec.Raw | bytes, sent: bool = False) -> Message:

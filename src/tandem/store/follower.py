@@ -60,7 +60,9 @@ class StoreFollower:
         if kind == ADD:
             if utype == RecordType.MESSAGE and lr.obj is None:
                 rec = _dec_message.decode(body)
-                m = Message.decode(rid, rec.message)
+                m = Message.decode(rec.message_id or rid, rec.message)
+                if rec.message_id:
+                    m.rid = rid
                 if rec.expiration:
                     m.expiration = rec.expiration
                 refs = tuple(MessageRef(m, qid, seq) for qid, seq in rec.refs)  # a tuple: untracked by the GC
