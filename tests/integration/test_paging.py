@@ -176,3 +176,31 @@ def test_global_max_size_pages_every_page_address(broker_factory: Any) -> None:
     for name in ("ga", "gb"):
         assert _numbers(run(receive(b.url, name, 10_000))) == list(range(6_000))
 
+
+def test_status_queue_stat_and_data_print_show_paging(broker_factory: Any) -> None:
+    import subprocess
+    import sys
+
+    def cli(*args: object) -> str:
+        r = subprocess.run(
+            [sys.executable, "-m", "tandem", *map(str, args)], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        return r.stdout
+
+    b: BrokerProcess = broker_factory(address_settings=PAGED).start()
+    run(send_range(b.url, "paged.s", 0, 8_000, body="s" * 200))
+    run(receive(b.url, "paged.s", 1_000))
+    status = cli("admin", "status", "--url", b.url)
+    line = next(x for x in status.splitlines() if "paged.s:" in x)
+    assert "paging yes" in line and "bytes paged" in line and " 0 bytes paged" not in line
+    stat = cli("queue", "stat", "--url", b.url, "--json")
+    assert '"paging": true' in stat and '"paged_count"' in stat
+    assert b.stop() == 0
+    out = cli("data", "print", b.data_dir)
+    assert "== paging" in out
+    assert "cursor paged.s: page " in out
+    pages = [x for x in out.splitlines() if x.strip().startswith("a") and ".page" in x]
+    assert pages and all("records " in x for x in pages)
+    per_queue = out.split("== messages per queue")[1]
+    assert "paged.s" in per_queue and " 7000" in per_queue  # in the journal plus ahead of its cursor
