@@ -159,7 +159,8 @@ class AddressPager:
         return max(limit // max(1, len(addr.queues)), 1)
 
     def refill(self, q: Queue) -> int:
-        """Bring `q`'s next paged messages into memory, up to its share; how many came."""
+        """Bring `q`'s next paged messages into memory, up to its share; how many records it read
+        (those of other queues included: a caller reads on while that is not 0)."""
         if not self.paged.get(q.id):
             return 0
         share = self.share()
@@ -225,7 +226,7 @@ class AddressPager:
         for ref in taken:
             q.add_depaged(ref)
         self._collect()
-        return len(taken)
+        return scanned
 
     def _page_after(self, page: int) -> int | None:
         for p in self.pages:

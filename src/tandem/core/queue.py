@@ -335,10 +335,11 @@ class Queue:
         addr = self.addr
         pager = addr.pager if addr is not None else None
         if pager is not None and pager.active and self.consumers:
-            pager.refill(self)
-            delivered = self._dispatch_some()
-            if delivered and not self._count and pager.paged.get(self.id):
-                self.deliver_soon()  # more in the pages: read on in the next pass
+            read = pager.refill(self)
+            before = self._count
+            self._dispatch_some()
+            if not self._count and (read or before) and pager.paged.get(self.id):
+                self.deliver_soon()  # emptied (delivered, or expired) with more in the pages: read on
             return
         self._dispatch_some()
 
