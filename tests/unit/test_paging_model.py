@@ -34,6 +34,7 @@ JOURNAL = JournalSettings(file_size=64 * 1024, min_files=2, pool_files=1, buffer
 PATTERNS = {"#": {"max-size-bytes": 600, "address-full-policy": "PAGE", "page-size-bytes": 1024}}
 SETTINGS = SettingsRepository({k: {n.replace("-", "_"): v for n, v in d.items()} for k, d in PATTERNS.items()})
 QUEUES = {"work": "work", "t1": "news", "t2": "news"}
+EXTRA = "t3"  # a subscription created and deleted while the address may be paging
 
 
 def contents(q: Queue) -> list[int]:
@@ -117,10 +118,24 @@ class PagedStore(RuleBasedStateMachine):
             for qname, addr in QUEUES.items():
                 if addr == address:
                     self.model[qname].append(m.id)
+            if address == "news" and EXTRA in self.model:
+                self.model[EXTRA].append(m.id)
         self._quiet()
 
-    @rule(queue=st.sampled_from(sorted(QUEUES)), n=st.integers(1, 40))
+    @rule()
+    def subscribe_or_unsubscribe(self) -> None:
+        if EXTRA in self.model:
+            self.po.delete_queue(EXTRA, force=True)
+            del self.model[EXTRA]
+        else:
+            self.po.create_queue(EXTRA, "news", RoutingType.MULTICAST)
+            self.model[EXTRA] = []
+        self._quiet()
+
+    @rule(queue=st.sampled_from([*sorted(QUEUES), EXTRA]), n=st.integers(1, 40))
     def consume(self, queue: str, n: int) -> None:
+        if queue not in self.model:
+            return
         q = self.po.queue(queue)
         for _ in range(n):
             pager = q.addr.pager if q.addr is not None else None
@@ -134,8 +149,10 @@ class PagedStore(RuleBasedStateMachine):
             q.acknowledge([ref])
         self._quiet()
 
-    @rule(queue=st.sampled_from(sorted(QUEUES)))
+    @rule(queue=st.sampled_from([*sorted(QUEUES), EXTRA]))
     def purge(self, queue: str) -> None:
+        if queue not in self.model:
+            return
         removed = self.po.queue(queue).purge()
         assert removed == len(self.model[queue])
         self.model[queue] = []
