@@ -204,3 +204,42 @@ def test_status_queue_stat_and_data_print_show_paging(broker_factory: Any) -> No
     assert pages and all("records " in x for x in pages)
     per_queue = out.split("== messages per queue")[1]
     assert "paged.s" in per_queue and " 7000" in per_queue  # in the journal plus ahead of its cursor
+
+
+def test_kill_while_paging_keeps_every_confirmed_send(broker_factory: Any) -> None:
+    b: BrokerProcess = broker_factory(address_settings=PAGED).start()
+    confirmed: set[int] = set()
+
+    async def send_until_killed() -> None:
+        conn = await aio.connect(b.url, reconnect_attempts=0)
+        try:
+            prod = (await conn.create_session()).create_producer("paged.w")
+            for i in range(200_000):
+
+                def done(err: BaseException | None, i: int = i) -> None:
+                    if err is None:
+                        confirmed.add(i)
+
+                prod.send_nowait(f"m{i:07d}" + "c" * 200, callback=done)
+                if i % 256 == 255:
+                    await asyncio.sleep(0)
+                if len(confirmed) >= 15_000 and b.proc is not None and b.proc.poll() is None:
+                    os.kill(b.proc.pid, signal.SIGKILL)
+                    await asyncio.sleep(0.5)
+                    return
+        except Exception:
+            return
+        finally:
+            try:
+                await conn.close()
+            except Exception:
+                pass
+
+    run(send_until_killed())
+    b.wait_exit(10)
+    assert len(confirmed) >= 15_000
+    b.start()
+    got = _numbers(run(receive(b.url, "paged.w", 300_000, wait=5.0)))
+    assert got == sorted(got) and len(set(got)) == len(got)  # in order, no repeats
+    missing = confirmed - set(got)
+    assert not missing, f"{len(missing)} confirmed sends lost, e.g. {sorted(missing)[:5]}"
