@@ -54,3 +54,32 @@ def test_page_files_are_replicated_and_the_backup_takes_over_with_them(pair: Any
     p.primary.kill()
     p.wait_state(1, "active")
     assert asyncio.run(_drain(p.url_of(1), "paged.r", n + 1)) == [f"m{i:06d}" for i in range(n)]
+
+
+def test_warm_shared_store_backup_takes_over_a_paging_address_where_its_primary_was(tmp_path: Path) -> None:
+    """Half of a paged backlog consumed (read back from pages and acknowledged), kill -9 of the
+    primary: the warm backup, with the cursors its follower read, delivers exactly the other half."""
+    from ha_pair import Cluster
+
+    n = 4000
+    c = Cluster(tmp_path, 1, address_settings=PAGED)
+    try:
+        c.primary.start()
+        c.wait_state(0, "active")
+        c.backup.start()
+        c.wait_state(1, "passive")
+        asyncio.run(_send(c.url_of(0), "paged.s", n))
+        first = asyncio.run(_drain(c.url_of(0), "paged.s", n // 2))
+        assert first == [f"m{i:06d}" for i in range(n // 2)]
+        deadline = time.monotonic() + 30
+        while not c.status(1).get("following", {}).get("caught_up"):
+            assert time.monotonic() < deadline, "backup never caught up"
+            time.sleep(0.05)
+        time.sleep(0.5)  # let the follower read the last acknowledgements (it must be right either way)
+        c.primary.kill()
+        c.wait_state(1, "active", timeout=20)
+        assert c.status(1)["warm_activation"] is True
+        rest = asyncio.run(_drain(c.url_of(1), "paged.s", n))
+        assert rest == [f"m{i:06d}" for i in range(n // 2, n)]
+    finally:
+        c.kill_all()
