@@ -56,12 +56,16 @@ class BrokerProcess:
         }
         defaults.update({k.replace("_", "-"): v for k, v in settings.items()})
         lines = [f"{k} = {_toml_value(v)}" for k, v in defaults.items()]
-        for pattern, values in (address_settings or {}).items():
-            lines.append(f'[address-settings."{pattern}"]')
-            lines.extend(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in values.items())
         text = "\n".join(lines) + "\n" + extra_toml
         if "[[acceptors]]" not in extra_toml:
             text += '\n[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\n'
+        # Tables last: `extra_toml` may hold top-level keys (a pair's ha-policy, ...).
+        tables = []
+        for pattern, values in (address_settings or {}).items():
+            tables.append(f'[address-settings."{pattern}"]')
+            tables.extend(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in values.items())
+        if tables:
+            text += "\n" + "\n".join(tables) + "\n"
         tomllib.loads(text)  # fail early on a typo in a test
         self.config_path.write_text(text)
         self.proc: subprocess.Popen[str] | None = None

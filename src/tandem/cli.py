@@ -240,6 +240,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
             "consumer_count",
             "messages_added",
             "messages_acknowledged",
+            "paging",
+            "paged_count",
+            "memory_bytes",
         ]
         _json_or_table(rows, cols, args.json)
     elif args.action == "create":
@@ -296,7 +299,15 @@ def cmd_admin(args: argparse.Namespace) -> int:
             print(json.dumps(status, indent=2))
         else:
             for k, v in status.items():
-                print(f"{k:18} {v}")
+                if k == "address_memory":
+                    for name, row in v.items():
+                        paging = "yes" if row["paging"] else "no"
+                        print(
+                            f"{'address':18} {name}: {row['memory_bytes']} bytes in memory, "
+                            f"{row['paged_bytes']} bytes paged, paging {paging}"
+                        )
+                else:
+                    print(f"{k:18} {v}")
     return 0
 
 

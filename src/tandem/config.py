@@ -15,6 +15,7 @@ import msgspec
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from .core.address import MemoryLimits
     from .core.settings import SettingsRepository
 
 KiB = 1024
@@ -94,7 +95,9 @@ class AddressSettingsConfig(_Conf, frozen=True):
     default_consumer_window_size: int | None = None
     id_cache_size: int | None = None
     max_size_bytes: int | None = None
-    address_full_policy: Literal["BLOCK", "FAIL"] | None = None
+    address_full_policy: Literal["PAGE", "BLOCK", "FAIL", "DROP"] | None = None
+    page_size_bytes: int | None = None
+    page_max_cache_size: int | None = None
     default_last_value_key: str | None = None
     default_exclusive_queue: bool | None = None
 
@@ -107,6 +110,10 @@ class AddressSettingsConfig(_Conf, frozen=True):
             v = getattr(self, name)
             if v is not None and v < -1:
                 raise ValueError(f"`{name.replace('_', '-')}` must be >= -1")
+        if self.page_size_bytes is not None and self.page_size_bytes < 1024:
+            raise ValueError("`page-size-bytes` must be >= 1024")
+        if self.page_max_cache_size is not None and self.page_max_cache_size < 1:
+            raise ValueError("`page-max-cache-size` must be >= 1")
         if self.redelivery_delay_multiplier is not None and self.redelivery_delay_multiplier < 1.0:
             raise ValueError("`redelivery-delay-multiplier` must be >= 1.0")
 
@@ -255,6 +262,10 @@ class BrokerConfig(_Conf, frozen=True):
     # Per-address behaviour (Artemis's address-settings), matched by pattern; see core/settings.py.
     address_settings: dict[str, AddressSettingsConfig] = {}
     persist_id_cache: bool = True
+    # What all addresses together may hold in memory (docs/configuration.md): bytes (None: a quarter
+    # of the machine's physical memory) and messages; -1: no limit.
+    global_max_size: int | None = None
+    global_max_messages: int = -1
     message_expiry_scan_period: int = 30_000
 
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
@@ -278,6 +289,9 @@ class BrokerConfig(_Conf, frozen=True):
                 f"`connection-ttl-max` ({self.connection_ttl_max})"
             )
         _check_positive(self, "message_expiry_scan_period", minimum=-1)
+        _check_positive(self, "global_max_messages", minimum=-1)
+        if self.global_max_size is not None:
+            _check_positive(self, "global_max_size", minimum=-1)
         from .core.settings import check_pattern
 
         for pattern in self.address_settings:
@@ -353,6 +367,20 @@ class BrokerConfig(_Conf, frozen=True):
             if c.name == name:
                 return c.url
         raise KeyError(name)
+
+    @property
+    def effective_global_max_size(self) -> int:
+        """`global-max-size`, its default (a quarter of physical memory) filled in."""
+        if self.global_max_size is not None:
+            return self.global_max_size
+        from .core.address import default_global_max_size
+
+        return default_global_max_size()
+
+    def memory_limits(self) -> MemoryLimits:
+        from .core.address import MemoryLimits
+
+        return MemoryLimits(self.effective_global_max_size, self.global_max_messages)
 
     def settings_repository(self) -> SettingsRepository:
         from .core.settings import SettingsRepository

@@ -15,7 +15,8 @@ from .ha.lockfile import LockFile
 from .journal import Journal, JournalSettings
 from .journal import files as jf
 from .journal import records as rec
-from .store.records import AddressRecord, MessageRecord, QueueRecord, RecordType
+from .store.pages import decode_page, parse_page_name
+from .store.records import AddressRecord, MessageRecord, PageCursorRecord, QueueRecord, RecordType
 
 _NAMES = {int(t): t.name for t in RecordType}
 
@@ -60,6 +61,8 @@ def _raw_counts(j: Journal) -> Counter[str]:
 def print_data(directory: str, records: bool, out: IO[str]) -> int:
     data = Path(directory)
     queues: dict[int, str] = {}
+    addresses: dict[int, str] = {}
+    cursors: dict[int, tuple[int, int]] = {}
     per_queue: Counter[str] = Counter()
     for label, j in _journals(data):
         live = j.load(readonly=True)
@@ -93,10 +96,15 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                         f"filter={q.filter!r}",
                         file=out,
                     )
-            elif utype == RecordType.ADDRESS and records:
+            elif utype == RecordType.ADDRESS:
                 body = lr.updates[-1][1] if lr.updates else lr.body
                 a = msgspec.msgpack.decode(body, type=AddressRecord)
-                print(f"   address {rid}: {a.name!r} routing={a.routing_types}", file=out)
+                addresses[rid] = a.name
+                if records:
+                    print(f"   address {rid}: {a.name!r} routing={a.routing_types}", file=out)
+            elif utype == RecordType.PAGE_CURSOR:
+                cur = msgspec.msgpack.decode(lr.body, type=PageCursorRecord)
+                cursors[cur.queue_id] = (cur.page, cur.index)
             elif utype == RecordType.MESSAGE:
                 m = msgspec.msgpack.decode(lr.body, type=MessageRecord)
                 acked = {msgspec.msgpack.decode(b, type=list)[0] for t, b in (lr.updates or ()) if t == RecordType.ACK}
@@ -109,10 +117,48 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                         + (f" large={m.large.file}:{m.large.size}" if m.large is not None else ""),
                         file=out,
                     )
+    _print_paging(data, addresses, queues, cursors, per_queue, records, out)
     print("== messages per queue", file=out)
     for name in sorted(set(queues.values()) | set(per_queue)):
         print(f"   {name:28} {per_queue.get(name, 0)}", file=out)
     return 0
+
+
+def _print_paging(
+    data: Path,
+    addresses: dict[int, str],
+    queues: dict[int, str],
+    cursors: dict[int, tuple[int, int]],
+    per_queue: Counter[str],
+    records: bool,
+    out: IO[str],
+) -> None:
+    """Page files per address with their records, and each queue's cursor (where it reads next).
+    Messages still ahead of a cursor count in "messages per queue"."""
+    directory = data / "paging"
+    print(f"== paging ({directory})", file=out)
+    pages: dict[int, list[tuple[int, Path]]] = {}
+    if directory.is_dir():
+        for p in directory.iterdir():
+            parsed = parse_page_name(p.name)
+            if parsed is not None:
+                pages.setdefault(parsed[0], []).append((parsed[1], p))
+    for qid, (page, idx) in sorted(cursors.items()):
+        print(f"   cursor {queues.get(qid, f'#{qid}')}: page {page} record {idx}", file=out)
+    for aid in sorted(pages):
+        print(f"   address {addresses.get(aid, f'#{aid} (deleted)')!r}:", file=out)
+        for page, path in sorted(pages[aid]):
+            buf = path.read_bytes()
+            recs, end, reason = decode_page(buf, page)
+            tail = "" if end == len(buf) else f"  (records end at {end}: {reason})"
+            print(f"   {path.name}  size {len(buf)}  records {len(recs)}{tail}", file=out)
+            for i, r in enumerate(recs):
+                for qid, _seq in r.refs:
+                    c = cursors.get(qid)
+                    if qid in queues and (c is None or (page, i) >= c):
+                        per_queue[queues[qid]] += 1
+                if records:
+                    print(f"   paged message {r.mid}: refs={r.refs} size={len(r.raw)}", file=out)
 
 
 def repair_data(directory: str, out: IO[str]) -> int:

@@ -45,6 +45,8 @@ journal-datasync = false
 journal-sync-non-transactional = false
 persist-id-cache = false
 message-expiry-scan-period = 5000
+global-max-size = 104857600
+global-max-messages = 500000
 log-level = "debug"
 ha-policy = "shared-store-backup"
 failover-on-shutdown = true
@@ -89,6 +91,8 @@ max-delivery-attempts = 3
 auto-create-queues = false
 redelivery-delay = 100
 address-full-policy = "FAIL"
+page-size-bytes = 1048576
+page-max-cache-size = 3
 
 [[acceptors]]
 name = "main"
@@ -222,11 +226,17 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         address_settings={
             "#": AddressSettingsConfig(dead_letter_address="DLQ", max_delivery_attempts=3),
             "orders.*": AddressSettingsConfig(
-                auto_create_queues=False, redelivery_delay=100, address_full_policy="FAIL"
+                auto_create_queues=False,
+                redelivery_delay=100,
+                address_full_policy="FAIL",
+                page_size_bytes=1048576,
+                page_max_cache_size=3,
             ),
         },
         persist_id_cache=False,
         message_expiry_scan_period=5000,
+        global_max_size=104857600,
+        global_max_messages=500000,
         log_level="debug",
         ha_policy="shared-store-backup",
         failover_on_shutdown=True,
@@ -562,3 +572,23 @@ def test_bad_network_check_settings_name_the_key(tmp_path: Path, text: str, key:
     msg, p = config_error(tmp_path, text + "\n")
     assert key in msg
     assert str(p) in msg
+
+
+def test_global_max_size_defaults_to_a_quarter_of_physical_memory() -> None:
+    from tandem.core.address import physical_memory
+
+    assert BrokerConfig().effective_global_max_size == physical_memory() // 4 > 0
+    assert BrokerConfig(global_max_size=-1).memory_limits().limited is False
+    limits = BrokerConfig(global_max_size=-1, global_max_messages=3).memory_limits()
+    assert limits.limited and not limits.full
+    limits.changed(10, 3)
+    assert limits.full
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("page-size-bytes", 10), ("page-max-cache-size", 0)],
+)
+def test_bad_page_settings_are_refused(tmp_path: Path, key: str, value: int) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_config(write(tmp_path, f'[address-settings."#"]\n{key} = {value}\n'))

@@ -134,6 +134,7 @@ class Message(msgspec.Struct, gc=False, eq=False):
     raw: msgspec.Raw | bytes
     durable_refs: int = 0
     large: LargeBody | None = None  # the body is a file; `raw` holds the message without it
+    rid: int = 0  # its journal record's id when not `id` (a copy taken from a page file)
 
     @classmethod
     def decode(cls, mid: int, raw: msgspec.Raw | bytes, sent: bool = False) -> Message:

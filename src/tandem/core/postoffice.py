@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..errors import (
@@ -20,11 +21,12 @@ from ..errors import (
     QueueDoesNotExist,
     QueueExists,
 )
-from .address import Address
+from .address import UNLIMITED, Address, MemoryLimits
 from .consumer import Filter
 from .dedup import TX_CACHE, DuplicateIdCache
 from .ids import IdGenerator
 from .message import Message, MessageData, MessageRef, RoutingType
+from .paging import AddressPager, PageStore
 from .queue import Queue, Scheduler, now_ms
 from .settings import AddressSettings, SettingsRepository
 from .storage import Storage
@@ -54,6 +56,8 @@ class PostOffice:
         compile_filter: FilterCompiler = _no_filters,
         call_later: Later | None = None,
         persist_id_cache: bool = True,
+        limits: MemoryLimits = UNLIMITED,
+        pages: PageStore | None = None,
     ) -> None:
         self.storage = storage
         self.ids = ids
@@ -62,6 +66,8 @@ class PostOffice:
         self.compile_filter = compile_filter
         self._call_later = call_later
         self.persist_id_cache = persist_id_cache and storage.persistent
+        self.limits = limits
+        self.pages = pages if storage.persistent else None  # None (no persistence): nothing is paged
         self.addresses: dict[str, Address] = {}
         self.queues: dict[str, Queue] = {}
         self.queues_by_id: dict[int, Queue] = {}
@@ -83,7 +89,7 @@ class PostOffice:
                 addr.routing_types |= routing_types
                 self.storage.store_address(addr)
             return addr
-        addr = Address(self.ids.next(), name, set(routing_types), auto_created, self.settings_for(name))
+        addr = Address(self.ids.next(), name, set(routing_types), auto_created, self.settings_for(name), self.limits)
         self.addresses[name] = addr
         self.storage.store_address(addr)
         return addr
@@ -101,6 +107,7 @@ class PostOffice:
 
     def restore_address(self, addr: Address) -> None:
         addr.settings = self.settings_for(addr.name)
+        addr.limits = self.limits
         self.addresses[addr.name] = addr
 
     # ---------------------------------------------------------------- queues
@@ -206,12 +213,16 @@ class PostOffice:
         self.queues_by_id[q.id] = q
         addr.queues[q.name] = q
         q.addr = addr
+        if addr.pager is not None:
+            addr.pager.add_queue(q)
 
     def restore_queue(self, q: Queue) -> None:
         """Reload path: the queue's address must already be restored."""
         addr = self.addresses.get(q.address)
         if addr is None:
-            addr = Address(self.ids.next(), q.address, {q.routing_type}, True, self.settings_for(q.address))
+            addr = Address(
+                self.ids.next(), q.address, {q.routing_type}, True, self.settings_for(q.address), self.limits
+            )
             self.addresses[q.address] = addr
             self.storage.store_address(addr)
         self._register(q, addr)
@@ -231,6 +242,8 @@ class PostOffice:
         addr = self.addresses.get(q.address)
         if addr is not None:
             addr.queues.pop(name, None)
+            if addr.pager is not None:
+                addr.pager.remove_queue(q)
             addr.release_blocked()
             if q.temporary and addr.auto_created and not addr.queues:
                 # Created for the temporary queue: it goes with it (Artemis's auto-delete-addresses),
@@ -325,11 +338,20 @@ class PostOffice:
         addr = self.addresses.get(message.address)
         if addr is None:
             addr = self._auto_address(message)
-        if addr.settings.address_full_policy == "FAIL" and addr.full:
-            raise AddressFull(
-                f"address {addr.name!r} is full ({addr.size_bytes} of {addr.settings.max_size_bytes} bytes)"
-            )
-        return addr.route(message)
+        policy = addr.settings.address_full_policy
+        if policy == "BLOCK" or policy == "PAGE":
+            return addr.route(message)
+        if not addr.full:
+            addr.dropping = False
+            return addr.route(message)
+        if policy == "DROP":
+            addr.drop(message.id)
+            return []
+        lim = self.limits
+        raise AddressFull(
+            f"address {addr.name!r} is full ({addr.size_bytes} of {addr.settings.max_size_bytes} bytes; "
+            f"broker: {lim.size} of {lim.max_size} bytes, {lim.messages} of {lim.max_messages} messages)"
+        )
 
     def _auto_address(self, message: Message) -> Address:
         name = message.address
@@ -342,6 +364,80 @@ class PostOffice:
             self.create_queue(name, name, RoutingType.ANYCAST, durable=True, auto_created=True)
         return addr
 
+    # ---------------------------------------------------------------- paging
+    def _pager_for(self, message: Message, queues: list[Queue]) -> AddressPager | None:
+        """The address's pager if `message` is to be paged: a PAGE address that pages already or is full."""
+        if not queues or self.pages is None:
+            return None
+        addr = queues[0].addr
+        if addr is None or addr.settings.address_full_policy != "PAGE":
+            return None
+        if any(q.reader_only for q in queues):
+            return None  # a range reader (Spark) reads memory only: its address is not paged (decision 0044)
+        if message.large is not None:
+            return None  # its body is a file already, and a page record holds no file: it is journaled
+        pager = addr.pager
+        if pager is not None and pager.active:
+            return pager
+        if not addr.full:
+            return None
+        if pager is None:
+            pager = addr.pager = self._new_pager(addr, 0)
+        return pager
+
+    def _new_pager(self, addr: Address, loaded_upto: int) -> AddressPager:
+        assert self.pages is not None
+        pager = AddressPager(addr, self.pages, self.storage, self.ids, loaded_upto)
+        for q in addr.queues.values():
+            pager.add_queue(q)
+        return pager
+
+    def _page(self, pager: AddressPager, message: Message, queues: list[Queue]) -> bool:
+        s = queues[0].settings
+        if not message.expiration and s.expiry_delay > 0:
+            message.expiration = now_ms() + s.expiry_delay
+        return pager.page(message, queues)
+
+    def pages_durable(self) -> None:
+        """New page data is readable: queues waiting for it read on."""
+        for addr in self.addresses.values():
+            if addr.pager is not None and addr.pager.active:
+                for q in addr.queues.values():
+                    if q.consumers:
+                        q.deliver_soon()
+
+    def restore_paging(self, listing: dict[int, list[int]], cursors: dict[int, tuple[int, int]]) -> list[int]:
+        """Reload: rebuild each address's paging state from its pages and the queues' cursors.
+        Returns the ids of cursor records whose queues are gone (the caller deletes them)."""
+        by_id = {a.id: a for a in self.addresses.values()}
+        assert self.pages is not None
+        # Page numbers never go back: a journaled cursor may name a page deleted since, and a new
+        # page with that number would look read already.
+        floor: dict[int, int] = {}
+        for qid, (page, _idx) in cursors.items():
+            q = self.queues_by_id.get(qid)
+            if q is not None and q.addr is not None:
+                floor[q.addr.id] = max(floor.get(q.addr.id, 0), page)
+        for aid in floor:
+            listing.setdefault(aid, [])
+        for aid, pages in listing.items():
+            addr = by_id.get(aid)
+            if addr is None:  # its address was deleted: so are its pages
+                for p in pages:
+                    self.pages.remove(aid, p)
+                continue
+            pager = addr.pager = self._new_pager(addr, max(pages[-1] if pages else 0, floor.get(aid, 0)))
+            ops: list[object] = []
+            for m in pager.load(pages, cursors):
+                assert m.dedup_id is not None
+                cache = self.dedup_cache(m.address)
+                if m.dedup_id not in cache:  # its dedup record was still on its way when the broker stopped
+                    self.remember(cache, m.dedup_id, ops)
+            if ops:
+                self.storage.commit(ops)
+        return [qid for qid in cursors if qid not in self.queues_by_id]
+
+    # --------------------------------------------------------------- storing
     def _store(self, message: Message, queues: list[Queue], ops: list[object] | None) -> list[MessageRef]:
         """Give the message its per-queue refs and journal it (into `ops` when given)."""
         if not queues:
@@ -370,7 +466,11 @@ class PostOffice:
         """
         dedup_id = message.dedup_id
         if dedup_id is None:
-            refs = self._store(message, self.route(message), None)
+            queues = self.route(message)
+            pager = self._pager_for(message, queues)
+            if pager is not None:
+                return True, self._page(pager, message, queues)
+            refs = self._store(message, queues, None)
             for ref in refs:
                 ref.queue.add(ref)
             return bool(refs), message.durable_refs > 0
@@ -378,6 +478,16 @@ class PostOffice:
         if dedup_id in cache:
             return False, message.durable and self.storage.persistent
         queues = self.route(message)
+        pager = self._pager_for(message, queues)
+        if pager is not None and self.pages is not None:
+            durable = self._page(pager, message, queues)
+            dops: list[object] = []
+            self.remember(cache, dedup_id, dops if message.durable else None)
+            if dops:
+                # Journaled once the page is durable, never before: an id on disk whose message
+                # is not would make the client's resend look like a duplicate (decision 0045).
+                self.pages.after_durable(partial(self.storage.commit, dops))
+            return True, durable or bool(dops)
         ops: list[object] = []
         refs = self._store(message, queues, ops)
         self.remember(cache, dedup_id, ops if message.durable else None)
@@ -455,10 +565,25 @@ class PostOffice:
         return sum(q.expire_scan(now) for q in list(self.queues.values()))
 
     def stat(self) -> dict[str, Any]:
+        lim = self.limits
         return {
             "addresses": len(self.addresses),
             "queues": len(self.queues),
             "messages": sum(q.message_count for q in self.queues.values()),
             "consumers": sum(len(q.consumers) + len(q.browsers) for q in self.queues.values()),
             "temporary_queues": sum(1 for q in self.queues.values() if q.temporary),
+            "memory_bytes": lim.size,
+            "memory_messages": lim.messages,
+            "global_max_size": lim.max_size,
+            "global_max_messages": lim.max_messages,
+            # per address that holds anything in memory or has paged: bytes in memory, bytes paged, paging
+            "address_memory": {
+                a.name: {
+                    "memory_bytes": a.size_bytes,
+                    "paged_bytes": a.pager.store.paged_bytes(a.id) if a.pager is not None else 0,
+                    "paging": a.paging,
+                }
+                for name, a in sorted(self.addresses.items())
+                if a.size_bytes or a.pager is not None
+            },
         }

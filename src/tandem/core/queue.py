@@ -134,8 +134,17 @@ class Queue:
     # ------------------------------------------------------------ contents
     @property
     def message_count(self) -> int:
-        """Messages in the queue, including those in delivery or waiting out a redelivery delay."""
-        return self._count + self.delivering_count + self.scheduled_count
+        """Messages in the queue, including those in delivery, waiting out a redelivery delay, or paged."""
+        n = self._count + self.delivering_count + self.scheduled_count
+        addr = self.addr
+        if addr is not None and addr.pager is not None:
+            n += addr.pager.paged.get(self.id, 0)
+        return n
+
+    @property
+    def paged_count(self) -> int:
+        addr = self.addr
+        return addr.pager.paged.get(self.id, 0) if addr is not None and addr.pager is not None else 0
 
     @property
     def ready_count(self) -> int:
@@ -145,10 +154,10 @@ class Queue:
     def ready_bytes(self) -> int:
         return self._bytes
 
-    def _account(self, size: int) -> None:
+    def _account(self, size: int, count: int) -> None:
         addr = self.addr
         if addr is not None:
-            addr.size_changed(size)
+            addr.size_changed(size, count)
 
     def add(self, ref: MessageRef) -> None:
         m = ref.message
@@ -158,7 +167,7 @@ class Queue:
         self._count += 1
         size = len(m.raw)
         self._bytes += size
-        self._account(size)
+        self._account(size, 1)
         self.messages_added += 1
         if self.browsers:
             for pending in self.browsers.values():
@@ -167,13 +176,27 @@ class Queue:
             self._scheduled = True
             self._schedule(self._dispatch)
 
+    def add_depaged(self, ref: MessageRef) -> None:
+        """A message read back from a page file (counted as added when it was paged)."""
+        m = ref.message
+        if self.last_value_key is not None:
+            self._replace_last_value(ref)
+        self._levels[m.priority].append(ref)
+        self._count += 1
+        size = len(m.raw)
+        self._bytes += size
+        self._account(size, 1)
+        if self.browsers:
+            for pending in self.browsers.values():
+                pending.append(ref)
+
     def add_loaded(self, ref: MessageRef) -> None:
         """Reload path: no dispatch, no statistics."""
         m = ref.message
         self._levels[m.priority].append(ref)
         self._count += 1
         self._bytes += m.size
-        self._account(m.size)
+        self._account(m.size, 1)
         if ref.seq >= self._next_seq:
             self._next_seq = ref.seq + 1
 
@@ -192,7 +215,7 @@ class Queue:
                 n += 1
         self._count += n
         self._bytes += size
-        self._account(size)
+        self._account(size, n)
         if top >= self._next_seq:
             self._next_seq = top + 1
         return n
@@ -309,19 +332,31 @@ class Queue:
         self._scheduled = False
         if self.deleted:
             return
+        addr = self.addr
+        pager = addr.pager if addr is not None else None
+        if pager is not None and pager.active and self.consumers:
+            read = pager.refill(self)
+            before = self._count
+            self._dispatch_some()
+            if not self._count and (read or before) and pager.paged.get(self.id):
+                self.deliver_soon()  # emptied (delivered, or expired) with more in the pages: read on
+            return
+        self._dispatch_some()
+
+    def _dispatch_some(self) -> int:
         delivered = 0
         if self.browsers:
             delivered += self._dispatch_browsers()
         consumers = self.consumers[:1] if self.exclusive else self.consumers
         if not consumers or not self._count:
-            return
+            return delivered
         n = len(consumers)
         lvq = self.last_value_key is not None
         if n == 1 and not lvq and consumers[0].filter is None:
             delivered += self._dispatch_single(consumers[0], MAX_PER_PASS - delivered)
             if delivered >= MAX_PER_PASS:
                 self.deliver_soon()
-            return
+            return delivered
         skipped: list[MessageRef] = []
         now = 0
         while self._count and delivered < MAX_PER_PASS:
@@ -360,6 +395,7 @@ class Queue:
             self._push_front(skipped)
         if delivered >= MAX_PER_PASS:
             self.deliver_soon()
+        return delivered
 
     def _dispatch_single(self, c: Consumer, budget: int) -> int:
         """The common case, one consumer without a filter: no round robin, no skipping, and
@@ -431,7 +467,7 @@ class Queue:
         if durable:
             self.storage.store_acks(durable, self, tx)
         if released:
-            self._account(-released)
+            self._account(-released, -len(refs))
 
     def cancel(self, refs: list[MessageRef], redeliver_delay: bool = True, unseen: Collection[int] = ()) -> None:
         """Delivered refs come back unacknowledged (consumer gone, rollback, negative ack)."""
@@ -569,7 +605,9 @@ class Queue:
         return len(expired)
 
     def purge(self) -> int:
-        """Drop every queued (not in-delivery) message; returns how many."""
+        """Drop every queued (not in-delivery) message, paged ones included; returns how many."""
+        addr = self.addr
+        paged = addr.pager.skip(self) if addr is not None and addr.pager is not None else 0
         refs: list[MessageRef] = []
         for level in self._levels:
             refs.extend(level)
@@ -578,7 +616,7 @@ class Queue:
         self._bytes = 0
         self._last_values.clear()
         self._drop(refs)
-        return len(refs)
+        return len(refs) + paged
 
     def close_consumers(self, error: TandemError) -> None:
         for c in [*self.consumers, *self.browsers]:
@@ -598,6 +636,9 @@ class Queue:
             "first_seq": self.first_seq(),
             "filter": self.filter_text,
             "message_count": self.message_count,
+            "paging": self.addr is not None and self.addr.paging,
+            "paged_count": self.paged_count,
+            "memory_bytes": self._bytes,
             "delivering_count": self.delivering_count,
             "scheduled_count": self.scheduled_count,
             "consumer_count": len(self.consumers),

@@ -33,7 +33,9 @@ class AddressSettings:
     default_consumer_window_size: int = 1024 * 1024
     id_cache_size: int = 20_000
     max_size_bytes: int = -1
-    address_full_policy: str = "BLOCK"  # BLOCK | FAIL (PAGE arrives with paging)
+    address_full_policy: str = "PAGE"  # PAGE | BLOCK | FAIL | DROP (Artemis's default for new brokers)
+    page_size_bytes: int = 10 * 1024 * 1024  # one page file (PAGE policy)
+    page_max_cache_size: int = 5  # page files a paging address keeps read in memory
     default_last_value_key: str | None = None
     default_exclusive_queue: bool = False
 

@@ -43,6 +43,68 @@ from .security import Authenticator
 log = logging.getLogger("tandem.broker")
 
 
+def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: LoadedState) -> int:
+    """Build the post office's addresses, queues, messages and paging state from what the store loaded;
+    returns how many messages were loaded."""
+    from ..core.address import Address
+
+    for aid, arec in state.addresses:
+        po.restore_address(Address(aid, arec.name, {RoutingType(r) for r in arec.routing_types}, arec.auto_created))
+    for lq in state.queues:
+        r = lq.record
+        q = po.new_queue(
+            lq.id,
+            r.name,
+            r.address,
+            RoutingType(r.routing_type),
+            True,
+            filter_text=r.filter,
+            auto_created=r.auto_created,
+            max_consumers=r.max_consumers,
+            exclusive=r.exclusive,
+            last_value_key=r.last_value_key,
+            reader_only=r.reader_only,
+            next_seq=max(lq.seq_reserved, 1),
+            seq_reserved=lq.seq_reserved,
+        )
+        po.restore_queue(q)
+    for address, dedup_id, rid in state.dedup:
+        po.restore_dedup(address, dedup_id, rid)
+    by_id = po.queues_by_id
+    n = 0
+    if state.queue_refs is not None:  # warm: the follower built the references already
+        refs_by_queue = state.queue_refs
+        for q in po.queues.values():
+            n += q.adopt(refs_by_queue.pop(q.id, []))
+        for refs in refs_by_queue.values():  # queues deleted since: their messages go with them
+            for ref in refs:
+                if not ref.removed:
+                    ref.message.durable_refs -= 1
+                    if ref.message.durable_refs <= 0:
+                        storage.delete_message(ref.message.rid or ref.message.id)
+    for lm in state.messages:
+        m = lm.message
+        kept = 0
+        for qid, seq, dc in lm.refs:
+            target = by_id.get(qid)
+            if target is not None:
+                target.add_loaded(MessageRef(m, target, seq, dc))
+                kept += 1
+        if not kept:
+            storage.delete_message(m.rid or m.id)
+            continue
+        m.durable_refs = kept
+        n += 1
+    for q in po.queues.values():
+        q.sort_loaded()
+    if isinstance(storage, JournalStorage):
+        pages = storage.pages
+        pages.on_durable = po.pages_durable
+        for qid in po.restore_paging(pages.listing(), state.page_cursors):
+            storage.delete_cursor_record(qid)
+    return n
+
+
 def journal_settings(cfg: BrokerConfig) -> JournalSettings:
     return JournalSettings(
         file_size=cfg.journal_file_size,
@@ -432,6 +494,8 @@ class Broker:
                 _compile_filter,
                 loop.call_later,
                 cfg.persist_id_cache,
+                cfg.memory_limits(),
+                self.storage.pages if isinstance(self.storage, JournalStorage) else None,
             )
             self._restore(state)
         finally:
@@ -458,59 +522,7 @@ class Broker:
             self.bound[acc.name] = (sock[0], sock[1])
 
     def _restore(self, state: LoadedState) -> None:
-        po = self.postoffice
-        from ..core.address import Address
-
-        for aid, arec in state.addresses:
-            po.restore_address(Address(aid, arec.name, {RoutingType(r) for r in arec.routing_types}, arec.auto_created))
-        for lq in state.queues:
-            r = lq.record
-            q = po.new_queue(
-                lq.id,
-                r.name,
-                r.address,
-                RoutingType(r.routing_type),
-                True,
-                filter_text=r.filter,
-                auto_created=r.auto_created,
-                max_consumers=r.max_consumers,
-                exclusive=r.exclusive,
-                last_value_key=r.last_value_key,
-                reader_only=r.reader_only,
-                next_seq=max(lq.seq_reserved, 1),
-                seq_reserved=lq.seq_reserved,
-            )
-            po.restore_queue(q)
-        for address, dedup_id, rid in state.dedup:
-            po.restore_dedup(address, dedup_id, rid)
-        by_id = po.queues_by_id
-        n = 0
-        if state.queue_refs is not None:  # warm: the follower built the references already
-            refs_by_queue = state.queue_refs
-            for q in po.queues.values():
-                n += q.adopt(refs_by_queue.pop(q.id, []))
-            for refs in refs_by_queue.values():  # queues deleted since: their messages go with them
-                for ref in refs:
-                    if not ref.removed:
-                        ref.message.durable_refs -= 1
-                        if ref.message.durable_refs <= 0:
-                            self.storage.delete_message(ref.message.id)
-        for lm in state.messages:
-            m = lm.message
-            kept = 0
-            for qid, seq, dc in lm.refs:
-                target = by_id.get(qid)
-                if target is not None:
-                    target.add_loaded(MessageRef(m, target, seq, dc))
-                    kept += 1
-            if not kept:
-                self.storage.delete_message(m.id)
-                continue
-            m.durable_refs = kept
-            n += 1
-        for q in po.queues.values():
-            q.sort_loaded()
-        self.loaded_messages = n
+        self.loaded_messages = restore_state(self.postoffice, self.storage, state)
 
     def _declare(self) -> None:
         po = self.postoffice

@@ -768,7 +768,8 @@ class NativeConnection(asyncio.Protocol):
         addr = po.addresses.get(pkt.address)
         if addr is None:
             s = po.settings_for(pkt.address)
-            grant(pkt.amount if s.max_size_bytes >= 0 and s.address_full_policy == "BLOCK" else -1)
+            bounded = s.max_size_bytes >= 0 or po.limits.limited
+            grant(pkt.amount if bounded and s.address_full_policy == "BLOCK" else -1)
         else:
             addr.request_credit(max(pkt.amount, 1), grant)
 

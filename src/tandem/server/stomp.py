@@ -676,7 +676,7 @@ class StompConnection(asyncio.Protocol):
             self._receipt(frame, durable=wrote)
         if tx is None:
             addr = session.postoffice.addresses.get(address)
-            if addr is not None and addr.settings.max_size_bytes >= 0:  # only a bounded address can fill
+            if addr is not None and addr.bounded:  # only a bounded address can fill
                 self._block_if_full(address)
 
     def _block_if_full(self, address: str) -> None:

@@ -25,6 +25,7 @@ from ..journal import ADD, DELETE, UPDATE, Journal, JournalSettings, LiveRecord,
 from ..journal.storeio import Tap
 from .large_messages import DIRECTORY as LARGE_DIRECTORY
 from .large_messages import LargeMessageStore
+from .pages import PageFiles
 from .records import (
     COUNTER_RECORD_BASE,
     AckRecord,
@@ -34,6 +35,7 @@ from .records import (
     DuplicateIdRecord,
     LargeRecord,
     MessageRecord,
+    PageCursorRecord,
     QueueRecord,
     RecordType,
     encoder,
@@ -48,6 +50,7 @@ _dec_ack = msgspec.msgpack.Decoder(AckRecord)
 _dec_dc = msgspec.msgpack.Decoder(DeliveryCountRecord)
 _dec_counter = msgspec.msgpack.Decoder(CounterRecord)
 _dec_dedup = msgspec.msgpack.Decoder(DuplicateIdRecord)
+_dec_cursor = msgspec.msgpack.Decoder(PageCursorRecord)
 _encode = encoder.encode
 
 BINDINGS_FILE_SIZE = 1024 * 1024
@@ -75,6 +78,7 @@ class LoadedState:
     messages: Iterator[LoadedMessage] = field(default_factory=lambda: iter(()))
     dedup: list[tuple[str, str, int]] = field(default_factory=list)  # (address, dedup id, record id), in order
     queue_refs: dict[int, list[MessageRef]] | None = None  # a follower's references per queue id (warm backup)
+    page_cursors: dict[int, tuple[int, int]] = field(default_factory=dict)  # queue id -> (page, index)
 
 
 class JournalStorage:
@@ -100,8 +104,10 @@ class JournalStorage:
         self._followed: tuple[dict[int, LiveRecord], dict[int, LiveRecord], Any] | None = None
         self._drop_at_start: list[int] = []  # records found broken before the journal ran
         self._leftovers: dict[int, LiveRecord] | None = None
+        self._cursor_rids: dict[int, int] = {}  # queue id -> its PAGE_CURSOR record
         (self.data_dir / "paging").mkdir(parents=True, exist_ok=True)
         self.large = LargeMessageStore(self.data_dir / LARGE_DIRECTORY, tap, self.messages.after_durable)
+        self.pages = PageFiles(self.data_dir / "paging", settings.datasync, tap)
 
     @property
     def journals(self) -> list[Journal]:
@@ -119,12 +125,16 @@ class JournalStorage:
             if lr.user_type == RecordType.DUPLICATE_ID:
                 d = _dec_dedup.decode(lr.body)
                 state.dedup.append((d.address, d.dedup_id, rid))
+            elif lr.user_type == RecordType.PAGE_CURSOR:
+                self._cursor_loaded(rid, lr.body, state)
         state.messages = self._iter_messages(live)
         return state
 
     def make_message(self, rid: int, rec: MessageRecord) -> Message:
         """The message of a MESSAGE record (its large body's handle too, counted as recorded)."""
-        m = Message.decode(rid, rec.message)
+        m = Message.decode(rec.message_id or rid, rec.message)
+        if rec.message_id:
+            m.rid = rid
         if rec.expiration:
             m.expiration = rec.expiration
         lg = rec.large
@@ -151,11 +161,19 @@ class JournalStorage:
             self._drop_at_start.append(rid)
         return False
 
+    def _cursor_loaded(self, rid: int, body: bytes, state: LoadedState) -> None:
+        c = _dec_cursor.decode(body)
+        old = self._cursor_rids.get(c.queue_id)
+        if old is None or old < rid:  # a replacement is added before its predecessor is deleted
+            self._cursor_rids[c.queue_id] = rid
+            state.page_cursors[c.queue_id] = (c.page, c.index)
+
     def set_tap(self, tap: Tap | None) -> None:
         """Before `start`: stream every change from now on (a backup that took over replicates in turn)."""
         self.bindings.tap = tap
         self.messages.tap = tap
         self.large.set_tap(tap)
+        self.pages.tap = tap
 
     def adopt_followed(self, bindings: dict[int, LiveRecord], messages: dict[int, LiveRecord], follower: Any) -> None:
         """Journals already read by a follower (store/follower.py): `load` builds from what it built."""
@@ -170,6 +188,9 @@ class JournalStorage:
         state.max_id = max(top_id, self.messages.max_id)
         state.dedup = [(a, d, rid) for rid, (a, d) in follower.dedup.items()]
         state.queue_refs = follower.by_queue
+        for rid, lr in mlive.items():
+            if lr.user_type == RecordType.PAGE_CURSOR:
+                self._cursor_loaded(rid, lr.body, state)
         self._leftovers = mlive  # the follower's message objects carry on; its records are freed later
         self._check_followed_large(mlive)
         return state
@@ -233,11 +254,11 @@ class JournalStorage:
                 if not self.large.complete(rec.large.file, rec.large.size):
                     broken.append((rid, m))  # dropped after the walk (no journal change while iterating)
                     continue
-            elif lr.updates is None and not rec.expiration:  # the common case
+            elif lr.updates is None and not rec.expiration and not rec.message_id:  # the common case
                 yield LoadedMessage(make(rid, rec.message), [(qid, seq, 0) for qid, seq in rec.refs])
                 continue
             else:
-                m = make(rid, rec.message)
+                m = self.make_message(rid, rec)
             counts: dict[int, int] = {}
             acked: set[int] = set()
             for utype, ubody in lr.updates or ():
@@ -247,8 +268,6 @@ class JournalStorage:
                     dc = _dec_dc.decode(ubody)
                     counts[dc.queue_id] = dc.count
             refs = [(qid, seq, counts.get(qid, 0)) for qid, seq in rec.refs if qid not in acked]
-            if rec.expiration:
-                m.expiration = rec.expiration
             yield LoadedMessage(m, refs)
         live.clear()
         for rid, m in broken:
@@ -263,8 +282,10 @@ class JournalStorage:
         drop, self._drop_at_start = self._drop_at_start, []
         for rid in drop:
             self.messages.delete(rid)
+        self.pages.start()
 
     async def stop(self) -> None:
+        await self.pages.stop()
         await self.messages.stop()
         await self.bindings.stop()
         self.large.close()
@@ -272,9 +293,11 @@ class JournalStorage:
     def set_failure_handler(self, handler: Callable[[BaseException], None]) -> None:
         self.bindings.on_failure = handler
         self.messages.on_failure = handler
+        self.pages.on_failure = handler
 
     def halt(self, err: BaseException) -> None:
         """Write nothing more from now on (the store is no longer ours); what is pending is never confirmed."""
+        self.pages.halt(err)
         self.messages.halt(err)
         self.bindings.halt(err)
 
@@ -331,6 +354,37 @@ class JournalStorage:
         self.bindings.after_durable(cb)
 
     # -------------------------------------------------------------- messages
+    def store_depaged(
+        self, queue: Queue, messages: list[tuple[Message, int]], cursor: tuple[int, int], rid: int
+    ) -> None:
+        """Messages a queue read from its pages, journaled as its own, and its new cursor (record
+        `rid`, a broker id): one batch, so a restart finds each either in the journal or still
+        ahead of the cursor, never both."""
+        ops: list[Op] = []
+        for m, seq in messages:
+            raw = m.raw
+            if type(raw) is not msgspec.Raw:
+                raw = msgspec.Raw(raw)
+            body = _encode(MessageRecord([(queue.id, seq)], raw, m.expiration or 0, message_id=m.id))
+            ops.append(Op(ADD, RecordType.MESSAGE, m.rid or m.id, body))
+        ops.append(Op(ADD, RecordType.PAGE_CURSOR, rid, _encode(PageCursorRecord(queue.id, cursor[0], cursor[1]))))
+        old = self._cursor_rids.get(queue.id)
+        if old is not None:
+            ops.append(Op(DELETE, 0, old, b""))
+        self._cursor_rids[queue.id] = rid
+        self.messages.batch(ops)
+
+    def delete_cursor(self, queue: Queue) -> None:
+        old = self._cursor_rids.pop(queue.id, None)
+        if old is not None:
+            self.messages.delete(old)
+
+    def delete_cursor_record(self, queue_id: int) -> None:
+        """Reload clean-up: the cursor of a queue that no longer exists."""
+        old = self._cursor_rids.pop(queue_id, None)
+        if old is not None:
+            self.messages.delete(old)
+
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
         raw = message.raw
         if type(raw) is not msgspec.Raw:
@@ -349,10 +403,11 @@ class JournalStorage:
 
     def store_ack(self, message: Message, queue: Queue, tx: list[object] | None = None) -> None:
         message.durable_refs -= 1
+        rid = message.rid or message.id
         if message.durable_refs <= 0:
-            op = Op(DELETE, 0, message.id, b"")
+            op = Op(DELETE, 0, rid, b"")
         else:
-            op = Op(UPDATE, RecordType.ACK, message.id, _encode(AckRecord(queue.id)))
+            op = Op(UPDATE, RecordType.ACK, rid, _encode(AckRecord(queue.id)))
         if tx is not None:
             tx.append(op)
         elif op.kind == DELETE:
@@ -372,9 +427,9 @@ class JournalStorage:
         for m in messages:
             m.durable_refs -= 1
             if m.durable_refs <= 0:
-                deletes.append(m.id)
+                deletes.append(m.rid or m.id)
             else:
-                self.messages.update(m.id, RecordType.ACK, _encode(AckRecord(queue.id)))
+                self.messages.update(m.rid or m.id, RecordType.ACK, _encode(AckRecord(queue.id)))
         if deletes:
             self.messages.delete_many(deletes)
             if self.large.records:
@@ -383,8 +438,9 @@ class JournalStorage:
 
     def store_delivery_count(self, message: Message, queue: Queue, count: int) -> None:
         # Advisory, and written as consumers close: a failed journal (the broker is stopping) skips it.
-        if self.messages.failed is None and self.messages.contains(message.id):
-            self.messages.update(message.id, RecordType.DELIVERY_COUNT, _encode(DeliveryCountRecord(queue.id, count)))
+        rid = message.rid or message.id
+        if self.messages.failed is None and self.messages.contains(rid):
+            self.messages.update(rid, RecordType.DELIVERY_COUNT, _encode(DeliveryCountRecord(queue.id, count)))
 
     def store_dedup(
         self, address: str, dedup_id: str | None, rid: int, evicted: list[int], tx: list[object] | None
@@ -425,6 +481,12 @@ class JournalStorage:
         before that record is durable, a crash would reload the message without its queue (and
         drop it as an orphan). The bindings journal is idle nearly always; then this is the
         message journal's own wait."""
+        if not self.pages.idle:  # a paged message, or its dedup record that follows the page
+            self.pages.after_durable(partial(self._after_journals, cb))
+        else:
+            self._after_journals(cb)
+
+    def _after_journals(self, cb: Callable[[], None]) -> None:
         if self.bindings.idle:
             self.messages.after_durable(cb)
         else:
@@ -501,6 +563,14 @@ class NullStorage:
         pass
 
     def delete_message(self, message_id: int) -> None:
+        pass
+
+    def store_depaged(
+        self, queue: Queue, messages: list[tuple[Message, int]], cursor: tuple[int, int], rid: int
+    ) -> None:
+        pass
+
+    def delete_cursor(self, queue: Queue) -> None:
         pass
 
     def after_durable(self, cb: Callable[[], None]) -> None:

@@ -18,6 +18,9 @@ class RecordType(IntEnum):
     ACK = 11
     DELIVERY_COUNT = 12
     DUPLICATE_ID = 13
+    PAGE_CURSOR = 14  # where a queue reads its address's page files next
+    # page files (paging/)
+    PAGED_MESSAGE = 20
 
 
 # Counter reservations (message ids, per-queue sequences) are written as a fresh record that
@@ -59,6 +62,7 @@ class MessageRecord(msgspec.Struct, array_like=True, gc=False):
     message: msgspec.Raw
     expiration: int = 0  # set by the broker (expiry-delay) when the message carried none
     large: LargeRecord | None = None  # a large message: `message` has no body, the file has it
+    message_id: int = 0  # the message's id when not the record's (a copy read from a page file)
 
 
 class DuplicateIdRecord(msgspec.Struct, array_like=True, gc=False):
@@ -73,6 +77,14 @@ class AckRecord(msgspec.Struct, array_like=True, gc=False):
 class DeliveryCountRecord(msgspec.Struct, array_like=True, gc=False):
     queue_id: int
     count: int
+
+
+class PageCursorRecord(msgspec.Struct, array_like=True, gc=False):
+    """A queue has read its address's pages up to (not including) record `index` of `page`."""
+
+    queue_id: int
+    page: int
+    index: int
 
 
 class CounterRecord(msgspec.Struct, array_like=True, gc=False):

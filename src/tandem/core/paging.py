@@ -1,0 +1,316 @@
+"""Paging: an address whose memory is full keeps accepting messages by writing them to page files.
+
+Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045):
+
+- A PAGE address that is full (its `max-size-bytes` or the broker's `global-max-size` /
+  `global-max-messages`) starts paging: from then on every message sent to it outside a
+  transaction goes to its current page file, once, whatever the number of queues it is routed
+  to, with each queue's sequence number already assigned. Nothing of it stays in memory.
+- Each queue reads the pages through its own cursor (page, record index) when it has consumers
+  and little in memory (its share of the address's limit): the messages it takes are journaled
+  like any sent message (a MESSAGE record of their own, with the original message id) in one
+  batch with the queue's new cursor, so from there on acknowledgements, delivery counts,
+  redelivery, expiry and dead letters are the ordinary ones.
+- A page is deleted once every queue's cursor is past it and those cursors are durable; the
+  address stops paging when no queue has a paged message left.
+
+Order per queue holds across the boundary: while an address pages, nothing it receives outside
+a transaction enters memory, and a queue reads its pages in order. Transactional sends and the
+broker's own copies (dead letters, expiry) go to memory, counted against the limit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import msgspec
+
+from .message import Message, MessageRef
+
+if TYPE_CHECKING:
+    from .address import Address
+    from .ids import IdGenerator
+    from .queue import Queue
+    from .storage import Storage
+
+log = logging.getLogger("tandem.paging")
+
+MAX_SCAN = 5000  # records one refill looks at, at most (a queue a filter routes few messages to)
+
+
+class PagedRecord(NamedTuple):
+    """One message in a page: its id, (queue id, sequence) per queue it was routed to, its bytes."""
+
+    mid: int
+    refs: list[tuple[int, int]]
+    raw: bytes
+    expiration: int
+
+
+class PageStore(Protocol):
+    """The page files (store/pages.py)."""
+
+    def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]]) -> int: ...
+    def read(self, address_id: int, page: int, offset: int) -> tuple[list[PagedRecord], int]: ...
+    def load(self, address_id: int, page: int) -> list[PagedRecord]: ...
+    def remove(self, address_id: int, page: int) -> None: ...
+    def after_durable(self, cb: Callable[[], None]) -> None: ...
+    def paged_bytes(self, address_id: int) -> int: ...
+
+
+class _Cached:
+    __slots__ = ("offset", "records")
+
+    def __init__(self) -> None:
+        self.records: list[PagedRecord] = []
+        self.offset = 0
+
+
+class AddressPager:
+    """The paging state of one address (loop thread)."""
+
+    def __init__(
+        self, addr: Address, store: PageStore, storage: Storage, ids: IdGenerator, loaded_upto: int = 0
+    ) -> None:
+        self.addr = addr
+        self.store = store
+        self.storage = storage
+        self.ids = ids
+        self.pages: list[int] = []  # existing pages, ascending
+        self.counts: dict[int, int] = {}  # records per existing page
+        self.write_page = 0  # the page being appended to (0: none)
+        self.write_bytes = 0
+        self.next_page = loaded_upto + 1
+        self.loaded_upto = loaded_upto  # pages from before this start: their non-durable messages are gone
+        self.cursors: dict[int, list[int]] = {}  # queue id -> [page, record index]: the next record to read
+        self.paged: dict[int, int] = {}  # queue id -> its messages still in pages
+        self.cache: OrderedDict[int, _Cached] = OrderedDict()
+        self.active = False
+        self.messages_paged = 0
+
+    # --------------------------------------------------------------- writing
+    def page(self, message: Message, queues: list[Queue]) -> bool:
+        """Write `message` to the current page for `queues`; True if its confirmation waits for the disk."""
+        if not self.active:
+            self.active = True
+            log.info("address paging", extra={"address": self.addr.name, "size_bytes": self.addr.size_bytes})
+        if self.write_page == 0 or self.write_bytes >= self.addr.settings.page_size_bytes:
+            self._open_page()
+        refs = [(q.id, q.next_seq()) for q in queues]
+        page = self.write_page
+        self.write_bytes += self.store.append(self.addr.id, page, message, refs)
+        self.counts[page] += 1
+        paged = self.paged
+        for q in queues:
+            paged[q.id] = paged.get(q.id, 0) + 1
+            q.messages_added += 1
+        self.messages_paged += 1
+        return message.durable and self.storage.persistent
+
+    def _open_page(self) -> None:
+        page = self.next_page
+        self.next_page += 1
+        self.write_page = page
+        self.write_bytes = 0
+        self.pages.append(page)
+        self.counts[page] = 0
+
+    # -------------------------------------------------------------- queues
+    def add_queue(self, q: Queue) -> None:
+        """A queue created while the address pages: it starts at the head (older records are not its)."""
+        if self.write_page:
+            self.cursors[q.id] = [self.write_page, self.counts[self.write_page]]
+        else:
+            self.cursors[q.id] = [self.next_page, 0]
+        self.paged[q.id] = 0
+
+    def remove_queue(self, q: Queue) -> None:
+        """A queue deleted: its paged messages go with it."""
+        self.cursors.pop(q.id, None)
+        self.paged.pop(q.id, None)
+        if q.durable:
+            self.storage.delete_cursor(q)
+        self._collect()
+
+    def skip(self, q: Queue) -> int:
+        """Drop every paged message of `q` (a purge): its cursor moves to the head."""
+        n = self.paged.get(q.id, 0)
+        if not n:
+            return 0
+        head = [self.write_page, self.counts[self.write_page]] if self.write_page else [self.next_page, 0]
+        self.cursors[q.id] = head
+        self.paged[q.id] = 0
+        if q.durable and self.storage.persistent:
+            self.storage.store_depaged(q, [], (head[0], head[1]), self.ids.next())
+        self._collect()
+        return n
+
+    # -------------------------------------------------------------- reading
+    def share(self) -> int:
+        """What one queue may hold in memory before it stops reading pages."""
+        addr = self.addr
+        limit = addr.settings.max_size_bytes
+        if limit < 0:
+            limit = addr.limits.max_size if addr.limits.max_size >= 0 else addr.settings.page_size_bytes
+        return max(limit // max(1, len(addr.queues)), 1)
+
+    def refill(self, q: Queue) -> int:
+        """Bring `q`'s next paged messages into memory, up to its share; how many records it read
+        (those of other queues included: a caller reads on while that is not 0)."""
+        if not self.paged.get(q.id):
+            return 0
+        share = self.share()
+        have = q.ready_bytes
+        if q.ready_count and (have >= share or self.addr.limits.full):
+            return 0
+        cur = self.cursors.get(q.id)
+        if cur is None:
+            cur = self.cursors[q.id] = [self.pages[0] if self.pages else self.next_page, 0]
+        page, idx = cur
+        qid = q.id
+        taken: list[MessageRef] = []
+        size = 0
+        scanned = 0
+        moved = False
+        while have + size < share and scanned < MAX_SCAN:
+            count = self.counts.get(page)
+            if count is None:  # deleted, or not written yet
+                nxt = self._page_after(page)
+                if nxt is None:
+                    break
+                page, idx, moved = nxt, 0, True
+                continue
+            if idx >= count:
+                if page == self.write_page:
+                    break
+                nxt = self._page_after(page)
+                if nxt is None:
+                    break
+                page, idx, moved = nxt, 0, True
+                continue
+            records = self._records(page, idx)
+            if idx >= len(records):
+                break  # the rest of this page is not durable yet
+            r = records[idx]
+            idx += 1
+            moved = True
+            scanned += 1
+            seq = 0
+            for rqid, rseq in r.refs:
+                if rqid == qid:
+                    seq = rseq
+                    break
+            if not seq:
+                continue
+            m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
+            if not m.durable and page <= self.loaded_upto:
+                continue  # a non-durable message does not outlive the broker that took it
+            if r.expiration:
+                m.expiration = r.expiration
+            taken.append(MessageRef(m, q, seq))
+            size += len(r.raw)
+        if not moved:
+            return 0
+        cur[0], cur[1] = page, idx
+        self.paged[qid] -= len(taken)
+        if q.durable and self.storage.persistent:
+            durable = [ref for ref in taken if ref.message.durable]
+            for ref in durable:
+                ref.message.rid = self.ids.next()
+                ref.message.durable_refs = 1
+            self.storage.store_depaged(q, [(ref.message, ref.seq) for ref in durable], (page, idx), self.ids.next())
+        for ref in taken:
+            q.add_depaged(ref)
+        self._collect()
+        return scanned
+
+    def _page_after(self, page: int) -> int | None:
+        for p in self.pages:
+            if p > page:
+                return p
+        return None
+
+    def _records(self, page: int, idx: int) -> list[PagedRecord]:
+        c = self.cache.get(page)
+        if c is None:
+            c = self.cache[page] = _Cached()
+            while len(self.cache) > self.addr.settings.page_max_cache_size:
+                self.cache.popitem(last=False)
+        else:
+            self.cache.move_to_end(page)
+        if idx >= len(c.records):
+            more, c.offset = self.store.read(self.addr.id, page, c.offset)
+            c.records.extend(more)
+        return c.records
+
+    # ------------------------------------------------------------ clean-up
+    def _collect(self) -> None:
+        """Delete the pages every cursor is past (once the cursors are durable); stop paging when
+        no queue has a paged message left."""
+        if not any(self.paged.values()):
+            done = self.pages
+            self.pages = []
+            self.counts.clear()
+            self.cache.clear()
+            self.write_page = 0
+            for cur in self.cursors.values():
+                cur[0], cur[1] = self.next_page, 0
+            if self.active:
+                self.active = False
+                log.info("address stopped paging", extra={"address": self.addr.name})
+        else:
+            low = min((c[0] for c in self.cursors.values()), default=self.next_page)
+            done = [p for p in self.pages if p < low]
+            if not done:
+                return
+            self.pages = self.pages[len(done) :]
+            for p in done:
+                self.counts.pop(p, None)
+                self.cache.pop(p, None)
+        if done:
+            self.storage.after_durable(partial(self._remove, done))
+
+    def _remove(self, pages: list[int]) -> None:
+        for p in pages:
+            self.store.remove(self.addr.id, p)
+
+    # -------------------------------------------------------------- reload
+    def load(self, pages: list[int], cursors: dict[int, tuple[int, int]]) -> list[Message]:
+        """Rebuild from the page files and the journaled cursors; returns the paged messages that
+        carry a dedup id (the caller makes sure the dedup cache knows them)."""
+        queues = {q.id: q for q in self.addr.queues.values()}
+        first = pages[0] if pages else self.next_page
+        for qid in queues:
+            page, idx = cursors.get(qid, (first, 0))
+            self.cursors[qid] = [page, idx]
+            self.paged[qid] = 0
+        with_dedup: list[Message] = []
+        for page in pages:
+            records = self.store.load(self.addr.id, page)
+            self.pages.append(page)
+            self.counts[page] = len(records)
+            for i, r in enumerate(records):
+                m = Message.decode(r.mid, r.raw)
+                if not m.durable:
+                    continue
+                if m.dedup_id is not None:
+                    with_dedup.append(m)
+                for qid, _seq in r.refs:
+                    cur = self.cursors.get(qid)
+                    if cur is not None and (page, i) >= (cur[0], cur[1]):
+                        self.paged[qid] += 1
+        self.active = any(self.paged.values())
+        self._collect()
+        return with_dedup
+
+    def stat(self) -> dict[str, object]:
+        return {
+            "paging": self.active,
+            "pages": len(self.pages),
+            "paged_bytes": self.store.paged_bytes(self.addr.id),
+            "paged_messages": sum(self.paged.values()),
+        }

@@ -1,0 +1,302 @@
+"""Page files: where the messages of a paging address go instead of memory (docs/storage.md, "Paging").
+
+One flat directory, `paging/`, with files named `a<address id>-<page number>.page` (decision
+0043): a page file is a journal-format file (the journal's header and record codec, CRC32C per
+record) holding only ADD records whose body is a `MessageRecord` and whose id is the message id.
+Page files are append-only and never recycled: a page is written once, read by the address's
+queues (each through its own cursor, journaled as PAGE_CURSOR records in the message journal)
+and deleted when every cursor is past it. After a restart nothing is appended to an existing
+page (a torn tail stays where it is and is never read past); new messages start a new page.
+
+Writes are group-committed off the event loop as the journal's are: everything appended during
+one loop pass becomes one batch for the writer thread, which writes it, syncs it and reports
+back; `after_durable` callbacks run then (and, on a replicating primary, once the backup has the
+batch too: every change goes through a `StoreIO`, so the replication tap sees it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from ..core.message import Message
+from ..core.paging import PagedRecord
+from ..journal import files as jf
+from ..journal import records as rec
+from ..journal.storeio import StoreIO, Tap
+from .records import MessageRecord, RecordType, encoder
+
+log = logging.getLogger("tandem.paging")
+
+_NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
+_dec_message = msgspec.msgpack.Decoder(MessageRecord)
+
+
+def page_name(address_id: int, page: int) -> str:
+    return f"a{address_id}-{page:010d}.page"
+
+
+def parse_page_name(name: str) -> tuple[int, int] | None:
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tuple[list[PagedRecord], int, str]:
+    """The records of a page file's bytes from `start`: (records, where the valid ones end, why the scan stopped)."""
+    parsed: list[rec.Parsed] = []
+    end = rec.scan(data, start, page, parsed)
+    out: list[PagedRecord] = []
+    for _off, _len, kind, utype, rid, body in parsed:
+        if kind != rec.ADD or utype != RecordType.PAGED_MESSAGE:
+            continue
+        r = _dec_message.decode(body)
+        out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration))
+    return out, end.offset, end.reason
+
+
+@dataclass
+class _Batch:
+    creates: list[tuple[str, int]] = field(default_factory=list)  # (name, page)
+    writes: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)  # name -> (offset, buffers)
+    unlinks: list[str] = field(default_factory=list)
+    ends: dict[str, int] = field(default_factory=dict)  # name -> end of the data once written
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
+    position: int = 0
+
+
+class PageFiles:
+    """The page files of one data directory (loop thread, plus one writer thread)."""
+
+    def __init__(self, directory: Path, datasync: bool = True, tap: Tap | None = None) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.datasync = datasync
+        self.tap = tap
+        self.on_failure: Callable[[BaseException], None] = lambda exc: None
+        self.on_durable: Callable[[], None] = lambda: None  # new data readable (the post office depages)
+        self.failed: BaseException | None = None
+        self._end: dict[str, int] = {}  # name -> bytes appended (the loop's view)
+        self._durable: dict[str, int] = {}  # name -> bytes written and synced
+        self._pending: _Batch | None = None
+        self._inflight: _Batch | None = None
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._fds: dict[str, int] = {}
+        self._halted = False
+        self._batch_done: asyncio.Event | None = None
+
+    # ------------------------------------------------------------ start-up
+    def listing(self) -> dict[int, list[int]]:
+        """Page numbers per address id, in order; stray temporary files are removed (start-up)."""
+        out: dict[int, list[int]] = {}
+        for p in self.directory.iterdir():
+            if p.name.endswith(".tmp"):
+                p.unlink(missing_ok=True)
+                continue
+            parsed = parse_page_name(p.name)
+            if parsed is not None:
+                out.setdefault(parsed[0], []).append(parsed[1])
+        for pages in out.values():
+            pages.sort()
+        return out
+
+    def load(self, address_id: int, page: int) -> list[PagedRecord]:
+        """Every valid record of an existing page (start-up); the page is closed for appends."""
+        name = page_name(address_id, page)
+        data = (self.directory / name).read_bytes()
+        records, end, reason = decode_page(data, page)
+        if end < len(data) and reason != "unused space" and reason != "end of file":
+            log.warning("page file %s: records end at %d of %d bytes (%s)", name, end, len(data), reason)
+        self._end[name] = self._durable[name] = end
+        return records
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="paging-writer", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        while not self.idle and self.failed is None and not self._halted:  # what is pending goes out first
+            if self._inflight is None:
+                self._submit()
+            done = self._batch_done = asyncio.Event()
+            await asyncio.wait_for(done.wait(), 30)
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def halt(self, err: BaseException) -> None:
+        """Write nothing more; what is pending is never confirmed."""
+        self._halted = True
+        self.failed = self.failed or err
+
+    # -------------------------------------------------------------- writing
+    def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]]) -> int:
+        """Queue one message for its page (created if new); the bytes it takes there."""
+        if self.failed is not None:
+            raise self.failed
+        name = page_name(address_id, page)
+        raw = message.raw
+        if type(raw) is not msgspec.Raw:
+            raw = msgspec.Raw(raw)
+        body = encoder.encode(MessageRecord(refs, raw, message.expiration or 0))
+        record = rec.encode(page, rec.ADD, RecordType.PAGED_MESSAGE, message.id, body)
+        b = self._batch()
+        offset = self._end.get(name)
+        if offset is None:
+            offset = jf.FILE_HEADER_SIZE
+            b.creates.append((name, page))
+            self._durable[name] = offset
+        w = b.writes.get(name)
+        if w is None:
+            b.writes[name] = (offset, [record])
+        else:
+            w[1].append(record)
+        self._end[name] = b.ends[name] = offset + len(record)
+        return len(record)
+
+    def remove(self, address_id: int, page: int) -> None:
+        """Delete a page every cursor is past (call once those cursors are durable)."""
+        name = page_name(address_id, page)
+        self._end.pop(name, None)
+        self._durable.pop(name, None)
+        if self.failed is None:
+            self._batch().unlinks.append(name)
+
+    def after_durable(self, cb: Callable[[], None]) -> None:
+        """Run `cb` once every page write made so far is synced (and replicated)."""
+        b = self._pending or self._inflight
+        if b is None:
+            cb()
+        else:
+            b.callbacks.append(cb)
+
+    @property
+    def idle(self) -> bool:
+        return self._pending is None and self._inflight is None
+
+    def _batch(self) -> _Batch:
+        b = self._pending
+        if b is None:
+            b = self._pending = _Batch()
+            if self._inflight is None and not self._flush_scheduled and self._loop is not None:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+        return b
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._inflight is None and self._pending is not None:
+            self._submit()
+
+    def _submit(self) -> None:
+        b = self._pending
+        if b is None or self._halted:
+            return
+        self._pending = None
+        self._inflight = b
+        self._jobs.put(b)
+
+    # ---------------------------------------------------------- writer thread
+    def _run(self) -> None:
+        io = StoreIO(self.directory, self.tap)
+        while True:
+            b = self._jobs.get()
+            if b is None:
+                return
+            if self.failed is None:
+                try:
+                    self._write(io, b)
+                except BaseException as exc:  # an I/O error is fatal to the store
+                    self.failed = exc
+            loop = self._loop
+            assert loop is not None
+            try:
+                loop.call_soon_threadsafe(self._done, b, self.failed)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                return
+
+    def _write(self, io: StoreIO, b: _Batch) -> None:
+        for name, page in b.creates:
+            io.create(name, jf.FILE_HEADER_SIZE, page)
+            self._fds[name] = io.open(name)
+        for name, (offset, buffers) in b.writes.items():
+            data = buffers[0] if len(buffers) == 1 else b"".join(buffers)
+            io.write(self._fds[name], name, data, offset)
+        if self.datasync:
+            for name in b.writes:
+                os.fdatasync(self._fds[name])
+        if b.creates:
+            io.sync_dir()
+        for name in b.unlinks:
+            fd = self._fds.pop(name, None)
+            if fd is not None:
+                os.close(fd)
+            io.unlink(name, missing_ok=True)
+        b.position = io.flush()
+
+    def _done(self, b: _Batch, err: BaseException | None) -> None:
+        self._inflight = None
+        if self._batch_done is not None:
+            self._batch_done.set()
+        if err is not None:
+            self.failed = err
+            self.on_failure(err)
+            return
+        for name, end in b.ends.items():
+            if name in self._durable:
+                self._durable[name] = end
+        if b.callbacks:
+            if b.position and self.tap is not None:
+                self.tap.after_acked(b.position, partial_run(b.callbacks))
+            else:
+                for cb in b.callbacks:
+                    cb()
+        if self._pending is not None:
+            self._submit()
+        if b.writes:
+            self.on_durable()
+
+    # -------------------------------------------------------------- reading
+    def read(self, address_id: int, page: int, offset: int) -> tuple[list[PagedRecord], int]:
+        """Records of a page from byte `offset` (0: the start) up to what is durable; (records, next offset)."""
+        name = page_name(address_id, page)
+        end = self._durable.get(name)
+        start = max(offset, jf.FILE_HEADER_SIZE)
+        if end is None or end <= start:
+            return [], start
+        fd = os.open(self.directory / name, os.O_RDONLY)
+        try:
+            data = os.pread(fd, end - start, start)
+        finally:
+            os.close(fd)
+        records, stop, _reason = decode_page(data, page, 0)
+        return records, start + stop
+
+    def paged_bytes(self, address_id: int) -> int:
+        prefix = f"a{address_id}-"
+        return sum(end - jf.FILE_HEADER_SIZE for name, end in self._end.items() if name.startswith(prefix))
+
+
+def partial_run(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
+    def run() -> None:
+        for cb in callbacks:
+            cb()
+
+    return run
