@@ -1,7 +1,8 @@
 """A paged address always holds what a cold load of its data directory rebuilds.
 
 A stateful property test: hypothesis sends messages to an anycast and a multicast address with a
-tiny memory limit and tiny page files (so they page, roll pages and stop paging again), consumes
+tiny memory limit and tiny page files (so they page, roll pages and stop paging again), in
+transactions too (committed, or cut by a crash after their page writes), consumes
 and acknowledges from their queues, purges, and restarts the broker's store from its files. After
 every step each queue's contents (in memory, then still in pages, in delivery order) must equal
 the model's; after a restart, built by a cold load from the journal, the page files and the
@@ -51,6 +52,8 @@ def contents(q: Queue) -> list[int]:
         for i, r in enumerate(records):
             if p == page and i < idx:
                 continue
+            if r.tx in pager.tx_dead:
+                continue  # a transaction cut by a crash: never visible
             if any(qid == q.id for qid, _seq in r.refs):
                 out.append(r.mid)
     return out
@@ -68,6 +71,7 @@ class PagedStore(RuleBasedStateMachine):
     def _open(self, first: bool = False) -> PostOffice:
         storage = self.storage = JournalStorage(self.dir, JOURNAL)
         state = storage.load()
+        self.loaded_txs = set(state.page_txs)
 
         async def start() -> None:
             storage.start()
@@ -122,6 +126,32 @@ class PagedStore(RuleBasedStateMachine):
                 self.model[EXTRA].append(m.id)
         self._quiet()
 
+    @rule(address=st.sampled_from(["work", "news"]), n=st.integers(1, 30), size=st.integers(1, 120))
+    def send_in_a_transaction(self, address: str, n: int, size: int) -> None:
+        messages = [Message.create(self.po.ids.next(), MessageData(address, body=b"b" * size)) for _ in range(n)]
+        assert self.po.commit_transaction(messages, [], None)
+        for m in messages:
+            for qname, addr in QUEUES.items():
+                if addr == address:
+                    self.model[qname].append(m.id)
+            if address == "news" and EXTRA in self.model:
+                self.model[EXTRA].append(m.id)
+        self._quiet()
+
+    @rule(address=st.sampled_from(["work", "news"]), n=st.integers(1, 30), size=st.integers(1, 120))
+    def transaction_cut_by_a_crash(self, address: str, n: int, size: int) -> None:
+        """What a crash between a transaction's page writes and its journal batch leaves: page
+        records of a page transaction the journal never committed (a restart skips them)."""
+        committed = set(self.po.page_txs)
+        tx = self.po.ids.next()
+        for _ in range(n):
+            m = Message.create(self.po.ids.next(), MessageData(address, body=b"b" * size))
+            queues = self.po.route(m)
+            pager = self.po._pager_for(m, queues)
+            if pager is not None:
+                pager.page(m, queues, tx)
+        self._restart(committed)
+
     @rule()
     def subscribe_or_unsubscribe(self) -> None:
         if EXTRA in self.model:
@@ -160,9 +190,13 @@ class PagedStore(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
+        self._restart(set(self.po.page_txs))  # page transactions with pages left: their records are journaled
+
+    def _restart(self, committed: set[int]) -> None:
         assert self.storage is not None
         self._run(self.storage.stop())
         self.po = self._open()
+        assert self.loaded_txs == committed  # none lost, none left behind once its pages are gone
 
     # ------------------------------------------------------------ invariants
     @invariant()

@@ -49,12 +49,13 @@ class PagedRecord(NamedTuple):
     refs: list[tuple[int, int]]
     raw: bytes
     expiration: int
+    tx: int = 0  # its page transaction (0: none): readable once that is journaled
 
 
 class PageStore(Protocol):
     """The page files (store/pages.py)."""
 
-    def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]]) -> int: ...
+    def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]], tx: int = 0) -> int: ...
     def read(self, address_id: int, page: int, offset: int) -> tuple[list[PagedRecord], int]: ...
     def load(self, address_id: int, page: int) -> list[PagedRecord]: ...
     def remove(self, address_id: int, page: int) -> None: ...
@@ -91,10 +92,18 @@ class AddressPager:
         self.cache: OrderedDict[int, _Cached] = OrderedDict()
         self.active = False
         self.messages_paged = 0
+        # Page transactions (decision 0049): records of a transaction whose commit is not in the
+        # journal yet are not read past; those of one that never was (a crash) are skipped.
+        self.tx_open: set[int] = set()
+        self.tx_dead: set[int] = set()
+        self.page_txs: dict[int, set[int]] = {}  # page -> committed transactions with records in it
+        self.tx_pages_added: Callable[[int], None] = lambda tx: None  # one more page holds records of `tx`
+        self.on_tx_pages_gone: Callable[[int], None] = lambda tx: None  # one page of `tx` deleted
 
     # --------------------------------------------------------------- writing
-    def page(self, message: Message, queues: list[Queue]) -> bool:
-        """Write `message` to the current page for `queues`; True if its confirmation waits for the disk."""
+    def page(self, message: Message, queues: list[Queue], tx: int = 0) -> bool:
+        """Write `message` to the current page for `queues`; True if its confirmation waits for the
+        disk. `tx`: its page transaction, not read past until `tx_committed`."""
         if not self.active:
             self.active = True
             log.info("address paging", extra={"address": self.addr.name, "size_bytes": self.addr.size_bytes})
@@ -102,14 +111,27 @@ class AddressPager:
             self._open_page()
         refs = [(q.id, q.next_seq()) for q in queues]
         page = self.write_page
-        self.write_bytes += self.store.append(self.addr.id, page, message, refs)
+        self.write_bytes += self.store.append(self.addr.id, page, message, refs, tx)
         self.counts[page] += 1
+        if tx:
+            self.tx_open.add(tx)
+            txs = self.page_txs.setdefault(page, set())
+            if tx not in txs:
+                txs.add(tx)
+                self.tx_pages_added(tx)
         paged = self.paged
         for q in queues:
             paged[q.id] = paged.get(q.id, 0) + 1
             q.messages_added += 1
         self.messages_paged += 1
         return message.durable and self.storage.persistent
+
+    def tx_committed(self, tx: int) -> None:
+        """`tx`'s commit is in the journal (queued, in order): its records may be read."""
+        self.tx_open.discard(tx)
+        for q in self.addr.queues.values():
+            if q.consumers:
+                q.deliver_soon()
 
     def _open_page(self) -> None:
         page = self.next_page
@@ -196,6 +218,8 @@ class AddressPager:
             if idx >= len(records):
                 break  # the rest of this page is not durable yet
             r = records[idx]
+            if r.tx and r.tx in self.tx_open:
+                break  # its transaction's commit is not journaled yet: nothing after it either
             idx += 1
             moved = True
             scanned += 1
@@ -204,8 +228,8 @@ class AddressPager:
                 if rqid == qid:
                     seq = rseq
                     break
-            if not seq:
-                continue
+            if not seq or (r.tx and r.tx in self.tx_dead):
+                continue  # not this queue's, or of a transaction that never committed
             m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
             if not m.durable and page <= self.loaded_upto:
                 continue  # a non-durable message does not outlive the broker that took it
@@ -272,16 +296,26 @@ class AddressPager:
                 self.counts.pop(p, None)
                 self.cache.pop(p, None)
         if done:
+            gone = [tx for p in done for tx in self.page_txs.pop(p, ())]
+            if gone:
+                self.storage.after_durable(partial(self._txs_gone, gone))
             self.storage.after_durable(partial(self._remove, done))
+
+    def _txs_gone(self, txs: list[int]) -> None:
+        for tx in txs:
+            self.on_tx_pages_gone(tx)
 
     def _remove(self, pages: list[int]) -> None:
         for p in pages:
             self.store.remove(self.addr.id, p)
 
     # -------------------------------------------------------------- reload
-    def load(self, pages: list[int], cursors: dict[int, tuple[int, int]]) -> list[Message]:
-        """Rebuild from the page files and the journaled cursors; returns the paged messages that
-        carry a dedup id (the caller makes sure the dedup cache knows them)."""
+    def load(
+        self, pages: list[int], cursors: dict[int, tuple[int, int]], committed: set[int] | frozenset[int] = frozenset()
+    ) -> list[Message]:
+        """Rebuild from the page files and the journaled cursors; `committed`: the page
+        transactions journaled (PAGE_TX). Returns the paged messages that carry a dedup id (the
+        caller makes sure the dedup cache knows them)."""
         queues = {q.id: q for q in self.addr.queues.values()}
         first = pages[0] if pages else self.next_page
         for qid in queues:
@@ -294,6 +328,14 @@ class AddressPager:
             self.pages.append(page)
             self.counts[page] = len(records)
             for i, r in enumerate(records):
+                if r.tx:
+                    if r.tx not in committed:
+                        self.tx_dead.add(r.tx)  # cut by a crash before its commit: never visible
+                        continue
+                    txs = self.page_txs.setdefault(page, set())
+                    if r.tx not in txs:
+                        txs.add(r.tx)
+                        self.tx_pages_added(r.tx)
                 m = Message.decode(r.mid, r.raw)
                 if not m.durable:
                     continue

@@ -72,6 +72,7 @@ class PostOffice:
         self.queues: dict[str, Queue] = {}
         self.queues_by_id: dict[int, Queue] = {}
         self.dedup: dict[str, DuplicateIdCache] = {}
+        self.page_txs: dict[int, int] = {}  # page transaction -> pages holding records of it
 
     def settings_for(self, address: str) -> AddressSettings:
         return self.settings.match(address)
@@ -365,8 +366,9 @@ class PostOffice:
         return addr
 
     # ---------------------------------------------------------------- paging
-    def _pager_for(self, message: Message, queues: list[Queue]) -> AddressPager | None:
-        """The address's pager if `message` is to be paged: a PAGE address that pages already or is full."""
+    def _pager_for(self, message: Message, queues: list[Queue], pending: int = 0) -> AddressPager | None:
+        """The address's pager if `message` is to be paged: a PAGE address that pages already or is
+        full (counting `pending` bytes more: a transaction's messages bound for memory before it)."""
         if not queues or self.pages is None:
             return None
         addr = queues[0].addr
@@ -380,7 +382,12 @@ class PostOffice:
         if pager is not None and pager.active:
             return pager
         if not addr.full:
-            return None
+            limit = addr.settings.max_size_bytes
+            lim = addr.limits
+            if not pending or not (
+                (limit >= 0 and addr.size_bytes + pending >= limit) or 0 <= lim.max_size <= lim.size + pending
+            ):
+                return None
         if pager is None:
             pager = addr.pager = self._new_pager(addr, 0)
         return pager
@@ -388,15 +395,17 @@ class PostOffice:
     def _new_pager(self, addr: Address, loaded_upto: int) -> AddressPager:
         assert self.pages is not None
         pager = AddressPager(addr, self.pages, self.storage, self.ids, loaded_upto)
+        pager.tx_pages_added = self._tx_page_added
+        pager.on_tx_pages_gone = self._tx_page_gone
         for q in addr.queues.values():
             pager.add_queue(q)
         return pager
 
-    def _page(self, pager: AddressPager, message: Message, queues: list[Queue]) -> bool:
+    def _page(self, pager: AddressPager, message: Message, queues: list[Queue], tx: int = 0) -> bool:
         s = queues[0].settings
         if not message.expiration and s.expiry_delay > 0:
             message.expiration = now_ms() + s.expiry_delay
-        return pager.page(message, queues)
+        return pager.page(message, queues, tx)
 
     def pages_durable(self) -> None:
         """New page data is readable: queues waiting for it read on."""
@@ -406,8 +415,27 @@ class PostOffice:
                     if q.consumers:
                         q.deliver_soon()
 
-    def restore_paging(self, listing: dict[int, list[int]], cursors: dict[int, tuple[int, int]]) -> list[int]:
-        """Reload: rebuild each address's paging state from its pages and the queues' cursors.
+    def _tx_page_added(self, tx: int) -> None:
+        self.page_txs[tx] = self.page_txs.get(tx, 0) + 1
+
+    def _tx_page_gone(self, tx: int) -> None:
+        """One page holding records of page transaction `tx` is deleted: its PAGE_TX record goes
+        with the last (its cursors are durable past every record of it by then)."""
+        n = self.page_txs.get(tx, 0) - 1
+        if n > 0:
+            self.page_txs[tx] = n
+            return
+        self.page_txs.pop(tx, None)
+        self.storage.delete_page_tx(tx)
+
+    def restore_paging(
+        self,
+        listing: dict[int, list[int]],
+        cursors: dict[int, tuple[int, int]],
+        page_txs: set[int] | frozenset[int] = frozenset(),
+    ) -> list[int]:
+        """Reload: rebuild each address's paging state from its pages and the queues' cursors;
+        `page_txs`: the committed page transactions (those with no page left are deleted).
         Returns the ids of cursor records whose queues are gone (the caller deletes them)."""
         by_id = {a.id: a for a in self.addresses.values()}
         assert self.pages is not None
@@ -428,13 +456,16 @@ class PostOffice:
                 continue
             pager = addr.pager = self._new_pager(addr, max(pages[-1] if pages else 0, floor.get(aid, 0)))
             ops: list[object] = []
-            for m in pager.load(pages, cursors):
+            for m in pager.load(pages, cursors, page_txs):
                 assert m.dedup_id is not None
                 cache = self.dedup_cache(m.address)
                 if m.dedup_id not in cache:  # its dedup record was still on its way when the broker stopped
                     self.remember(cache, m.dedup_id, ops)
             if ops:
                 self.storage.commit(ops)
+        for tx in page_txs:
+            if tx not in self.page_txs:
+                self.storage.delete_page_tx(tx)  # its pages are all gone
         return [qid for qid in cursors if qid not in self.queues_by_id]
 
     # --------------------------------------------------------------- storing
@@ -542,19 +573,56 @@ class PostOffice:
         routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
         ops: list[object] = []
         added: list[MessageRef] = []
+        paged: list[tuple[AddressPager, Message, list[Queue]]] = []
+        pending: dict[int, int] = {}  # address id -> bytes of this commit bound for its memory
         for m, queues in zip(messages, routes, strict=True):
-            added.extend(self._store(m, queues, ops))
+            addr = queues[0].addr if queues else None
+            pager = self._pager_for(m, queues, pending.get(addr.id, 0)) if addr is not None else None
+            if pager is not None:
+                paged.append((pager, m, queues))
+            else:
+                added.extend(self._store(m, queues, ops))
+                if addr is not None:
+                    pending[addr.id] = pending.get(addr.id, 0) + m.size * len(queues)  # as memory counts it
             if m.dedup_id is not None:
                 self.remember(self.dedup_cache(m.address), m.dedup_id, ops if m.durable else None)
         for q, refs in acks:
             q.acknowledge(refs, ops)
         if dedup_id is not None:
             self.remember(self.dedup_cache(TX_CACHE), dedup_id, ops)
+        if paged:
+            return self._commit_paged(paged, ops, added)
         if ops:
             self.storage.commit(ops)
         for ref in added:
             ref.queue.add(ref)
         return bool(ops)
+
+    def _commit_paged(
+        self, paged: list[tuple[AddressPager, Message, list[Queue]]], ops: list[object], added: list[MessageRef]
+    ) -> bool:
+        """A transaction some of whose messages go to pages (decision 0049): they are written there
+        now, marked with a page transaction id; the rest of the transaction (its journal records
+        and a PAGE_TX record naming that id) is journaled as one batch once those page writes are
+        durable, and only then may its paged messages be read: a crash before leaves page records
+        of a transaction the journal never committed, skipped at the restart."""
+        assert self.pages is not None
+        tx = self.ids.next()
+        for pager, m, queues in paged:
+            self._page(pager, m, queues, tx)
+        self.storage.store_page_tx(tx, ops)
+        pagers = list({id(p): p for p, _m, _q in paged}.values())
+        self.pages.after_durable(partial(self._page_tx_durable, tx, ops, pagers, added))
+        return True
+
+    def _page_tx_durable(self, tx: int, ops: list[object], pagers: list[AddressPager], added: list[MessageRef]) -> None:
+        if ops:
+            self.storage.commit(ops)
+        for ref in added:
+            if not ref.queue.deleted:
+                ref.queue.add(ref)
+        for pager in pagers:
+            pager.tx_committed(tx)
 
     def transaction_seen(self, dedup_id: str) -> bool:
         return dedup_id in self.dedup_cache(TX_CACHE)

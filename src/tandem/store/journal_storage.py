@@ -79,6 +79,7 @@ class LoadedState:
     dedup: list[tuple[str, str, int]] = field(default_factory=list)  # (address, dedup id, record id), in order
     queue_refs: dict[int, list[MessageRef]] | None = None  # a follower's references per queue id (warm backup)
     page_cursors: dict[int, tuple[int, int]] = field(default_factory=dict)  # queue id -> (page, index)
+    page_txs: set[int] = field(default_factory=set)  # committed page transactions (PAGE_TX records)
 
 
 class JournalStorage:
@@ -127,6 +128,8 @@ class JournalStorage:
                 state.dedup.append((d.address, d.dedup_id, rid))
             elif lr.user_type == RecordType.PAGE_CURSOR:
                 self._cursor_loaded(rid, lr.body, state)
+            elif lr.user_type == RecordType.PAGE_TX:
+                state.page_txs.add(rid)
         state.messages = self._iter_messages(live)
         return state
 
@@ -191,6 +194,8 @@ class JournalStorage:
         for rid, lr in mlive.items():
             if lr.user_type == RecordType.PAGE_CURSOR:
                 self._cursor_loaded(rid, lr.body, state)
+            elif lr.user_type == RecordType.PAGE_TX:
+                state.page_txs.add(rid)
         self._leftovers = mlive  # the follower's message objects carry on; its records are freed later
         self._check_followed_large(mlive)
         return state
@@ -378,6 +383,15 @@ class JournalStorage:
         old = self._cursor_rids.pop(queue.id, None)
         if old is not None:
             self.messages.delete(old)
+
+    def store_page_tx(self, tx: int, ops: list[object]) -> None:
+        """The record that makes page transaction `tx`'s paged messages visible (decision 0049),
+        into the transaction's batch."""
+        ops.append(Op(ADD, RecordType.PAGE_TX, tx, b""))
+
+    def delete_page_tx(self, tx: int) -> None:
+        """Its pages are all deleted: the record is no longer needed."""
+        self.messages.delete(tx)
 
     def delete_cursor_record(self, queue_id: int) -> None:
         """Reload clean-up: the cursor of a queue that no longer exists."""
@@ -571,6 +585,12 @@ class NullStorage:
         pass
 
     def delete_cursor(self, queue: Queue) -> None:
+        pass
+
+    def store_page_tx(self, tx: int, ops: list[object]) -> None:
+        pass
+
+    def delete_page_tx(self, tx: int) -> None:
         pass
 
     def after_durable(self, cb: Callable[[], None]) -> None:

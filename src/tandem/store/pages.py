@@ -59,7 +59,7 @@ def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tup
         if kind != rec.ADD or utype != RecordType.PAGED_MESSAGE:
             continue
         r = _dec_message.decode(body)
-        out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration))
+        out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration, r.tx))
     return out, end.offset, end.reason
 
 
@@ -147,15 +147,16 @@ class PageFiles:
         self.failed = self.failed or err
 
     # -------------------------------------------------------------- writing
-    def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]]) -> int:
-        """Queue one message for its page (created if new); the bytes it takes there."""
+    def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]], tx: int = 0) -> int:
+        """Queue one message for its page (created if new); the bytes it takes there. `tx`: the
+        page transaction it belongs to (0: none), visible only once that is journaled."""
         if self.failed is not None:
             raise self.failed
         name = page_name(address_id, page)
         raw = message.raw
         if type(raw) is not msgspec.Raw:
             raw = msgspec.Raw(raw)
-        body = encoder.encode(MessageRecord(refs, raw, message.expiration or 0))
+        body = encoder.encode(MessageRecord(refs, raw, message.expiration or 0, tx=tx))
         record = rec.encode(page, rec.ADD, RecordType.PAGED_MESSAGE, message.id, body)
         b = self._batch()
         offset = self._end.get(name)

@@ -19,6 +19,7 @@ class RecordType(IntEnum):
     DELIVERY_COUNT = 12
     DUPLICATE_ID = 13
     PAGE_CURSOR = 14  # where a queue reads its address's page files next
+    PAGE_TX = 15  # a committed transaction's paged messages are visible (decision 0049)
     # page files (paging/)
     PAGED_MESSAGE = 20
 
@@ -63,6 +64,7 @@ class MessageRecord(msgspec.Struct, array_like=True, gc=False):
     expiration: int = 0  # set by the broker (expiry-delay) when the message carried none
     large: LargeRecord | None = None  # a large message: `message` has no body, the file has it
     message_id: int = 0  # the message's id when not the record's (a copy read from a page file)
+    tx: int = 0  # page records only: the page transaction (its PAGE_TX record) that makes it visible
 
 
 class DuplicateIdRecord(msgspec.Struct, array_like=True, gc=False):
