@@ -1,0 +1,199 @@
+"""Failover while an address pages and while it depages, on both kinds of pair, and a replicated
+backup that joins (initial sync) while an address pages under load: after the takeover every
+confirmed message is delivered once, in order, and none acknowledged comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tandem
+import tandem.aio as aio
+from ha_pair import Cluster
+from tandem.errors import TandemError
+
+PAGED = {"paged.#": {"max-size-bytes": 32 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 32 * 1024}}
+BODY = "f" * 200
+
+
+def _pages(directory: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted((directory / "paging").iterdir()) if f.name.endswith(".page")}
+
+
+@pytest.fixture
+def make_pair(tmp_path: Path, pair: Any) -> Iterator[Any]:
+    """A started pair of the kind asked for, holding the paging settings; killed at the end."""
+    made: list[Cluster] = []
+
+    def make(kind: str) -> Any:
+        if kind == "replicated":
+            return pair(address_settings=PAGED).start_all()
+        c = Cluster(tmp_path / "shared", 1, address_settings=PAGED)
+        made.append(c)
+        return c.start_all()
+
+    yield make
+    for c in made:
+        c.kill_all()
+
+
+async def _produce(
+    url: str, address: str, confirmed: list[int], stop: asyncio.Event, go: asyncio.Event | None = None
+) -> None:
+    """Send one at a time until `stop` or the server dies (no failover); each confirmed index in order."""
+    conn = await aio.connect(url)
+    try:
+        prod = (await conn.create_session()).create_producer(address)
+        i = len(confirmed)
+        while not stop.is_set():
+            if go is not None:
+                await go.wait()
+            await prod.send(f"m{i:06d}:" + BODY)
+            confirmed.append(i)
+            i += 1
+    except TandemError:
+        pass
+    finally:
+        try:
+            await conn.close()
+        except TandemError:
+            pass
+
+
+async def _send(url: str, address: str, n: int) -> None:
+    conn = await aio.connect(url)
+    try:
+        prod = (await conn.create_session()).create_producer(address)
+        for i in range(n):
+            await prod.send_async(f"m{i:06d}:" + BODY)
+        await prod.flush()
+    finally:
+        await conn.close()
+
+
+async def _drain(url: str, queue: str, wait: float = 3.0) -> list[int]:
+    conn = await aio.connect(url)
+    out: list[int] = []
+    try:
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer(queue)
+        while (m := await consumer.receive(wait)) is not None:
+            out.append(int(m.text[1:7]))
+        await session.commit()
+    finally:
+        await conn.close()
+    return out
+
+
+def _once_in_order(got: list[int], confirmed: list[int]) -> None:
+    assert got == sorted(set(got)), "out of order, or delivered twice"
+    missing = sorted(set(confirmed) - set(got))
+    assert not missing, f"confirmed messages lost: {len(missing)}, first {missing[:5]}"
+
+
+def test_a_backup_joining_while_an_address_pages_under_load_gets_every_page(pair: Any) -> None:
+    """The initial copy lists and copies `paging/` while the page writer appends and creates pages:
+    once in sync, the backup's page files are the primary's byte for byte, and after a kill -9
+    under load it delivers every confirmed message once, in order."""
+    p = pair(address_settings=PAGED)
+    p.primary.start()
+    p.wait_state(0, "active")
+    confirmed: list[int] = []
+
+    async def main() -> None:
+        stop, go = asyncio.Event(), asyncio.Event()
+        go.set()
+        task = asyncio.create_task(_produce(p.url_of(0), "paged.j", confirmed, stop, go))
+        loop = asyncio.get_running_loop()
+        while len(confirmed) < 1500:  # paging, several pages written
+            await asyncio.sleep(0.02)
+        await loop.run_in_executor(None, p.backup.start)
+        await loop.run_in_executor(None, p.wait_in_sync)
+        joined_at = len(confirmed)
+        go.clear()  # a pause: the backup catches up, then its pages must equal the primary's
+        await asyncio.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while (mine := _pages(p.dirs[0])) != _pages(p.dirs[1]):
+            assert time.monotonic() < deadline, "the backup's page files differ from the primary's"
+            await asyncio.sleep(0.2)
+        assert len(mine) >= 3
+        go.set()
+        while len(confirmed) < joined_at + 500:
+            await asyncio.sleep(0.02)
+        await loop.run_in_executor(None, p.primary.kill)  # under load, paging
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    p.wait_state(1, "active")
+    _once_in_order(asyncio.run(_drain(p.url_of(1), "paged.j")), confirmed)
+
+
+@pytest.mark.parametrize("kind", ["replicated", "shared-store"])
+def test_failover_while_paging_under_load(kind: str, make_pair: Any) -> None:
+    c = make_pair(kind)
+    confirmed: list[int] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(_produce(c.url_of(0), "paged.p", confirmed, stop))
+        while len(confirmed) < 2000:
+            await asyncio.sleep(0.02)
+        await asyncio.get_running_loop().run_in_executor(None, c.primary.kill)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    c.wait_state(1, "active")
+    got = asyncio.run(_drain(c.url_of(1), "paged.p"))
+    _once_in_order(got, confirmed)
+    assert len(got) >= 2000
+
+
+@pytest.mark.parametrize("kind", ["replicated", "shared-store"])
+def test_failover_while_depaging(kind: str, make_pair: Any) -> None:
+    """A transacted consumer drains a paged backlog through the takeover: every message once, in
+    order, none it committed comes back."""
+    n = 4000
+    c = make_pair(kind)
+    asyncio.run(_send(c.url_of(0), "paged.d", n))
+    consumed: list[int] = []
+
+    async def consume() -> None:
+        conn = await aio.connect(c.url, retry_interval=50)
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer("paged.d")
+        batch: list[int] = []
+        killed = False
+        deadline = time.monotonic() + 120
+        while len(consumed) < n and time.monotonic() < deadline:
+            if not killed and len(consumed) >= n // 3:
+                await asyncio.get_running_loop().run_in_executor(None, c.primary.kill)
+                killed = True
+            try:
+                msg = await consumer.receive(1.0)
+                if msg is not None:
+                    batch.append(int(msg.text[1:7]))
+                if len(batch) >= 20 or (msg is None and batch):
+                    await session.commit()
+                    consumed.extend(batch)
+                    batch = []
+            except tandem.Unblocked:
+                continue
+            except tandem.TransactionRolledBack:
+                batch = []
+            except tandem.TransactionOutcomeUnknown:
+                if not await session.retry_commit():
+                    consumed.extend(batch)
+                batch = []
+        await conn.close()
+        assert killed
+
+    asyncio.run(consume())
+    assert consumed == list(range(n))
+    assert c.status(1)["state"] == "active"
