@@ -197,3 +197,72 @@ def test_failover_while_depaging(kind: str, make_pair: Any) -> None:
     asyncio.run(consume())
     assert consumed == list(range(n))
     assert c.status(1)["state"] == "active"
+
+
+@pytest.mark.parametrize("kind", ["replicated", "shared-store"])
+def test_failover_during_paged_transactions(kind: str, make_pair: Any) -> None:
+    """Transactions of K messages over two paging addresses, kill -9 of the primary among them:
+    the backup has each transaction whole or not at all, and every confirmed one."""
+    k = 4
+    outs = ("paged.ta", "paged.tb")
+    c = make_pair(kind)
+    for out in outs:
+        asyncio.run(_send(c.url_of(0), out, 300))  # both addresses page
+    committed: set[int] = set()
+
+    async def work() -> None:
+        conn = await aio.connect(c.url_of(0))
+        t = 0
+        try:
+            session = await conn.create_session(transacted=True)
+            prod = session.create_producer()
+            while True:
+                for i in range(k):
+                    await prod.send_async(f"t{t:06d}:{i}:" + BODY, address=outs[i % 2])
+                await session.commit()
+                committed.add(t)
+                t += 1
+        except TandemError:
+            pass
+        finally:
+            try:
+                await conn.close()
+            except TandemError:
+                pass
+
+    async def main() -> None:
+        task = asyncio.create_task(work())
+        while len(committed) < 300:
+            await asyncio.sleep(0.02)
+        await asyncio.get_running_loop().run_in_executor(None, c.primary.kill)
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    c.wait_state(1, "active")
+    parts: dict[int, list[int]] = {}
+    for out in outs:
+        conn_texts = asyncio.run(_drain_texts(c.url_of(1), out))
+        assert [x[:7] for x in conn_texts if x.startswith("m")] == [f"m{i:06d}" for i in range(300)]
+        tx_texts = [x for x in conn_texts if x.startswith("t")]
+        assert tx_texts == sorted(tx_texts), f"out of order in {out}"
+        for x in tx_texts:
+            t, i, _ = x[1:].split(":", 2)
+            parts.setdefault(int(t), []).append(int(i))
+    for t, got in parts.items():
+        assert sorted(got) == list(range(k)), f"transaction {t} is partial or twice: {got}"
+    missing = sorted(committed - set(parts))
+    assert not missing, f"confirmed commits lost: {missing[:10]}"
+
+
+async def _drain_texts(url: str, queue: str, wait: float = 3.0) -> list[str]:
+    conn = await aio.connect(url)
+    out: list[str] = []
+    try:
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer(queue)
+        while (m := await consumer.receive(wait)) is not None:
+            out.append(m.text)
+        await session.commit()
+    finally:
+        await conn.close()
+    return out
