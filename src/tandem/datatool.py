@@ -63,6 +63,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
     queues: dict[int, str] = {}
     addresses: dict[int, str] = {}
     cursors: dict[int, tuple[int, int]] = {}
+    page_txs: set[int] = set()
     per_queue: Counter[str] = Counter()
     for label, j in _journals(data):
         live = j.load(readonly=True)
@@ -105,6 +106,10 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
             elif utype == RecordType.PAGE_CURSOR:
                 cur = msgspec.msgpack.decode(lr.body, type=PageCursorRecord)
                 cursors[cur.queue_id] = (cur.page, cur.index)
+            elif utype == RecordType.PAGE_TX:
+                page_txs.add(rid)
+                if records:
+                    print(f"   page transaction {rid} (committed)", file=out)
             elif utype == RecordType.MESSAGE:
                 m = msgspec.msgpack.decode(lr.body, type=MessageRecord)
                 acked = {msgspec.msgpack.decode(b, type=list)[0] for t, b in (lr.updates or ()) if t == RecordType.ACK}
@@ -117,7 +122,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                         + (f" large={m.large.file}:{m.large.size}" if m.large is not None else ""),
                         file=out,
                     )
-    _print_paging(data, addresses, queues, cursors, per_queue, records, out)
+    _print_paging(data, addresses, queues, cursors, page_txs, per_queue, records, out)
     print("== messages per queue", file=out)
     for name in sorted(set(queues.values()) | set(per_queue)):
         print(f"   {name:28} {per_queue.get(name, 0)}", file=out)
@@ -129,12 +134,14 @@ def _print_paging(
     addresses: dict[int, str],
     queues: dict[int, str],
     cursors: dict[int, tuple[int, int]],
+    page_txs: set[int],
     per_queue: Counter[str],
     records: bool,
     out: IO[str],
 ) -> None:
     """Page files per address with their records, and each queue's cursor (where it reads next).
-    Messages still ahead of a cursor count in "messages per queue"."""
+    Messages still ahead of a cursor count in "messages per queue", those of a page transaction
+    with no PAGE_TX record (cut by a crash before its commit, decision 0049) do not."""
     directory = data / "paging"
     print(f"== paging ({directory})", file=out)
     pages: dict[int, list[tuple[int, Path]]] = {}
@@ -153,12 +160,14 @@ def _print_paging(
             tail = "" if end == len(buf) else f"  (records end at {end}: {reason})"
             print(f"   {path.name}  size {len(buf)}  records {len(recs)}{tail}", file=out)
             for i, r in enumerate(recs):
+                dead = bool(r.tx) and r.tx not in page_txs
                 for qid, _seq in r.refs:
                     c = cursors.get(qid)
-                    if qid in queues and (c is None or (page, i) >= c):
+                    if not dead and qid in queues and (c is None or (page, i) >= c):
                         per_queue[queues[qid]] += 1
                 if records:
-                    print(f"   paged message {r.mid}: refs={r.refs} size={len(r.raw)}", file=out)
+                    tx = f" tx={r.tx}" + (" (never committed)" if dead else "") if r.tx else ""
+                    print(f"   paged message {r.mid}: refs={r.refs} size={len(r.raw)}{tx}", file=out)
 
 
 def repair_data(directory: str, out: IO[str]) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -125,6 +127,16 @@ def test_a_kill_before_the_commit_is_journaled_leaves_no_paged_message_of_it(bro
             pass
 
     run(commit_then_kill())
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "data", "print", "--records", str(b.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "(never committed)" in out  # the transaction's page records, shown as such
+    assert "page transaction" not in out.split("== paging")[0]
+    per_queue = out.split("== messages per queue")[1]
+    assert "paged.k" in per_queue and " 500\n" in per_queue  # not counted
     b.env = {}
     b.start()
     assert [t[:7] for t in run(drain(b.url, "paged.k"))] == _expected(0, 500)

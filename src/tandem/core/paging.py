@@ -3,8 +3,8 @@
 Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045):
 
 - A PAGE address that is full (its `max-size-bytes` or the broker's `global-max-size` /
-  `global-max-messages`) starts paging: from then on every message sent to it outside a
-  transaction goes to its current page file, once, whatever the number of queues it is routed
+  `global-max-messages`) starts paging: from then on every message sent to it (a transaction's
+  at its commit, decision 0049) goes to its current page file, once, whatever the number of queues it is routed
   to, with each queue's sequence number already assigned. Nothing of it stays in memory.
 - Each queue reads the pages through its own cursor (page, record index) when it has consumers
   and little in memory (its share of the address's limit): the messages it takes are journaled
@@ -14,9 +14,10 @@ Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045):
 - A page is deleted once every queue's cursor is past it and those cursors are durable; the
   address stops paging when no queue has a paged message left.
 
-Order per queue holds across the boundary: while an address pages, nothing it receives outside
-a transaction enters memory, and a queue reads its pages in order. Transactional sends and the
-broker's own copies (dead letters, expiry) go to memory, counted against the limit.
+Order per queue holds across the boundary: while an address pages, nothing it receives enters
+memory, and a queue reads its pages in order. A transaction's paged records are not read past
+until its commit (PAGE_TX) is in the journal. The broker's own copies (dead letters, expiry) go
+to memory, counted against the limit.
 """
 
 from __future__ import annotations
