@@ -194,8 +194,8 @@ def test_status_queue_stat_and_data_print_show_paging(broker_factory: Any) -> No
         return r.stdout
 
     b: BrokerProcess = broker_factory(address_settings=PAGED).start()
-    run(send_range(b.url, "paged.s", 0, 8_000, body="s" * 200))
-    run(receive(b.url, "paged.s", 1_000))
+    run(send_range(b.url, "paged.s", 0, 12_000, body="s" * 200))  # ~4000 in memory, ~8000 in pages
+    run(receive(b.url, "paged.s", 5_000))  # more than memory held: some were read back from pages
     status = cli("admin", "status", "--url", b.url)
     line = next(x for x in status.splitlines() if "paged.s:" in x)
     assert "paging yes" in line and "bytes paged" in line and " 0 bytes paged" not in line

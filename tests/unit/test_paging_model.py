@@ -169,8 +169,13 @@ class PagedStore(RuleBasedStateMachine):
         q = self.po.queue(queue)
         for _ in range(n):
             pager = q.addr.pager if q.addr is not None else None
-            if not q.ready_count and pager is not None and pager.active:
+            for _try in range(100):  # pages are read in a worker thread: until one comes back
+                if q.ready_count or pager is None or not pager.active:
+                    break
                 pager.refill(q)
+                if q.ready_count or not pager.reading:
+                    break
+                self._run(asyncio.sleep(0.005))
             ref = q._pop()
             if ref is None:
                 break

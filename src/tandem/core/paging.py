@@ -58,6 +58,14 @@ class PageStore(Protocol):
 
     def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]], tx: int = 0) -> int: ...
     def read(self, address_id: int, page: int, offset: int) -> tuple[list[PagedRecord], int]: ...
+    def readable(self, address_id: int, page: int, offset: int) -> bool: ...
+    def read_soon(
+        self,
+        address_id: int,
+        page: int,
+        offset: int,
+        done: Callable[[list[PagedRecord], int, BaseException | None], None],
+    ) -> None: ...
     def load(self, address_id: int, page: int) -> list[PagedRecord]: ...
     def remove(self, address_id: int, page: int) -> None: ...
     def after_durable(self, cb: Callable[[], None]) -> None: ...
@@ -65,11 +73,12 @@ class PageStore(Protocol):
 
 
 class _Cached:
-    __slots__ = ("offset", "records")
+    __slots__ = ("offset", "reading", "records")
 
     def __init__(self) -> None:
         self.records: list[PagedRecord] = []
         self.offset = 0
+        self.reading = False  # a read of the rest is under way (worker thread)
 
 
 class AddressPager:
@@ -217,7 +226,7 @@ class AddressPager:
                 continue
             records = self._records(page, idx)
             if idx >= len(records):
-                break  # the rest of this page is not durable yet
+                break  # the rest of this page is not durable, or not read, yet (queues are woken then)
             r = records[idx]
             if r.tx and r.tx in self.tx_open:
                 break  # its transaction's commit is not journaled yet: nothing after it either
@@ -267,10 +276,32 @@ class AddressPager:
                 self.cache.popitem(last=False)
         else:
             self.cache.move_to_end(page)
-        if idx >= len(c.records):
-            more, c.offset = self.store.read(self.addr.id, page, c.offset)
-            c.records.extend(more)
+        if idx >= len(c.records) and not c.reading and self.store.readable(self.addr.id, page, c.offset):
+            c.reading = True
+            self.store.read_soon(self.addr.id, page, c.offset, partial(self._read_done, page, c))
         return c.records
+
+    @property
+    def reading(self) -> bool:
+        return any(c.reading for c in self.cache.values())
+
+    def _read_done(
+        self, page: int, c: _Cached, records: list[PagedRecord], offset: int, err: BaseException | None
+    ) -> None:
+        """(Loop) a page read is back: cached (unless the page left the cache meanwhile), and the
+        queues that read on."""
+        c.reading = False
+        if err is not None:
+            if not isinstance(err, FileNotFoundError):  # deleted meanwhile: every cursor is past it
+                log.error("page %d of address %s could not be read: %s", page, self.addr.name, err)
+            return
+        if self.cache.get(page) is not c:
+            return
+        c.records.extend(records)
+        c.offset = offset
+        for q in self.addr.queues.values():
+            if q.consumers:
+                q.deliver_soon()
 
     # ------------------------------------------------------------ clean-up
     def _collect(self) -> None:

@@ -282,6 +282,41 @@ class PageFiles:
         start = max(offset, jf.FILE_HEADER_SIZE)
         if end is None or end <= start:
             return [], start
+        return self._pread(name, page, start, end)
+
+    def readable(self, address_id: int, page: int, offset: int) -> bool:
+        """Whether the page has durable bytes past `offset` (what `read_soon` would read)."""
+        end = self._durable.get(page_name(address_id, page))
+        return end is not None and end > max(offset, jf.FILE_HEADER_SIZE)
+
+    def read_soon(
+        self,
+        address_id: int,
+        page: int,
+        offset: int,
+        done: Callable[[list[PagedRecord], int, BaseException | None], None],
+    ) -> None:
+        """`read`, in a worker thread (a page is up to `page-size-bytes`: not on the event loop);
+        `done(records, next offset, error)` runs on the loop."""
+        name = page_name(address_id, page)
+        start = max(offset, jf.FILE_HEADER_SIZE)
+        end = self._durable.get(name, start)  # read on the loop: the thread reads no loop state
+        loop = self._loop or asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, self._pread, name, page, start, end)
+
+        def settle(f: asyncio.Future[tuple[list[PagedRecord], int]]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                done([], start, exc)
+            else:
+                records, nxt = f.result()
+                done(records, nxt, None)
+
+        fut.add_done_callback(settle)
+
+    def _pread(self, name: str, page: int, start: int, end: int) -> tuple[list[PagedRecord], int]:
+        if end <= start:
+            return [], start
         fd = os.open(self.directory / name, os.O_RDONLY)
         try:
             data = os.pread(fd, end - start, start)
