@@ -297,6 +297,9 @@ class AddressPager:
             return
         if self.cache.get(page) is not c:
             return
+        if not records:  # durable bytes that hold no record: damage; reading again would spin
+            log.error("page %d of address %s: no record where %d bytes are durable", page, self.addr.name, offset)
+            return
         c.records.extend(records)
         c.offset = offset
         for q in self.addr.queues.values():
