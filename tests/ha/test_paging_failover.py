@@ -266,3 +266,58 @@ async def _drain_texts(url: str, queue: str, wait: float = 3.0) -> list[str]:
     finally:
         await conn.close()
     return out
+
+
+def test_a_backup_joining_while_an_address_depages_takes_over_where_the_primary_was(pair: Any) -> None:
+    """Pages are read back, and deleted, while the initial copy lists and copies `paging/`; the
+    joined backup then takes over after a kill -9 in the middle of the drain: every message once,
+    in order, none the consumer committed again."""
+    n = 6000
+    p = pair(address_settings=PAGED)
+    p.primary.start()
+    p.wait_state(0, "active")
+    asyncio.run(_send(p.url_of(0), "paged.b", n))
+    consumed: list[int] = []
+
+    async def consume() -> None:
+        conn = await aio.connect(p.url, retry_interval=50)
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer("paged.b", window=0)
+        loop = asyncio.get_running_loop()
+        joining = loop.run_in_executor(None, p.backup.start)
+        synced: asyncio.Future[None] | None = None
+        killed = False
+        batch: list[int] = []
+        deadline = time.monotonic() + 120
+        while len(consumed) < n and time.monotonic() < deadline:
+            if synced is None and joining.done():
+                joining.result()
+                synced = loop.run_in_executor(None, p.wait_in_sync)
+            if not killed and synced is not None and synced.done() and len(consumed) >= n // 2:
+                synced.result()
+                await loop.run_in_executor(None, p.primary.kill)
+                killed = True
+            try:
+                msg = await consumer.receive(1.0)
+                if msg is not None:
+                    batch.append(int(msg.text[1:7]))
+                if len(batch) >= 10 or (msg is None and batch):
+                    await session.commit()
+                    consumed.extend(batch)
+                    batch = []
+                if not killed and synced is not None and not synced.done():
+                    await asyncio.sleep(0.002)  # drain slowly while the copy runs
+            except tandem.Unblocked:
+                continue
+            except tandem.TransactionRolledBack:
+                batch = []
+            except tandem.TransactionOutcomeUnknown:
+                if not await session.retry_commit():
+                    consumed.extend(batch)
+                batch = []
+        await conn.close()
+        assert killed, "the backup never got in sync while the address depaged"
+
+    asyncio.run(consume())
+    assert consumed == list(range(n))
+    assert p.status(1)["state"] == "active"
