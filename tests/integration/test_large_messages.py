@@ -170,6 +170,27 @@ def test_ordering_with_small_messages_around_a_large_one(broker: BrokerProcess) 
         assert [m.body if m is not None else None for m in got] == [b"before", data, b"after"]
 
 
+def test_pipelined_sends_keep_their_order_across_large_ones(broker: BrokerProcess) -> None:
+    """Small and large sends written without waiting, on one session: a large body is synced off
+    the broker's loop before it is routed, and the sends read after its END wait for it, so the
+    queue has them in the order they were sent."""
+    bodies = [body(3 * CHUNK + i, seed=40 + i) if i % 4 == 1 else f"small {i}".encode() for i in range(40)]
+
+    async def run() -> list[bytes | None]:
+        async with await aio.connect(url(broker)) as conn:
+            s = await conn.create_session()
+            await s.create_queue(QUEUE)
+            prod = s.create_producer(QUEUE)
+            futs = [prod.send_nowait(b) for b in bodies]  # every chunk and END written at once
+            await asyncio.wait_for(asyncio.gather(*[f for f in futs if f is not None]), 30)
+            cons = await s.create_consumer(QUEUE)
+            got = [await cons.receive(5) for _ in range(len(bodies))]
+            assert await cons.receive(0.2) is None
+            return [m.body if m is not None else None for m in got]
+
+    assert asyncio.run(run()) == bodies
+
+
 def test_restart_keeps_a_durable_large_message(broker: BrokerProcess) -> None:
     data = body(6 * CHUNK, seed=3)
     with tandem.connect(url(broker)) as c, c.session() as s:

@@ -54,6 +54,7 @@ log = logging.getLogger("tandem.native")
 HIGH_WATER = 1 << 22  # bytes queued in the transport before we stop reading and delivering
 LOW_WATER = 1 << 20
 _SEND = p.Send
+_LARGE_END = p.LargeEnd
 PACKETS_PER_PASS = 128  # packets of one read handled before the loop gets a turn (see `_handle`)
 
 _encode = p.encode
@@ -71,6 +72,7 @@ class NativeSession:
         "core",
         "dirty",
         "pending_durable",
+        "sealing",
         "storage",
         "streams",
         "sync",
@@ -87,6 +89,9 @@ class NativeSession:
         self.pending_durable = 0
         self.dirty = False
         self.upload: large.Upload | None = None  # a large message arriving
+        # A large body complete, its file being synced off the loop (or lost with the connection
+        # before it was routed): a reattach cannot resume this session (its END would count as done).
+        self.sealing = False
         self.streams: list[large.ChunkPump] = []  # large messages going out (the first is writing)
         self._pump_soon = False
 
@@ -224,6 +229,7 @@ class NativeConnection(asyncio.Protocol):
         self.touched: list[NativeSession] = []
         self._rest: tuple[list[Any], int] | None = None  # packets of a read not handled yet
         self._slicing = False  # reading paused until `_rest` is handled
+        self.holding = False  # a handler waits for a thread (a large body's sync): the packets after it wait too
         self.handshaken = False
         self.closed = False
         self.writable = True
@@ -405,7 +411,7 @@ class NativeConnection(asyncio.Protocol):
         n = len(packets)
         end = start + PACKETS_PER_PASS if n - start > PACKETS_PER_PASS else n
         if self.window > 0:
-            self._note_commands(packets, start, end)
+            end = self._note_commands(packets, start, end)
         i = start
         while i < end:
             pkt = packets[i]
@@ -428,10 +434,18 @@ class NativeConnection(asyncio.Protocol):
                 log.exception("error handling %s from %s", type(pkt).__name__, self.peer)
                 self.command_failed(pkt, InternalError(f"internal error: {exc!r}"))
             i += 1
+            if self.holding:
+                break
         if self.touched:
             for s in self.touched:
                 s.end_of_batch()
             self.touched.clear()
+        if self.holding and not self.closed:  # `release` handles the rest, in order
+            self._rest = (packets, i)
+            if not self._slicing and self.transport is not None:
+                self._slicing = True
+                self.transport.pause_reading()
+            return
         if end < n and not self.closed:
             self._rest = (packets, end)
             if not self._slicing and self.transport is not None:
@@ -443,9 +457,11 @@ class NativeConnection(asyncio.Protocol):
             if self.writable and not self.closed and self.transport is not None:
                 self.transport.resume_reading()
 
-    def _note_commands(self, packets: list[Any], start: int, end: int) -> None:
+    def _note_commands(self, packets: list[Any], start: int, end: int) -> int:
         """Reattachable: the last command id received per channel (these are all handled in this
-        pass), and a RECEIVED each time the confirmation window's bytes have arrived."""
+        pass), and a RECEIVED each time the confirmation window's bytes have arrived. The pass
+        ends after a LARGE_END (its handler may hold what follows: not counted until handled);
+        returns where it ends."""
         replay = self.replay
         window = self.window
         for k in range(start, end):
@@ -453,6 +469,8 @@ class NativeConnection(asyncio.Protocol):
             cmd = getattr(pkt, "cmd", None)
             if cmd is None:
                 continue
+            if type(pkt) is _LARGE_END:
+                end = k + 1
             ch = pkt.channel
             r = replay.get(ch)
             if r is None:
@@ -462,11 +480,28 @@ class NativeConnection(asyncio.Protocol):
             if r.unconfirmed >= window:
                 r.unconfirmed = 0
                 self.write(_encode(p.Received(ch, cmd)))
+            if k + 1 == end:
+                break
+        return end
 
     def _continue(self) -> None:
         rest, self._rest = self._rest, None
         if rest is not None and not self.closed:
             self._handle(*rest)
+
+    def hold(self) -> None:
+        """(From a handler) handle nothing more of this connection until `release`."""
+        self.holding = True
+
+    def release(self) -> None:
+        """The held handler is done: the packets after it are handled now, in order."""
+        self.holding = False
+        if self._rest is not None:
+            self._continue()
+        elif self.touched and not self.closed:
+            for s in self.touched:
+                s.end_of_batch()
+            self.touched.clear()
 
     def is_closed(self) -> bool:
         return self.closed
@@ -681,7 +716,7 @@ class NativeConnection(asyncio.Protocol):
         """Whether `old` kept what the client's channels need: every answer it may still wait
         for, and the last command id of every session it ever created on them; and no large
         message in transfer either way (a chunk lost on the wire is not kept for a replay)."""
-        if any(s.upload is not None or s.streams for s in old.sessions.values()):
+        if any(s.upload is not None or s.streams or s.sealing for s in old.sessions.values()):
             return False  # a large message in transfer: its lost chunks cannot be replayed
         for rc in channels:
             r = old.replay.get(rc.channel)
