@@ -251,3 +251,100 @@ def test_a_backup_joining_while_large_messages_are_written_takes_over_with_every
         assert wait_for(lambda: names(d) == []), names(d)
     finally:
         pair.kill_all()
+
+
+class Counted(io.RawIOBase):
+    """`n` bytes made as they are read (a counter in each 4 KiB block), hashed on the way."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pos = 0
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        k = min(len(b), self.n - self.pos)
+        if k <= 0:
+            return 0
+        block = bytearray(k)
+        for off in range(0, k, 4096):
+            block[off : off + 8] = (self.pos + off).to_bytes(8, "little")
+        b[:k] = block
+        self.digest.update(block)
+        self.pos += k
+        return k
+
+
+def vm(pid: int, key: str) -> int:
+    """VmRSS / VmHWM of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {key} for {pid}")
+
+
+@pytest.mark.timeout(240)
+def test_a_slow_backup_paces_a_large_upload_instead_of_filling_the_primary_s_memory(tmp_path: Path) -> None:
+    """A 96 MiB message streamed into a replicating primary while its backup is stopped (SIGSTOP)
+    again and again: the primary stops reading the upload while its link holds more than its
+    high-water mark, so its peak RSS grows by far less than the message (unpaced, the chunks
+    queue for the backup in its memory); then kill -9 of the primary, and the backup delivers
+    the message whole."""
+    size = 96 << 20
+    pair = ReplicatedPair(tmp_path).start_all()
+    try:
+        assert pair.primary.proc is not None
+        pid = pair.primary.proc.pid
+        url = pair.url_of(0) + opts(min_large_message_size=256 * 1024, ha="false")
+        with tandem.connect(url) as c, c.session() as s:
+            s.create_queue(QUEUE)
+            base = vm(pid, "VmRSS")
+            src = Counted(size)
+            done = threading.Event()
+            errors: list[BaseException] = []
+
+            def send() -> None:
+                try:
+                    with tandem.connect(url) as c2, c2.session() as s2:
+                        s2.create_producer(QUEUE).send_stream(src, size=size)
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=send)
+            t.start()
+            stops = 0
+            try:
+                for _ in range(100):  # the backup stalls 1 s out of every 1.3 s
+                    if done.is_set():
+                        break
+                    with pair.backup.paused():
+                        stops += 1
+                        done.wait(1.0)
+                    time.sleep(0.3)
+            finally:
+                t.join(120)
+            assert not t.is_alive() and not errors, errors
+            assert stops >= 2, "the upload ended before the backup could stall it"
+            peak = vm(pid, "VmHWM")
+        growth = peak - base
+        print(f"primary peak RSS grew by {growth >> 20} MiB over {stops} stalls of its backup")
+        # (unpaced, the stalls queue tens of MiB of chunks for the backup)
+        assert growth < 40 << 20, f"the primary's peak RSS grew by {growth >> 20} MiB for a {size >> 20} MiB message"
+        pair.primary.kill()
+        pair.wait_state(1, "active", timeout=30)
+        with tandem.connect(pair.url_of(1) + opts(ha="false")) as c, c.session() as s:
+            cons = s.create_consumer(QUEUE)
+            m = cons.receive(60)
+            assert m is not None and m.large
+            digest = hashlib.sha256()
+            stream = m.body_stream()
+            while block := stream.read(1 << 20):
+                digest.update(block)
+            assert digest.hexdigest() == src.digest.hexdigest()
+            assert cons.receive(0.5) is None
+    finally:
+        pair.kill_all()
