@@ -92,6 +92,7 @@ def chunk(session: NativeSession, pkt: p.LargeChunk) -> None:
         return  # refused: the chunks are counted and dropped, END answers the error
     try:
         up.file.write(pkt.data)
+        session.conn.broker.pacer.wrote(session.conn)
     except OSError as exc:
         log.error("cannot write a large message: %s", exc)
         up.error = InternalError(f"cannot store a large message: {exc}")

@@ -230,6 +230,7 @@ class NativeConnection(asyncio.Protocol):
         self._rest: tuple[list[Any], int] | None = None  # packets of a read not handled yet
         self._slicing = False  # reading paused until `_rest` is handled
         self.holding = False  # a handler waits for a thread (a large body's sync): the packets after it wait too
+        self.paced = False  # not read while a backup link is full (a large upload, server/pacing.py)
         self.handshaken = False
         self.closed = False
         self.writable = True
@@ -273,17 +274,21 @@ class NativeConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
+        if self.replica is not None:  # a backup's link: large uploads wait (server/pacing.py)
+            self.broker.pacer.link_paused()
         # A backup's acknowledgements are what frees the stream: keep reading them.
         if self.transport is not None and self.replica is None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
+        if self.replica is not None:
+            self.broker.pacer.link_resumed()
         waiters, self._drain_waiters = self._drain_waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-        if self.transport is not None and not self.closed and not self._slicing:
+        if self.transport is not None and not self.closed and not self._slicing and not self.paced:
             self.transport.resume_reading()
         for s in list(self.sessions.values()):
             if s.streams:
@@ -454,7 +459,7 @@ class NativeConnection(asyncio.Protocol):
             self.loop.call_soon(self._continue)
         elif self._slicing:
             self._slicing = False
-            if self.writable and not self.closed and self.transport is not None:
+            if self.writable and not self.closed and not self.paced and self.transport is not None:
                 self.transport.resume_reading()
 
     def _note_commands(self, packets: list[Any], start: int, end: int) -> int:
@@ -488,6 +493,16 @@ class NativeConnection(asyncio.Protocol):
         rest, self._rest = self._rest, None
         if rest is not None and not self.closed:
             self._handle(*rest)
+
+    def pace(self, paused: bool) -> None:
+        """(UploadPacer) stop reading while a backup link is full; read again once it has room."""
+        self.paced = paused
+        if self.transport is None or self.closed:
+            return
+        if paused:
+            self.transport.pause_reading()
+        elif self.writable and not self._slicing:
+            self.transport.resume_reading()
 
     def hold(self) -> None:
         """(From a handler) handle nothing more of this connection until `release`."""
@@ -544,6 +559,8 @@ class NativeConnection(asyncio.Protocol):
         self.closed = True
         if self._writer is not None:
             self._writer.close()
+        if self.replica is not None:  # a backup's link gone: no upload waits for it any more
+            self.broker.pacer.link_resumed()
         if detach and self.window > 0 and self.successor is None and self.broker.active and self.sessions:
             self.detached = True
             self.writable = False  # the queues hold deliveries until a reattach
