@@ -694,3 +694,29 @@ def test_the_spark_sink_writes_big_rows_as_whole_messages_its_source_can_read(br
             return [m.body for m in got.messages]
 
     assert asyncio.run(read()) == [big, b"small"]
+
+
+def test_data_print_lists_the_large_message_files(broker: BrokerProcess) -> None:
+    """`tandem data print` lists large-messages/: each file with its size and the record naming it,
+    and a file no record names (removed at the next start) as such."""
+    import subprocess
+    import sys
+
+    data = body(3 * CHUNK + 1, seed=50)
+    with tandem.connect(url(broker)) as c, c.session() as s:
+        s.create_queue(QUEUE)
+        s.create_producer(QUEUE).send(data)
+    (name,) = files(broker)
+    assert broker.stop() == 0
+    (broker.data_dir / "large-messages" / "999999.part").write_bytes(b"x" * 10)
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem", "data", "print", str(broker.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    section = r.stdout.split("== large messages")[1].split("== ")[0]
+    lines = [x.strip() for x in section.splitlines()[1:] if x.strip()]
+    assert any(x.startswith(f"{name}  size {len(data)}  message ") for x in lines), lines
+    assert "999999.part  size 10  no record names it (removed at the next start)" in lines, lines
