@@ -348,3 +348,50 @@ def test_a_slow_backup_paces_a_large_upload_instead_of_filling_the_primary_s_mem
             assert cons.receive(0.5) is None
     finally:
         pair.kill_all()
+
+
+@pytest.mark.timeout(120)
+def test_an_upload_paced_longer_than_its_connection_ttl_is_not_taken_for_a_dead_client(tmp_path: Path) -> None:
+    """The backup stalls for several times the uploader's connection TTL: the primary does not
+    read the uploader meanwhile (its pings and its half-read chunk wait in the socket), and must not
+    close it as silent; the upload completes once the backup resumes, and arrives whole."""
+    size = 48 << 20
+    pair = ReplicatedPair(tmp_path).start_all()
+    try:
+        url = pair.url_of(0) + opts(min_large_message_size=256 * 1024, ha="false", connection_ttl=600)
+        with tandem.connect(url) as c, c.session() as s:
+            s.create_queue(QUEUE)
+        src = Counted(size)
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def send() -> None:
+            try:
+                with tandem.connect(url + "&reconnect_attempts=0") as c2, c2.session() as s2:
+                    s2.create_producer(QUEUE).send_stream(src, size=size)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        t = threading.Thread(target=send)
+        t.start()
+        try:
+            assert wait_for(lambda: src.pos >= 2 << 20 or done.is_set(), 30)
+            with pair.backup.paused():
+                done.wait(3.0)  # five TTLs with the upload paced
+                assert not done.is_set()
+        finally:
+            t.join(60)
+        assert not t.is_alive()
+        assert not errors, errors
+        with tandem.connect(pair.url_of(0) + opts(ha="false")) as c, c.session() as s:
+            m = s.create_consumer(QUEUE).receive(30)
+            assert m is not None and m.large
+            digest = hashlib.sha256()
+            stream = m.body_stream()
+            while block := stream.read(1 << 20):
+                digest.update(block)
+            assert digest.hexdigest() == src.digest.hexdigest()
+    finally:
+        pair.kill_all()
