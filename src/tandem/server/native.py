@@ -497,12 +497,20 @@ class NativeConnection(asyncio.Protocol):
     def pace(self, paused: bool) -> None:
         """(UploadPacer) stop reading while a backup link is full; read again once it has room."""
         self.paced = paused
+        self._not_reading_since(self.loop.time())
         if self.transport is None or self.closed:
             return
         if paused:
             self.transport.pause_reading()
         elif self.writable and not self._slicing:
             self.transport.resume_reading()
+
+    def _not_reading_since(self, now: float) -> None:
+        """The broker, not the client, stops this connection's input: its silence and its
+        half-read packet count from when reading resumes."""
+        self.last_received = now
+        if self.partial_since is not None:
+            self.partial_since = now
 
     def hold(self) -> None:
         """(From a handler) handle nothing more of this connection until `release`."""
@@ -511,6 +519,7 @@ class NativeConnection(asyncio.Protocol):
     def release(self) -> None:
         """The held handler is done: the packets after it are handled now, in order."""
         self.holding = False
+        self._not_reading_since(self.loop.time())
         if self._rest is not None:
             self._continue()
         elif self.touched and not self.closed:
@@ -930,6 +939,8 @@ class NativeConnection(asyncio.Protocol):
         ttl = self.ttl_ms / 1000
         ping_every = max(ttl / 4, 0.05)
         cfg = self.broker.config
+        if self.paced or self.holding:  # we do not read it (a full backup link, a body's sync): not its silence
+            self._not_reading_since(now)
         if now - self.last_received > ttl:
             self.fatal(TandemError(f"no packet for {ttl:.1f}s (connection-ttl)", ErrorCode.CONNECTION_LOST))
         elif not self.handshaken and (now - self.opened_at) * 1000 > cfg.handshake_timeout:
