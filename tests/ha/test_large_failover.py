@@ -395,3 +395,88 @@ def test_an_upload_paced_longer_than_its_connection_ttl_is_not_taken_for_a_dead_
             assert digest.hexdigest() == src.digest.hexdigest()
     finally:
         pair.kill_all()
+
+
+@pytest.mark.timeout(240)
+def test_a_slow_backup_paces_a_stomp_large_body_too(tmp_path: Path) -> None:
+    """A 64 MiB STOMP SEND (content-length) into a replicating primary whose backup stalls again
+    and again: the primary stops reading the STOMP connection while its link is full, so its peak
+    RSS grows by far less than the body; its RECEIPT comes, and after kill -9 of the primary the
+    backup delivers the body whole."""
+    import socket
+
+    from tandem.protocol.stomp import SERVER_COMMANDS, StompParser
+
+    size = 64 << 20
+    pair = ReplicatedPair(tmp_path, stomp=True, min_large_message_size=256 * 1024).start_all()
+    try:
+        assert pair.primary.proc is not None
+        pid = pair.primary.proc.pid
+        sock = socket.create_connection(("127.0.0.1", pair.stomp_ports[0]), timeout=60)
+        parser = StompParser(1 << 20, "1.2", SERVER_COMMANDS)
+        frames: list[Any] = []
+
+        def next_frame() -> Any:
+            for _ in range(10_000):
+                if frames:
+                    return frames.pop(0)
+                data = sock.recv(1 << 16)
+                assert data, "the server closed the connection"
+                frames.extend(parser.feed(data))
+            raise AssertionError("no frame")
+
+        try:
+            sock.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\0")
+            assert next_frame().command == "CONNECTED"
+            base = vm(pid, "VmRSS")
+            src = Counted(size)
+            done = threading.Event()
+            errors: list[BaseException] = []
+
+            def send() -> None:
+                try:
+                    head = f"SEND\ndestination:/queue/{QUEUE}\npersistent:true\nreceipt:r1\ncontent-length:{size}\n\n"
+                    sock.sendall(head.encode())
+                    while piece := src.read(1 << 20):
+                        sock.sendall(piece)
+                    sock.sendall(b"\0")
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=send)
+            stops = 0
+            try:
+                for k in range(100):  # the backup stalls 1 s out of every 1.3 s, from the body's start
+                    with pair.backup.paused():
+                        if k == 0:
+                            t.start()
+                        stops += 1
+                        done.wait(1.0)
+                    if done.is_set():
+                        break
+                    time.sleep(0.3)
+            finally:
+                t.join(120)
+            assert not t.is_alive() and not errors, errors
+            f = next_frame()
+            assert f.command == "RECEIPT" and f.headers["receipt-id"] == "r1", f
+            peak = vm(pid, "VmHWM")
+        finally:
+            sock.close()
+        growth = peak - base
+        print(f"primary peak RSS grew by {growth >> 20} MiB over {stops} stalls of its backup (STOMP)")
+        assert growth < 40 << 20, f"the primary's peak RSS grew by {growth >> 20} MiB for a {size >> 20} MiB body"
+        pair.primary.kill()
+        pair.wait_state(1, "active", timeout=30)
+        with tandem.connect(pair.url_of(1) + opts(ha="false")) as c, c.session() as s:
+            m = s.create_consumer(QUEUE).receive(60)
+            assert m is not None and m.large
+            digest = hashlib.sha256()
+            stream = m.body_stream()
+            while block := stream.read(1 << 20):
+                digest.update(block)
+            assert digest.hexdigest() == src.digest.hexdigest()
+    finally:
+        pair.kill_all()
