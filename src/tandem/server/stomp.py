@@ -233,6 +233,13 @@ class StompConnection(asyncio.Protocol):
             if sub.consumer is not None:
                 sub.consumer.queue.deliver_soon()
 
+    def pace(self, paused: bool) -> None:
+        """(UploadPacer, server/pacing.py) not read while a backup link is full."""
+        if paused:
+            self._hold("paced")
+        else:
+            self._release("paced")
+
     def _hold(self, reason: str) -> None:
         if not self._held and self.transport is not None:
             self.transport.pause_reading()
@@ -446,7 +453,7 @@ class StompConnection(asyncio.Protocol):
         with a frame not complete within its TTL; beat if we owe one."""
         if self.closed:
             return
-        if "full" in self._held:
+        if "full" in self._held or "paced" in self._held:
             self.last_received = now  # we stopped reading, not the client: its beats wait unread
             if self.partial_since is not None:
                 self.partial_since = now
@@ -649,6 +656,7 @@ class StompConnection(asyncio.Protocol):
             raise st.StompError("body data without a SEND")
         try:
             up.file.write(frame.body)
+            self.broker.pacer.wrote(self)
         except OSError as exc:
             up.discard()
             raise TandemError(f"cannot store a large message: {exc}") from None
