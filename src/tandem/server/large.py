@@ -184,6 +184,11 @@ class Seal:
             session.conn.command_failed(self.pkt, e)
             self._done()
             return
+        except Exception as e:  # a bug: answered, and the connection goes on (never left holding)
+            log.exception("error routing a large message from %s", session.conn.peer)
+            session.conn.command_failed(self.pkt, InternalError(f"internal error: {e!r}"))
+            self._done()
+            return
         session.completed(self.pkt.cmd, durable)
         self._done()
 
