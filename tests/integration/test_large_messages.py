@@ -457,6 +457,38 @@ def test_stomp_large_send_is_streamed_and_delivered_to_stomp_and_native(broker_f
     assert wait_for(lambda: files(b) == []), files(b)
 
 
+def test_stomp_frames_after_a_large_body_wait_for_its_sync(broker_factory: Factory) -> None:
+    """A large SEND and small SENDs behind it in one write: the body is synced off the broker's loop,
+    and the frames after it are handled only once it is routed, so the queue keeps their order and
+    the receipts come in order."""
+    b = broker_factory(extra_toml=STOMP_ACCEPTORS, min_large_message_size=16 * 1024).start()
+    data = body(512 * 1024 + 3, seed=60).replace(b"\0", b"\1")
+    sender = RawStomp(b.ports["stomp"])
+    try:
+        out = bytearray()
+        for i in range(3):
+            out += f"SEND\ndestination:/queue/{QUEUE}\nreceipt:big{i}\ncontent-length:{len(data)}\n\n".encode()
+            out += data + b"\0"
+            out += f"SEND\ndestination:/queue/{QUEUE}\nreceipt:small{i}\n\nsmall {i}\0".encode()
+        sender.sock.sendall(bytes(out))
+        receipts = [sender.next(30).headers.get("receipt-id") for _ in range(6)]
+        assert receipts == ["big0", "small0", "big1", "small1", "big2", "small2"]
+    finally:
+        sender.close()
+    with tandem.connect(url(b)) as c, c.session() as s:
+        cons = s.create_consumer(QUEUE)
+        got = [cons.receive(5) for _ in range(6)]
+        assert [m.body if m is not None else None for m in got] == [
+            data,
+            b"small 0",
+            data,
+            b"small 1",
+            data,
+            b"small 2",
+        ]
+        assert cons.receive(0.2) is None
+
+
 def test_native_large_message_to_a_stomp_subscriber_then_small_ones(broker_factory: Factory) -> None:
     """A STOMP subscriber gets a native producer's large message as one MESSAGE frame, and the
     frames after it intact (nothing written into the middle of the streamed body)."""
