@@ -65,6 +65,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
     cursors: dict[int, tuple[int, int]] = {}
     page_txs: set[int] = set()
     per_queue: Counter[str] = Counter()
+    large: dict[str, tuple[int, int]] = {}  # large body file -> (the record naming it, its recorded size)
     for label, j in _journals(data):
         live = j.load(readonly=True)
         st = j.stats()
@@ -113,6 +114,8 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
             elif utype == RecordType.MESSAGE:
                 m = msgspec.msgpack.decode(lr.body, type=MessageRecord)
                 acked = {msgspec.msgpack.decode(b, type=list)[0] for t, b in (lr.updates or ()) if t == RecordType.ACK}
+                if m.large is not None:
+                    large[m.large.file] = (rid, m.large.size)
                 for qid, _seq in m.refs:
                     if qid not in acked:
                         per_queue[queues.get(qid, f"#{qid}")] += 1
@@ -123,6 +126,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                         file=out,
                     )
     _print_paging(data, addresses, queues, cursors, page_txs, per_queue, records, out)
+    _print_large(data, large, out)
     print("== messages per queue", file=out)
     for name in sorted(set(queues.values()) | set(per_queue)):
         print(f"   {name:28} {per_queue.get(name, 0)}", file=out)
@@ -168,6 +172,30 @@ def _print_paging(
                 if records:
                     tx = f" tx={r.tx}" + (" (never committed)" if dead else "") if r.tx else ""
                     print(f"   paged message {r.mid}: refs={r.refs} size={len(r.raw)}{tx}", file=out)
+
+
+def _print_large(data: Path, named: dict[str, tuple[int, int]], out: IO[str]) -> None:
+    """The files of large-messages/: each with the record naming it, or what the next start does with it."""
+    directory = data / "large-messages"
+    print(f"== large messages ({directory})", file=out)
+    present = sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
+    for path in present:
+        size = path.stat().st_size
+        rec = named.get(path.name)
+        if rec is None:
+            print(f"   {path.name}  size {size}  no record names it (removed at the next start)", file=out)
+        elif rec[1] != size:
+            print(
+                f"   {path.name}  size {size}  message {rec[0]} records {rec[1]} bytes: "
+                "not whole (the message is dropped at the next start)",
+                file=out,
+            )
+        else:
+            print(f"   {path.name}  size {size}  message {rec[0]}", file=out)
+    names = {p.name for p in present}
+    for name, (rid, size) in sorted(named.items()):
+        if name not in names:
+            print(f"   {name}  MISSING  message {rid} records {size} bytes (dropped at the next start)", file=out)
 
 
 def repair_data(directory: str, out: IO[str]) -> int:

@@ -170,6 +170,27 @@ def test_ordering_with_small_messages_around_a_large_one(broker: BrokerProcess) 
         assert [m.body if m is not None else None for m in got] == [b"before", data, b"after"]
 
 
+def test_pipelined_sends_keep_their_order_across_large_ones(broker: BrokerProcess) -> None:
+    """Small and large sends written without waiting, on one session: a large body is synced off
+    the broker's loop before it is routed, and the sends read after its END wait for it, so the
+    queue has them in the order they were sent."""
+    bodies = [body(3 * CHUNK + i, seed=40 + i) if i % 4 == 1 else f"small {i}".encode() for i in range(40)]
+
+    async def run() -> list[bytes | None]:
+        async with await aio.connect(url(broker)) as conn:
+            s = await conn.create_session()
+            await s.create_queue(QUEUE)
+            prod = s.create_producer(QUEUE)
+            futs = [prod.send_nowait(b) for b in bodies]  # every chunk and END written at once
+            await asyncio.wait_for(asyncio.gather(*[f for f in futs if f is not None]), 30)
+            cons = await s.create_consumer(QUEUE)
+            got = [await cons.receive(5) for _ in range(len(bodies))]
+            assert await cons.receive(0.2) is None
+            return [m.body if m is not None else None for m in got]
+
+    assert asyncio.run(run()) == bodies
+
+
 def test_restart_keeps_a_durable_large_message(broker: BrokerProcess) -> None:
     data = body(6 * CHUNK, seed=3)
     with tandem.connect(url(broker)) as c, c.session() as s:
@@ -436,6 +457,38 @@ def test_stomp_large_send_is_streamed_and_delivered_to_stomp_and_native(broker_f
     assert wait_for(lambda: files(b) == []), files(b)
 
 
+def test_stomp_frames_after_a_large_body_wait_for_its_sync(broker_factory: Factory) -> None:
+    """A large SEND and small SENDs behind it in one write: the body is synced off the broker's loop,
+    and the frames after it are handled only once it is routed, so the queue keeps their order and
+    the receipts come in order."""
+    b = broker_factory(extra_toml=STOMP_ACCEPTORS, min_large_message_size=16 * 1024).start()
+    data = body(512 * 1024 + 3, seed=60).replace(b"\0", b"\1")
+    sender = RawStomp(b.ports["stomp"])
+    try:
+        out = bytearray()
+        for i in range(3):
+            out += f"SEND\ndestination:/queue/{QUEUE}\nreceipt:big{i}\ncontent-length:{len(data)}\n\n".encode()
+            out += data + b"\0"
+            out += f"SEND\ndestination:/queue/{QUEUE}\nreceipt:small{i}\n\nsmall {i}\0".encode()
+        sender.sock.sendall(bytes(out))
+        receipts = [sender.next(30).headers.get("receipt-id") for _ in range(6)]
+        assert receipts == ["big0", "small0", "big1", "small1", "big2", "small2"]
+    finally:
+        sender.close()
+    with tandem.connect(url(b)) as c, c.session() as s:
+        cons = s.create_consumer(QUEUE)
+        got = [cons.receive(5) for _ in range(6)]
+        assert [m.body if m is not None else None for m in got] == [
+            data,
+            b"small 0",
+            data,
+            b"small 1",
+            data,
+            b"small 2",
+        ]
+        assert cons.receive(0.2) is None
+
+
 def test_native_large_message_to_a_stomp_subscriber_then_small_ones(broker_factory: Factory) -> None:
     """A STOMP subscriber gets a native producer's large message as one MESSAGE frame, and the
     frames after it intact (nothing written into the middle of the streamed body)."""
@@ -673,3 +726,29 @@ def test_the_spark_sink_writes_big_rows_as_whole_messages_its_source_can_read(br
             return [m.body for m in got.messages]
 
     assert asyncio.run(read()) == [big, b"small"]
+
+
+def test_data_print_lists_the_large_message_files(broker: BrokerProcess) -> None:
+    """`tandem data print` lists large-messages/: each file with its size and the record naming it,
+    and a file no record names (removed at the next start) as such."""
+    import subprocess
+    import sys
+
+    data = body(3 * CHUNK + 1, seed=50)
+    with tandem.connect(url(broker)) as c, c.session() as s:
+        s.create_queue(QUEUE)
+        s.create_producer(QUEUE).send(data)
+    (name,) = files(broker)
+    assert broker.stop() == 0
+    (broker.data_dir / "large-messages" / "999999.part").write_bytes(b"x" * 10)
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem", "data", "print", str(broker.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    section = r.stdout.split("== large messages")[1].split("== ")[0]
+    lines = [x.strip() for x in section.splitlines()[1:] if x.strip()]
+    assert any(x.startswith(f"{name}  size {len(data)}  message ") for x in lines), lines
+    assert "999999.part  size 10  no record names it (removed at the next start)" in lines, lines

@@ -813,8 +813,13 @@ class AsyncConnection:
         """Close sessions politely, then the socket."""
         if self.closed:
             return
-        if self._reconnector is not None and not self._reconnector.done():
-            self._reconnector.cancel()
+        reconnector = self._reconnector
+        if reconnector is not None and not reconnector.done():
+            reconnector.cancel()
+            if reconnector is not asyncio.current_task():
+                # Let it end here: a blocking client stops its loop right after close, and a task
+                # left cancelling is destroyed pending (its socket unclosed).
+                await asyncio.wait([reconnector], timeout=1.0)
         if self._ready.is_set():
             for ch in list(self.channels.values()):
                 if ch.session is not None:

@@ -38,6 +38,7 @@ from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
 from .admin import Admin
 from .memory import ConnectionChurn
 from .native import NativeConnection
+from .pacing import UploadPacer
 from .security import Authenticator
 
 log = logging.getLogger("tandem.broker")
@@ -174,6 +175,7 @@ class Broker:
         self.authenticator = Authenticator(config)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
+        self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.started_at = 0.0

@@ -14,6 +14,7 @@ from ..config import BrokerConfig
 from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
+from .pacing import UploadPacer
 
 
 class Management(Protocol):
@@ -37,6 +38,11 @@ class BrokerContext(Protocol):
     @property
     def connections(self) -> set[Any]:
         """Every open connection: each adds itself on connect and removes itself on close."""
+        ...
+
+    @property
+    def pacer(self) -> UploadPacer:
+        """Large uploads wait while a backup link is over its high-water mark (server/pacing.py)."""
         ...
 
     @property

@@ -12,6 +12,7 @@ until the last chunk is out, so a consumer gets a large message's chunks in one 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,7 @@ def chunk(session: NativeSession, pkt: p.LargeChunk) -> None:
         return  # refused: the chunks are counted and dropped, END answers the error
     try:
         up.file.write(pkt.data)
+        session.conn.broker.pacer.wrote(session.conn)
     except OSError as exc:
         log.error("cannot write a large message: %s", exc)
         up.error = InternalError(f"cannot store a large message: {exc}")
@@ -113,19 +115,92 @@ def end(session: NativeSession, pkt: p.LargeEnd) -> None:
         return
     message = up.message
     file, up.file = up.file, None
-    try:
-        message.large = file.finish(up.compressed)
-    except OSError as exc:
-        file.discard()
-        session.conn.command_failed(pkt, InternalError(f"cannot store a large message: {exc}"))
-        return
     up.message = None
-    try:
-        durable = session.core.send_message(message)
-    except TandemError as exc:  # not routed: the message goes, and its file with it
-        session.conn.command_failed(pkt, exc)
-        return
-    session.completed(pkt.cmd, durable)
+    Seal(session, pkt, message, file, up.compressed).start()
+
+
+class Seal:
+    """A complete body made durable off the event loop, then routed: its file synced (a thread),
+    renamed (the loop), the directory synced (a thread), and only then the message routed and
+    its record written. The connection handles nothing after the END meanwhile (`hold`), so the
+    order of a session's sends is kept."""
+
+    __slots__ = ("compressed", "file", "message", "pkt", "session")
+
+    def __init__(
+        self, session: NativeSession, pkt: p.LargeEnd, message: Message, file: LargeUpload, compressed: bool
+    ) -> None:
+        self.session = session
+        self.pkt = pkt
+        self.message = message
+        self.file = file
+        self.compressed = compressed
+
+    def start(self) -> None:
+        conn = self.session.conn
+        conn.hold()
+        self.session.sealing = True
+        conn.loop.run_in_executor(None, self.file.sync_body).add_done_callback(self._synced)
+
+    def _gone(self) -> bool:
+        """The connection went meanwhile: the message is not routed (never confirmed) and its file
+        goes; the session stays `sealing`, so it is never reattached as if the END were done."""
+        if not self.session.conn.closed:
+            return False
+        self.file.discard()
+        return True
+
+    def _synced(self, fut: asyncio.Future[None]) -> None:
+        if fut.cancelled():  # the broker stops: the next start removes the unrecorded file
+            return
+        exc = fut.exception()
+        if self._gone():
+            return
+        if exc is None:
+            try:
+                self.file.rename()
+            except OSError as e:
+                exc = e
+        if exc is not None:
+            self._failed(exc)
+            return
+        self.session.conn.loop.run_in_executor(None, self.file.sync_dir).add_done_callback(self._dir_synced)
+
+    def _dir_synced(self, fut: asyncio.Future[None]) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if self._gone():
+            return
+        if exc is not None:
+            self._failed(exc)
+            return
+        session = self.session
+        message = self.message
+        message.large = self.file.body(self.compressed)
+        try:
+            durable = session.core.send_message(message)
+        except TandemError as e:  # not routed: the message goes, and its file with it
+            session.conn.command_failed(self.pkt, e)
+            self._done()
+            return
+        except Exception as e:  # a bug: answered, and the connection goes on (never left holding)
+            log.exception("error routing a large message from %s", session.conn.peer)
+            session.conn.command_failed(self.pkt, InternalError(f"internal error: {e!r}"))
+            self._done()
+            return
+        session.completed(self.pkt.cmd, durable)
+        self._done()
+
+    def _failed(self, exc: BaseException) -> None:
+        log.error("cannot store a large message: %s", exc)
+        self.file.discard()
+        self.session.conn.command_failed(self.pkt, InternalError(f"cannot store a large message: {exc}"))
+        self._done()
+
+    def _done(self) -> None:
+        self.session.sealing = False
+        self.session.conn.release()
 
 
 def abort(session: NativeSession, pkt: p.LargeAbort) -> None:

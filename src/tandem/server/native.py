@@ -54,6 +54,7 @@ log = logging.getLogger("tandem.native")
 HIGH_WATER = 1 << 22  # bytes queued in the transport before we stop reading and delivering
 LOW_WATER = 1 << 20
 _SEND = p.Send
+_LARGE_END = p.LargeEnd
 PACKETS_PER_PASS = 128  # packets of one read handled before the loop gets a turn (see `_handle`)
 
 _encode = p.encode
@@ -71,6 +72,7 @@ class NativeSession:
         "core",
         "dirty",
         "pending_durable",
+        "sealing",
         "storage",
         "streams",
         "sync",
@@ -87,6 +89,9 @@ class NativeSession:
         self.pending_durable = 0
         self.dirty = False
         self.upload: large.Upload | None = None  # a large message arriving
+        # A large body complete, its file being synced off the loop (or lost with the connection
+        # before it was routed): a reattach cannot resume this session (its END would count as done).
+        self.sealing = False
         self.streams: list[large.ChunkPump] = []  # large messages going out (the first is writing)
         self._pump_soon = False
 
@@ -224,6 +229,8 @@ class NativeConnection(asyncio.Protocol):
         self.touched: list[NativeSession] = []
         self._rest: tuple[list[Any], int] | None = None  # packets of a read not handled yet
         self._slicing = False  # reading paused until `_rest` is handled
+        self.holding = False  # a handler waits for a thread (a large body's sync): the packets after it wait too
+        self.paced = False  # not read while a backup link is full (a large upload, server/pacing.py)
         self.handshaken = False
         self.closed = False
         self.writable = True
@@ -267,17 +274,21 @@ class NativeConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
+        if self.replica is not None:  # a backup's link: large uploads wait (server/pacing.py)
+            self.broker.pacer.link_paused()
         # A backup's acknowledgements are what frees the stream: keep reading them.
         if self.transport is not None and self.replica is None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
+        if self.replica is not None:
+            self.broker.pacer.link_resumed()
         waiters, self._drain_waiters = self._drain_waiters, []
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-        if self.transport is not None and not self.closed and not self._slicing:
+        if self.transport is not None and not self.closed and not self._slicing and not self.paced:
             self.transport.resume_reading()
         for s in list(self.sessions.values()):
             if s.streams:
@@ -405,7 +416,7 @@ class NativeConnection(asyncio.Protocol):
         n = len(packets)
         end = start + PACKETS_PER_PASS if n - start > PACKETS_PER_PASS else n
         if self.window > 0:
-            self._note_commands(packets, start, end)
+            end = self._note_commands(packets, start, end)
         i = start
         while i < end:
             pkt = packets[i]
@@ -428,10 +439,18 @@ class NativeConnection(asyncio.Protocol):
                 log.exception("error handling %s from %s", type(pkt).__name__, self.peer)
                 self.command_failed(pkt, InternalError(f"internal error: {exc!r}"))
             i += 1
+            if self.holding:
+                break
         if self.touched:
             for s in self.touched:
                 s.end_of_batch()
             self.touched.clear()
+        if self.holding and not self.closed:  # `release` handles the rest, in order
+            self._rest = (packets, i)
+            if not self._slicing and self.transport is not None:
+                self._slicing = True
+                self.transport.pause_reading()
+            return
         if end < n and not self.closed:
             self._rest = (packets, end)
             if not self._slicing and self.transport is not None:
@@ -440,12 +459,14 @@ class NativeConnection(asyncio.Protocol):
             self.loop.call_soon(self._continue)
         elif self._slicing:
             self._slicing = False
-            if self.writable and not self.closed and self.transport is not None:
+            if self.writable and not self.closed and not self.paced and self.transport is not None:
                 self.transport.resume_reading()
 
-    def _note_commands(self, packets: list[Any], start: int, end: int) -> None:
+    def _note_commands(self, packets: list[Any], start: int, end: int) -> int:
         """Reattachable: the last command id received per channel (these are all handled in this
-        pass), and a RECEIVED each time the confirmation window's bytes have arrived."""
+        pass), and a RECEIVED each time the confirmation window's bytes have arrived. The pass
+        ends after a LARGE_END (its handler may hold what follows: not counted until handled);
+        returns where it ends."""
         replay = self.replay
         window = self.window
         for k in range(start, end):
@@ -453,6 +474,8 @@ class NativeConnection(asyncio.Protocol):
             cmd = getattr(pkt, "cmd", None)
             if cmd is None:
                 continue
+            if type(pkt) is _LARGE_END:
+                end = k + 1
             ch = pkt.channel
             r = replay.get(ch)
             if r is None:
@@ -462,11 +485,47 @@ class NativeConnection(asyncio.Protocol):
             if r.unconfirmed >= window:
                 r.unconfirmed = 0
                 self.write(_encode(p.Received(ch, cmd)))
+            if k + 1 == end:
+                break
+        return end
 
     def _continue(self) -> None:
         rest, self._rest = self._rest, None
         if rest is not None and not self.closed:
             self._handle(*rest)
+
+    def pace(self, paused: bool) -> None:
+        """(UploadPacer) stop reading while a backup link is full; read again once it has room."""
+        self.paced = paused
+        self._not_reading_since(self.loop.time())
+        if self.transport is None or self.closed:
+            return
+        if paused:
+            self.transport.pause_reading()
+        elif self.writable and not self._slicing:
+            self.transport.resume_reading()
+
+    def _not_reading_since(self, now: float) -> None:
+        """The broker, not the client, stops this connection's input: its silence and its
+        half-read packet count from when reading resumes."""
+        self.last_received = now
+        if self.partial_since is not None:
+            self.partial_since = now
+
+    def hold(self) -> None:
+        """(From a handler) handle nothing more of this connection until `release`."""
+        self.holding = True
+
+    def release(self) -> None:
+        """The held handler is done: the packets after it are handled now, in order."""
+        self.holding = False
+        self._not_reading_since(self.loop.time())
+        if self._rest is not None:
+            self._continue()
+        elif self.touched and not self.closed:
+            for s in self.touched:
+                s.end_of_batch()
+            self.touched.clear()
 
     def is_closed(self) -> bool:
         return self.closed
@@ -509,6 +568,8 @@ class NativeConnection(asyncio.Protocol):
         self.closed = True
         if self._writer is not None:
             self._writer.close()
+        if self.replica is not None:  # a backup's link gone: no upload waits for it any more
+            self.broker.pacer.link_resumed()
         if detach and self.window > 0 and self.successor is None and self.broker.active and self.sessions:
             self.detached = True
             self.writable = False  # the queues hold deliveries until a reattach
@@ -681,7 +742,7 @@ class NativeConnection(asyncio.Protocol):
         """Whether `old` kept what the client's channels need: every answer it may still wait
         for, and the last command id of every session it ever created on them; and no large
         message in transfer either way (a chunk lost on the wire is not kept for a replay)."""
-        if any(s.upload is not None or s.streams for s in old.sessions.values()):
+        if any(s.upload is not None or s.streams or s.sealing for s in old.sessions.values()):
             return False  # a large message in transfer: its lost chunks cannot be replayed
         for rc in channels:
             r = old.replay.get(rc.channel)
@@ -878,6 +939,8 @@ class NativeConnection(asyncio.Protocol):
         ttl = self.ttl_ms / 1000
         ping_every = max(ttl / 4, 0.05)
         cfg = self.broker.config
+        if self.paced or self.holding:  # we do not read it (a full backup link, a body's sync): not its silence
+            self._not_reading_since(now)
         if now - self.last_received > ttl:
             self.fatal(TandemError(f"no packet for {ttl:.1f}s (connection-ttl)", ErrorCode.CONNECTION_LOST))
         elif not self.handshaken and (now - self.opened_at) * 1000 > cfg.handshake_timeout:

@@ -16,6 +16,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
@@ -233,6 +234,13 @@ class StompConnection(asyncio.Protocol):
             if sub.consumer is not None:
                 sub.consumer.queue.deliver_soon()
 
+    def pace(self, paused: bool) -> None:
+        """(UploadPacer, server/pacing.py) not read while a backup link is full."""
+        if paused:
+            self._hold("paced")
+        else:
+            self._release("paced")
+
     def _hold(self, reason: str) -> None:
         if not self._held and self.transport is not None:
             self.transport.pause_reading()
@@ -323,7 +331,7 @@ class StompConnection(asyncio.Protocol):
         held = self._held
         handlers = _HANDLERS
         budget = FRAMES_PER_PASS
-        while backlog and "full" not in held:
+        while backlog and "full" not in held and "sealing" not in held:
             if self.closed or self.failing:
                 return
             if not budget:
@@ -446,7 +454,7 @@ class StompConnection(asyncio.Protocol):
         with a frame not complete within its TTL; beat if we owe one."""
         if self.closed:
             return
-        if "full" in self._held:
+        if "full" in self._held or "paced" in self._held or "sealing" in self._held:
             self.last_received = now  # we stopped reading, not the client: its beats wait unread
             if self.partial_since is not None:
                 self.partial_since = now
@@ -649,6 +657,7 @@ class StompConnection(asyncio.Protocol):
             raise st.StompError("body data without a SEND")
         try:
             up.file.write(frame.body)
+            self.broker.pacer.wrote(self)
         except OSError as exc:
             up.discard()
             raise TandemError(f"cannot store a large message: {exc}") from None
@@ -658,12 +667,55 @@ class StompConnection(asyncio.Protocol):
         if up is None or up.file is None:
             raise st.StompError("body end without a SEND")
         file, up.file = up.file, None
+        # The body's syncs run on a thread (decision 0052); the frames after it wait ("sealing").
+        self._hold("sealing")
+        self.loop.run_in_executor(None, file.sync_body).add_done_callback(partial(self._body_synced, up, file))
+
+    def _body_synced(self, up: LargeSend, file: LargeUpload, fut: asyncio.Future[None]) -> None:
+        if fut.cancelled() or self._seal_gone(file):
+            return
+        exc = fut.exception()
+        if exc is None:
+            try:
+                file.rename()
+            except OSError as e:
+                exc = e
+        if exc is not None:
+            self._seal_failed(up, file, exc)
+            return
+        self.loop.run_in_executor(None, file.sync_dir).add_done_callback(partial(self._body_sealed, up, file))
+
+    def _body_sealed(self, up: LargeSend, file: LargeUpload, fut: asyncio.Future[None]) -> None:
+        if fut.cancelled() or self._seal_gone(file):
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self._seal_failed(up, file, exc)
+            return
+        up.message.large = file.body(False)
         try:
-            up.message.large = file.finish(False)
-        except OSError as exc:
-            file.discard()
-            raise TandemError(f"cannot store a large message: {exc}") from None
-        self._sent(up.frame, up.message, up.tx)
+            self._sent(up.frame, up.message, up.tx)
+        except TandemError as e:
+            self.error(e.message, up.frame.get("receipt"), after_disk=isinstance(e, DuplicateId))
+            return
+        except Exception as e:
+            log.exception("error routing a STOMP large message from %s", self.peer)
+            self.error(f"internal error: {e!r}", up.frame.get("receipt"))
+            return
+        self._release("sealing")
+        self._run_backlog()
+
+    def _seal_gone(self, file: LargeUpload) -> bool:
+        """The connection went while the body synced: never routed (never receipted); its file goes."""
+        if not self.is_closed():
+            return False
+        file.discard()
+        return True
+
+    def _seal_failed(self, up: LargeSend, file: LargeUpload, exc: BaseException) -> None:
+        log.error("cannot store a large message: %s", exc)
+        file.discard()
+        self.error(f"cannot store a large message: {exc}", up.frame.get("receipt"))
 
     def _sent(self, frame: st.Frame, message: Message, tx: Transaction | None) -> None:
         """Route a SEND's message (now, or at its transaction's commit), its receipt after."""

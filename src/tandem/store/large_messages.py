@@ -141,7 +141,7 @@ class LargeMessageStore:
 class LargeUpload:
     """A body being received: chunks appended to `<id>.part`; `finish` makes it `<id>.msg`."""
 
-    __slots__ = ("_fd", "_syncing", "_unsynced", "message_id", "name", "part", "size", "store")
+    __slots__ = ("_fd", "_syncing", "_unsynced", "message_id", "name", "part", "renamed", "size", "store")
 
     def __init__(self, store: LargeMessageStore, message_id: int) -> None:
         self.store = store
@@ -151,6 +151,7 @@ class LargeUpload:
         self.size = 0
         self._unsynced = 0
         self._syncing = False
+        self.renamed = False  # `part` is `name` now (`rename`)
         self._fd: int | None = store.io.create_empty(self.part)
 
     def write(self, data: bytes) -> None:
@@ -181,28 +182,47 @@ class LargeUpload:
         loop.run_in_executor(None, os.fdatasync, dup).add_done_callback(done)
 
     def finish(self, compressed: bool) -> LargeBody:
-        """The body is complete: synced, renamed into place; the handle a Message carries."""
-        fd = self._fd
+        """The body is complete: synced, renamed into place, the directory synced; the handle a
+        Message carries. All on the calling thread; the native server runs the two syncs on a
+        thread of their own instead (server/large.py), in this order."""
+        self.sync_body()
+        self.rename()
+        self.sync_dir()
+        return self.body(compressed)
+
+    def sync_body(self) -> None:
+        """(Any thread: it waits for the disk) the body's bytes on disk; its descriptor closed."""
+        fd, self._fd = self._fd, None
         assert fd is not None
-        self._fd = None
-        store = self.store
         try:
             os.fdatasync(fd)
         finally:
             os.close(fd)
-        store.io.rename(self.part, self.name)
-        store.io.sync_dir()
-        store.io.flush()
-        return store.body(self.name, self.size, compressed)
+
+    def rename(self) -> None:
+        """(The store's loop) `<id>.part` becomes `<id>.msg`, here and, through the replication
+        stream, on a backup: on the loop, so a backup's initial sync lists the directory either
+        before the rename or after it, never between the rename and its operation."""
+        self.store.io.rename(self.part, self.name)
+        self.renamed = True
+        self.store.io.flush()
+
+    def sync_dir(self) -> None:
+        """(Any thread) the rename on disk."""
+        self.store.io.sync_dir()
+
+    def body(self, compressed: bool) -> LargeBody:
+        """(The store's loop, once synced and renamed) the handle a Message carries."""
+        return self.store.body(self.name, self.size, compressed)
 
     def discard(self) -> None:
-        """Give the upload up (aborted, failed, or its connection gone): the part file goes."""
+        """Give the upload up (aborted, failed, or its connection gone): its file goes."""
         fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
+        name = self.name if self.renamed else self.part
         try:
-            self.store.io.unlink(self.part, missing_ok=True)
+            self.store.io.unlink(name, missing_ok=True)
             self.store.io.flush()
         except OSError as exc:
-            log.warning("cannot remove large message file %s: %s", self.part, exc)
+            log.warning("cannot remove large message file %s: %s", name, exc)
