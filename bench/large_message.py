@@ -12,50 +12,19 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from brokers.tandem import TandemBroker
+from tandem.testing.procs import memory
+from tandem.testing.streams import GeneratedBody
 
 MIB = 1 << 20
-
-
-class Generated(io.RawIOBase):
-    """`n` bytes made as they are read (a counter per 4 KiB block), hashed on the way."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.pos = 0
-        self.digest = hashlib.sha256()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        k = min(len(b), self.n - self.pos)
-        if k <= 0:
-            return 0
-        block = bytearray(k)
-        for off in range(0, k, 4096):
-            block[off : off + 8] = (self.pos + off).to_bytes(8, "little")
-        b[:k] = block
-        self.digest.update(block)
-        self.pos += k
-        return k
-
-
-def _vm(pid: str | int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def main() -> int:
@@ -71,11 +40,11 @@ def main() -> int:
     b = TandemBroker().start()
     try:
         url = f"{b.url}?min_large_message_size={a.chunk * 1024}&compress_large_messages={str(a.compress).lower()}"
-        broker_base = _vm(b.pid, "VmRSS")
-        client_base = _vm("self", "VmRSS")
+        broker_base = memory(b.pid, "VmRSS")
+        client_base = memory("self", "VmRSS")
         with tandem.connect(url, call_timeout=600_000) as conn, conn.session() as s:
             s.create_queue("big")
-            src = Generated(size)
+            src = GeneratedBody(size)
             t0 = time.monotonic()
             s.create_producer("big").send_stream(src, size=size)
             send_s = time.monotonic() - t0
@@ -88,8 +57,8 @@ def main() -> int:
             while block := stream.read(MIB):
                 digest.update(block)
             intact = digest.hexdigest() == src.digest.hexdigest()
-        broker_peak = _vm(b.pid, "VmHWM")
-        client_peak = _vm("self", "VmHWM")
+        broker_peak = memory(b.pid, "VmHWM")
+        client_peak = memory("self", "VmHWM")
     finally:
         b.cleanup()
     result = {

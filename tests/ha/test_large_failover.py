@@ -20,6 +20,8 @@ import tandem
 import tandem.aio as aio
 from ha_pair import Cluster
 from replicated_pair import ReplicatedPair
+from tandem.testing.procs import memory
+from tandem.testing.streams import GeneratedBody
 
 CHUNK = 64 * 1024  # the clients' min_large_message_size here (and their chunk size)
 QUEUE = "big"
@@ -253,38 +255,6 @@ def test_a_backup_joining_while_large_messages_are_written_takes_over_with_every
         pair.kill_all()
 
 
-class Counted(io.RawIOBase):
-    """`n` bytes made as they are read (a counter in each 4 KiB block), hashed on the way."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.pos = 0
-        self.digest = hashlib.sha256()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        k = min(len(b), self.n - self.pos)
-        if k <= 0:
-            return 0
-        block = bytearray(k)
-        for off in range(0, k, 4096):
-            block[off : off + 8] = (self.pos + off).to_bytes(8, "little")
-        b[:k] = block
-        self.digest.update(block)
-        self.pos += k
-        return k
-
-
-def vm(pid: int, key: str) -> int:
-    """VmRSS / VmHWM of a process, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {key} for {pid}")
-
-
 @pytest.mark.timeout(240)
 def test_a_slow_backup_paces_a_large_upload_instead_of_filling_the_primary_s_memory(tmp_path: Path) -> None:
     """A 96 MiB message streamed into a replicating primary while its backup is stopped (SIGSTOP)
@@ -300,8 +270,8 @@ def test_a_slow_backup_paces_a_large_upload_instead_of_filling_the_primary_s_mem
         url = pair.url_of(0) + opts(min_large_message_size=256 * 1024, ha="false")
         with tandem.connect(url) as c, c.session() as s:
             s.create_queue(QUEUE)
-            base = vm(pid, "VmRSS")
-            src = Counted(size)
+            base = memory(pid, "VmRSS")
+            src = GeneratedBody(size)
             done = threading.Event()
             errors: list[BaseException] = []
 
@@ -329,7 +299,7 @@ def test_a_slow_backup_paces_a_large_upload_instead_of_filling_the_primary_s_mem
             finally:
                 t.join(120)
             assert not t.is_alive() and not errors, errors
-            peak = vm(pid, "VmHWM")
+            peak = memory(pid, "VmHWM")
         growth = peak - base
         print(f"primary peak RSS grew by {growth >> 20} MiB over {stops} stalls of its backup")
         # (unpaced, the stalls queue tens of MiB of chunks for the backup)
@@ -361,7 +331,7 @@ def test_an_upload_paced_longer_than_its_connection_ttl_is_not_taken_for_a_dead_
         url = pair.url_of(0) + opts(min_large_message_size=256 * 1024, ha="false", connection_ttl=600)
         with tandem.connect(url) as c, c.session() as s:
             s.create_queue(QUEUE)
-        src = Counted(size)
+        src = GeneratedBody(size)
         errors: list[BaseException] = []
         done = threading.Event()
 
@@ -428,8 +398,8 @@ def test_a_slow_backup_paces_a_stomp_large_body_too(tmp_path: Path) -> None:
         try:
             sock.sendall(b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\0")
             assert next_frame().command == "CONNECTED"
-            base = vm(pid, "VmRSS")
-            src = Counted(size)
+            base = memory(pid, "VmRSS")
+            src = GeneratedBody(size)
             done = threading.Event()
             errors: list[BaseException] = []
 
@@ -462,7 +432,7 @@ def test_a_slow_backup_paces_a_stomp_large_body_too(tmp_path: Path) -> None:
             assert not t.is_alive() and not errors, errors
             f = next_frame()
             assert f.command == "RECEIPT" and f.headers["receipt-id"] == "r1", f
-            peak = vm(pid, "VmHWM")
+            peak = memory(pid, "VmHWM")
         finally:
             sock.close()
         growth = peak - base

@@ -17,13 +17,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from tandem.testing.procs import memory
 
 PROCESSES = 4
 PER_PROCESS = 250  # 1,000 clients in all
@@ -77,10 +77,7 @@ async def _create_shared(url: str) -> None:
 
 
 def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    return memory(pid) // 1024
 
 
 def _counts(status: dict[str, Any]) -> dict[str, int]:

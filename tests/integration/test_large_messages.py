@@ -21,6 +21,8 @@ import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
 from tandem.testing import free_port
+from tandem.testing.procs import memory
+from tandem.testing.streams import GeneratedBody
 
 Factory = Callable[..., BrokerProcess]
 QUEUE = "big"
@@ -600,38 +602,6 @@ BIG = (
 )  # (about 10 s here; bench/large_message.py goes further)
 
 
-def vm(pid: int, key: str) -> int:
-    """VmRSS / VmHWM of a process, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {key} for {pid}")
-
-
-class Zeros(io.RawIOBase):
-    """`n` bytes made as they are read (a counter in each 4 KiB block), hashed on the way."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.pos = 0
-        self.digest = hashlib.sha256()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        k = min(len(b), self.n - self.pos)
-        if k <= 0:
-            return 0
-        block = bytearray(k)
-        for off in range(0, k, 4096):
-            block[off : off + 8] = (self.pos + off).to_bytes(8, "little")
-        b[:k] = block
-        self.digest.update(block)
-        self.pos += k
-        return k
-
-
 def test_a_message_far_larger_than_the_broker_memory_growth_allows(broker: BrokerProcess, tmp_path: Path) -> None:
     """A BIG-byte message in and out: the broker's peak RSS (VmHWM of the real process) grows by
     far less than the message (it is never held whole), and the body arrives intact."""
@@ -639,8 +609,8 @@ def test_a_message_far_larger_than_the_broker_memory_growth_allows(broker: Broke
     pid = broker.proc.pid
     with tandem.connect(url(broker, min_large_message_size=256 * 1024)) as c, c.session() as s:
         s.create_queue(QUEUE)
-        base = vm(pid, "VmRSS")
-        src = Zeros(BIG)
+        base = memory(pid, "VmRSS")
+        src = GeneratedBody(BIG)
         s.create_producer(QUEUE).send_stream(src, size=BIG)
         assert (broker.data_dir / "large-messages" / files(broker)[0]).stat().st_size == BIG
         m = s.create_consumer(QUEUE).receive(60)
@@ -650,7 +620,7 @@ def test_a_message_far_larger_than_the_broker_memory_growth_allows(broker: Broke
         while block := stream.read(1 << 20):
             digest.update(block)
         assert digest.hexdigest() == src.digest.hexdigest()
-        peak = vm(pid, "VmHWM")
+        peak = memory(pid, "VmHWM")
     growth = peak - base
     # (measured: about 7 MiB for 256 MiB; a body held whole would add at least its own size)
     assert growth < 32 << 20, f"broker peak RSS grew by {growth >> 20} MiB for a {BIG >> 20} MiB message"

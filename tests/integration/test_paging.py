@@ -12,6 +12,7 @@ from typing import Any
 import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import queue_stat
+from tandem.testing.procs import memory
 
 PAGED = {"paged.#": {"max-size-bytes": 1024 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 1024 * 1024}}
 
@@ -21,11 +22,7 @@ def run(coro: Any) -> Any:
 
 
 def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    return memory(pid) // 1024
 
 
 async def send_range(url: str, address: str, start: int, n: int, body: str = "", **conn_kw: Any) -> None:

@@ -154,3 +154,11 @@ __all__ = [
     "stop_process",
     "wait_exit",
 ]
+
+
+def memory(pid: int | str, key: str = "VmRSS") -> int:
+    """A process's VmRSS (or VmHWM, its peak) in bytes, from /proc (`pid` "self": this one)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(f"no {key} in /proc/{pid}/status")
