@@ -44,10 +44,13 @@ class Plan:
     kind: str
     gap: float  # fraction of the time left per fault to wait before it
     hold: float  # seconds the fault lasts before the heal
+    failback: bool  # whether the server started again after it may take its node back
 
 
 def plan(pair: str, n: int, seed: int) -> list[Plan]:
-    """`n` faults: every kind once per round, in a seeded order, with seeded gaps and holds."""
+    """`n` faults: every kind once per round, in a seeded order, with seeded gaps and holds, and
+    whether the server started again after each may fail back (else the other one goes on
+    serving, and the next fault strikes it)."""
     rng = random.Random(seed)
     kinds = kinds_for(pair)
     out: list[Plan] = []
@@ -55,7 +58,7 @@ def plan(pair: str, n: int, seed: int) -> list[Plan]:
         round_ = kinds[:]
         rng.shuffle(round_)
         for k in round_[: n - len(out)]:
-            out.append(Plan(k, rng.uniform(0.2, 0.8), rng.uniform(1.0, 3.0)))
+            out.append(Plan(k, rng.uniform(0.2, 0.8), rng.uniform(1.0, 3.0), rng.random() < 0.6))
     return out
 
 
@@ -110,8 +113,8 @@ class Nemesis:
         inject = getattr(self, "_" + step.kind.replace("-", "_"))
         inject(a, step.hold)
         t1 = time.monotonic()
-        h.add("heal", "n", kind=step.kind)
-        active = pair.heal()
+        h.add("heal", "n", kind=step.kind, failback=step.failback)
+        active = pair.heal(failback=step.failback)
         took = round(time.monotonic() - t1, 2)
         if active is None:
             self.unhealed += 1

@@ -72,6 +72,7 @@ class Pair:
         policy = f"{'replication' if self.kind == 'replication' else 'shared-store'}-{role}"
         text = (
             f'ha-policy = "{policy}"\n'
+            "allow-failback = true\n"
             'connector-ref = "me"\n'
             'static-connectors = ["peer"]\n'
             f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{self.ports[i]}"\n'
@@ -207,10 +208,17 @@ class Pair:
         return self.servers[i].log_text()[-chars:]
 
     # ------------------------------------------------------------ healing
-    def heal(self, timeout: float = 90.0) -> int | None:
+    def set_failback(self, i: int, on: bool) -> None:
+        """Server i's `allow-failback` from its next start: a restarted primary that may not fail
+        back stays the backup, so the next fault strikes the other server."""
+        path = self.servers[i].config_path
+        old, new = (f"allow-failback = {'true' if v else 'false'}\n" for v in (not on, on))
+        path.write_text(path.read_text().replace(old, new))
+
+    def heal(self, timeout: float = 90.0, failback: bool = True) -> int | None:
         """Undo every fault and bring the pair back whole: proxies healed, ZooKeeper up, paused
-        servers resumed, disk faults disarmed, dead servers started again (as backups: the one
-        that serves stays). Returns the active server's index, None if the pair did not form."""
+        servers resumed, disk faults disarmed, dead servers started again (with `allow-failback`
+        as `failback` says). Returns the active server's index, None if the pair did not form."""
         for p in self.client_proxies + self.link_proxies:
             p.heal()
         for f in self.fault_files:
@@ -225,6 +233,7 @@ class Pair:
         while time.monotonic() < deadline:
             for i, s in enumerate(self.servers):
                 if not s.running:
+                    self.set_failback(i, failback)
                     self._restart(i)
             a = self.wait_pair(min(15.0, max(1.0, deadline - time.monotonic())))
             if a is not None:

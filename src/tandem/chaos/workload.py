@@ -123,6 +123,9 @@ class Workload:
                 await work(name, conn)
             except TandemError as exc:
                 self.h.add("note", name, msg=f"client restarts: {_err(exc)} {exc}")
+            except Exception as exc:  # a bug of the harness: on record, and the client goes on
+                self.h.add("note", name, msg=f"client failed: {exc!r}")
+                await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(conn.close(), 5)
@@ -184,18 +187,24 @@ class Workload:
             try:
                 for v in vs:
                     await prod.send(v)
+            except TandemError as exc:  # the commit is never sent: nothing of it is applied
+                with contextlib.suppress(TandemError):
+                    await session.rollback()
+                self.h.add("fail", name, vs, err=_err(exc))
+                if conn.closed:
+                    raise
+                continue
+            try:
                 await session.commit()
             except TransactionOutcomeUnknown as exc:
                 self.h.add("info", name, vs, err=_err(exc))
                 if await self._redo_and_retry(name, session, prod.send, vs):
                     self.h.add("ok", name, vs, lat=round(time.monotonic() - t0, 4), retried=True)
                     self.confirmed.update(vs)
-            except TransactionRolledBack as exc:
+            except TransactionRolledBack as exc:  # DuplicateId too: the broker says it applied nothing
                 self.h.add("fail", name, vs, err=_err(exc))
-            except TandemError as exc:  # a send failed: the commit was never sent, nothing is applied
-                with contextlib.suppress(TandemError):
-                    await session.rollback()
-                self.h.add("fail", name, vs, err=_err(exc))
+            except TandemError as exc:  # anything else from a commit that was sent: unknown
+                self.h.add("info", name, vs, err=_err(exc))
                 if conn.closed:
                     raise
             else:
@@ -232,29 +241,38 @@ class Workload:
         batch: list[str] = []
         try:
             while self.consuming or batch:
+                msg = None
+                if self.consuming:
+                    try:
+                        msg = await consumer.receive(0.3)
+                    except (ConnectionLost, CallTimeout):
+                        if conn.closed:
+                            raise
+                        # a receive that crossed a failover: the transaction is rollback-only,
+                        # and its next commit says so
+                        continue
+                if msg is not None:
+                    self._delivered(name, msg.text, "tx", msg.redelivered)
+                    batch.append(msg.text)
+                if not batch or (len(batch) < self.shape.batch and msg is not None):
+                    continue
                 try:
-                    msg = await consumer.receive(0.3) if self.consuming else None
-                    if msg is not None:
-                        self._delivered(name, msg.text, "tx", msg.redelivered)
-                        batch.append(msg.text)
-                    if batch and (len(batch) >= self.shape.batch or msg is None):
-                        await session.commit()
-                        self.h.add("ack", name, batch)
-                        batch = []
+                    await session.commit()
                 except TransactionRolledBack as exc:
                     self.h.add("ack-fail", name, batch, err=_err(exc))
-                    batch = []
                 except TransactionOutcomeUnknown as exc:
                     self.h.add("ack-info", name, batch, err=_err(exc))
                     applied = await self._ask(name, session)
                     if applied is not None:
                         self.h.add("ack" if applied else "ack-fail", name, batch, resolved=True)
+                except TandemError as exc:  # sent, no clear answer: unknown
+                    self.h.add("ack-info", name, batch, err=_err(exc))
                     batch = []
-                except (ConnectionLost, CallTimeout):
                     if conn.closed:
                         raise
-                    # a receive that crossed a failover: the transaction is rollback-only, and
-                    # its next commit says so
+                else:
+                    self.h.add("ack", name, batch)
+                batch = []
         finally:
             if batch:  # the connection is gone: the broker rolls the transaction back
                 self.h.add("ack-fail", name, batch, err="connection closed")
