@@ -75,7 +75,7 @@ def test_an_unknown_outcome_that_was_delivered_is_recovered() -> None:
 
 def test_an_unknown_outcome_later_confirmed_is_confirmed_not_recovered() -> None:
     v = checker.check([ev("attempt", "a"), ev("info", "a"), ev("attempt", "a"), ev("ok", "a"), *consumed("a")])
-    assert v["valid"] and v["unknown"] == 0 and v["recovered"] == 0
+    assert v["valid"] and v["unknown"] == 0 and v["recovered"] == 0 and v["retried"] == 1
 
 
 def test_at_least_once_mode_reports_duplicates_without_failing() -> None:

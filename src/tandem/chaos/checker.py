@@ -10,9 +10,11 @@ After the faults are healed and the queue drained, every value is classified (Je
   (a rolled-back transaction: an aborted read);
 - recovered: outcome unknown (``info``, never ``ok``) and delivered: it was applied after all.
 
-Informational: ``redelivered`` (delivered more than once: an auto-acknowledged message handed
-out just before a failover comes again, as does one of a transaction rolled back), and
-``unknown_not_delivered`` (outcome unknown, never delivered: it was not applied).
+Informational: ``retried`` (values sent more than once: after an unknown outcome, under the
+same id in exactly-once mode, without one in at-least-once mode), ``redelivered`` (delivered
+more than once: an auto-acknowledged message handed out just before a failover comes again, as
+does one of a transaction rolled back), and ``unknown_not_delivered`` (outcome unknown, never
+delivered: it was not applied).
 
 In ``exactly-once`` mode a run is valid when lost, duplicated and unexpected are all 0; in
 ``at-least-once`` mode (no duplicate detection, no transactions) duplicates are expected and
@@ -34,6 +36,7 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     attempted: set[str] = set()
+    attempts: Counter[str] = Counter()
     confirmed: set[str] = set()
     unknown: set[str] = set()
     failed: set[str] = set()
@@ -47,6 +50,7 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
         vs = e.get("vs", ())
         if ev == "attempt":
             attempted.update(vs)
+            attempts.update(vs)
         elif ev == "ok":
             confirmed.update(vs)
             if "lat" in e:
@@ -84,6 +88,7 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
         "confirmed": len(confirmed),
         "unknown": len(unknown),
         "failed": len(failed),
+        "retried": sum(1 for n in attempts.values() if n > 1),
         "delivered": len(delivered),
         "deliveries": sum(deliveries.values()),
         "acknowledged": len(acks),
@@ -116,7 +121,7 @@ def summary(verdict: dict[str, Any]) -> str:
     lines = [
         f"chaos verdict: {ok} ({v['mode']}" + (f", {v['pair']} pair" if "pair" in v else "") + ")",
         f"  sends      attempted {v['attempted']}, confirmed {v['confirmed']}, unknown {v['unknown']}, "
-        f"failed {v['failed']}",
+        f"failed {v['failed']}, sent again {v['retried']}",
         f"  consumed   delivered {v['delivered']} ({v['deliveries']} deliveries), acknowledged {v['acknowledged']}",
         f"  lost       {v['lost']}",
         f"  duplicated {v['duplicated']}{dup_note}",
@@ -129,6 +134,11 @@ def summary(verdict: dict[str, Any]) -> str:
     lat = v.get("send_latency_s") or {}
     if lat.get("p50") is not None:
         lines.append(f"  send latency p50 {lat['p50']} s, p99 {lat['p99']} s, max {lat['max']} s")
+    if v.get("unhealed") or v.get("interventions"):
+        lines.append(
+            f"  heals: {v.get('unhealed', 0)} failed, {v.get('interventions', 0)} needed the primary restarted "
+            "(no server would serve by itself)"
+        )
     if "left_in_queue" in v:
         lines.append(f"  left in the queue after the drain: {v['left_in_queue']}")
     for k in ("lost", "duplicated", "unexpected"):

@@ -114,7 +114,10 @@ class Nemesis:
         inject(a, step.hold)
         t1 = time.monotonic()
         h.add("heal", "n", kind=step.kind, failback=step.failback)
+        seen = len(pair.interventions)
         active = pair.heal(failback=step.failback)
+        for why in pair.interventions[seen:]:
+            h.add("note", "n", msg=f"intervention after {step.kind}: {why}")
         took = round(time.monotonic() - t1, 2)
         if active is None:
             self.unhealed += 1

@@ -138,6 +138,7 @@ async def _main(
     progress(f"final drain took {taken}; left in the queue: {left}")
     return {
         "unhealed": nemesis.unhealed,
+        "interventions": len(pair.interventions),
         "nemesis_error": repr(nemesis.error) if nemesis.error else None,
         "final_drain": taken,
         "left_in_queue": left,

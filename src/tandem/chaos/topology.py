@@ -59,6 +59,7 @@ class Pair:
         self.client_proxies: list[FaultProxy] = []
         self.link_proxies: list[FaultProxy] = []
         self.servers: list[BrokerProcess] = []
+        self.interventions: list[str] = []  # what a heal had to do beyond restarting dead servers
         settings: dict[str, Any] = dict(SERVER_SETTINGS)
         if kind == "shared-store":
             settings["data_directory"] = str(root / "store")
@@ -66,6 +67,11 @@ class Pair:
             self.fault_files[i].write_text("")
             env = {ENV_FILE: str(self.fault_files[i])}
             self.servers.append(BrokerProcess(root / name, name=name, extra_toml=self._toml(i), env=env, **settings))
+        if kind == "shared-store":
+            # On a shared store the serving backup decides whether to hand back (it watches for
+            # the primary's request): it starts without, so the first failover leaves it serving
+            # and the next fault strikes it; each restart then draws anew (Pair.heal).
+            self.set_failback(1, False)
 
     def _toml(self, i: int) -> str:
         role = ("primary", "backup")[i]
@@ -242,7 +248,9 @@ class Pair:
                 # Both wait for the other (the server that served died while the other was a
                 # backup waiting for it): restart the primary, which looks for an active server,
                 # finds none, and serves if its copy is current (an operator's first move too).
-                self.log(f"no server active: restarting the primary ({self.describe()})")
+                why = f"no server active for 20 s: restarting the primary ({self.describe()})"
+                self.log(why)
+                self.interventions.append(why)
                 self.servers[0].kill()
                 stuck_since = time.monotonic()
         return None
