@@ -165,8 +165,9 @@ class Pair:
         return False
 
     def _paired(self) -> int | None:
-        """The active server's index when the pair is whole: one active, the other passive and
-        ready (replication: in sync on both sides; shared store: announced to the active one)."""
+        """The active server's index when the pair is whole: one active, the other ready to take
+        over (replication: passive and in sync on both sides; shared store: announced to the
+        active one)."""
         sts = self.states()
         act = [i for i, st in enumerate(sts) if st is not None and st.get("state") == "active"]
         if len(act) != 1:
@@ -174,7 +175,10 @@ class Pair:
         a, b = act[0], 1 - act[0]
         sa, sb = sts[a], sts[b]
         assert sa is not None
-        if sb is None or sb.get("state") != "passive":
+        # A shared-store primary behind a serving backup waits for the live lock ("waiting"),
+        # ready all the same: it takes over when the backup goes.
+        ready = ("passive",) if self.kind == "replication" else ("passive", "waiting")
+        if sb is None or sb.get("state") not in ready:
             return None
         if self.kind == "replication":
             if sa.get("replication") != "in-sync" or sb.get("replication") != "in-sync":
