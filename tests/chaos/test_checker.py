@@ -34,6 +34,17 @@ def test_a_confirmed_value_never_delivered_is_lost() -> None:
     assert not v["valid"] and v["lost"] == 1 and v["samples"]["lost"] == ["b"]
 
 
+def test_a_delivery_whose_acknowledgement_was_refused_and_never_came_again_is_lost() -> None:
+    rolled_back = [ev("deliver", "a", ack="tx"), ev("ack-fail", "a", err="TRANSACTION_ROLLED_BACK")]
+    v = checker.check([*sent("a"), *rolled_back])
+    assert not v["valid"] and v["lost"] == 1 and v["never_delivered"] == 0
+    stale = [ev("deliver", "b", ack="client"), ev("ack-fail", "b", err="STALE_ACKNOWLEDGE")]
+    assert checker.check([*sent("b"), *stale])["lost"] == 1
+    # consumed all the same: an auto-acknowledged delivery, or an acknowledgement of unknown outcome
+    assert checker.check([*sent("c"), ev("deliver", "c", ack="auto")])["lost"] == 0
+    assert checker.check([*sent("d"), ev("deliver", "d", ack="tx"), ev("ack-info", "d")])["lost"] == 0
+
+
 def test_an_unconfirmed_value_never_delivered_is_not_lost() -> None:
     v = checker.check([ev("attempt", "a"), ev("info", "a", err="UNBLOCKED")])
     assert v["valid"] and v["lost"] == 0 and v["unknown"] == 1 and v["unknown_not_delivered"] == 1

@@ -3,7 +3,9 @@
 After the faults are healed and the queue drained, every value is classified (Jepsen's
 `total-queue` idea, with acknowledgements added so that exactly-once can be judged too):
 
-- lost: confirmed (``ok``) and never delivered;
+- lost: confirmed (``ok``) and never consumed: never delivered, or delivered only to consumers
+  whose acknowledgement was refused (a rolled-back consumer transaction, a stale ack) and never
+  delivered again;
 - duplicated: acknowledged more than once with a confirmed acknowledgement (a commit that
   went through, an awaited ack). With duplicate detection and transactions this never happens;
 - unexpected: delivered but never attempted, or delivered although its send definitely failed
@@ -41,6 +43,8 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
     unknown: set[str] = set()
     failed: set[str] = set()
     deliveries: Counter[str] = Counter()
+    auto: set[str] = set()  # delivered to an auto-acknowledging consumer: consumed as it was handed over
+    ack_unknown: set[str] = set()
     acks: Counter[str] = Counter()
     faults: Counter[str] = Counter()
     healed = 0
@@ -61,6 +65,10 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
             failed.update(vs)
         elif ev == "deliver":
             deliveries.update(vs)
+            if e.get("ack") == "auto":
+                auto.update(vs)
+        elif ev == "ack-info":
+            ack_unknown.update(vs)
         elif ev == "ack":
             acks.update(vs)
         elif ev == "fault":
@@ -70,7 +78,11 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
     unknown -= confirmed
     failed -= confirmed | unknown  # a later attempt of the same value may have gone through
     delivered = set(deliveries)
-    lost = confirmed - delivered
+    # Consumed: acknowledged (confirmed or maybe), or handed to an auto-acknowledging consumer. A
+    # delivery whose acknowledgement was refused (rolled back, stale) must come again: if it
+    # never does, the message is lost all the same.
+    consumed = set(acks) | auto | ack_unknown
+    lost = confirmed - consumed
     duplicated = {v for v, n in acks.items() if n > 1}
     never_sent = delivered - attempted
     aborted = delivered & failed
@@ -90,6 +102,7 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
         "failed": len(failed),
         "retried": sum(1 for n in attempts.values() if n > 1),
         "delivered": len(delivered),
+        "never_delivered": len(confirmed - delivered),
         "deliveries": sum(deliveries.values()),
         "acknowledged": len(acks),
         "lost": len(lost),
