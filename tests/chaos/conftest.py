@@ -9,7 +9,7 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
+    runs = Path(__file__).parent / "test_chaos_run.py"
     for item in items:
-        if here in Path(str(item.path)).parents and "run" in item.name:
+        if Path(str(item.path)) == runs:
             item.add_marker(pytest.mark.xdist_group("chaos"))

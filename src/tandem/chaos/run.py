@@ -161,9 +161,9 @@ def add_parser(sub: Any) -> None:
         "(docs/chaos.md). Progress goes to stderr; the summary and, as the last line, the JSON verdict to "
         "stdout. Exit status 0 only when nothing was lost, duplicated or unexpected.",
     )
-    c.add_argument("--pair", choices=PAIRS, default="replication")
+    c.add_argument("--pair", choices=PAIRS, default="replication", help="the kind of pair (default replication)")
     c.add_argument("--faults", type=int, default=10, metavar="N", help="how many faults (default 10)")
-    c.add_argument("--seconds", type=float, default=60.0, metavar="S", help="time the faults are spread over")
+    c.add_argument("--seconds", type=float, default=60.0, metavar="S", help="spread the faults over S s (default 60)")
     c.add_argument("--seed", type=int, default=None, metavar="K", help="fault order and timing (default: random)")
     c.add_argument("--out", type=Path, default=None, metavar="DIR", help="history, verdict, plot, logs (default: tmp)")
     c.add_argument(
