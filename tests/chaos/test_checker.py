@@ -92,7 +92,10 @@ def test_an_unknown_outcome_later_confirmed_is_confirmed_not_recovered() -> None
 def test_at_least_once_mode_reports_duplicates_without_failing() -> None:
     events = [*sent("a"), *consumed("a"), *consumed("a")]
     v = checker.check(events, mode="at-least-once")
-    assert v["valid"] and v["duplicated"] == 1
+    assert v["valid"] and v["duplicated"] == 1 and v["duplicated_not_sent_twice"] == 1
+    resent = [ev("attempt", "b"), ev("info", "b"), *sent("b"), *consumed("b"), *consumed("b")]
+    v = checker.check(resent, mode="at-least-once")
+    assert v["duplicated"] == 1 and v["duplicated_not_sent_twice"] == 0  # two copies: explained
     assert not checker.check([*sent("a", "b"), *consumed("a")], mode="at-least-once")["valid"]  # still lost
 
 
@@ -106,6 +109,7 @@ def test_faults_are_counted_and_the_summary_names_what_failed() -> None:
     ]
     v = checker.check(events)
     assert v["faults"] == 2 and v["healed"] == 1 and v["fault_kinds"] == {"kill": 1, "zombie": 1}
+    assert [f["kind"] for f in v["fault_log"]] == ["kill", "zombie"] and "heal_s" in v["fault_log"][0]
     text = checker.summary(v)
     assert "FAIL" in text and "lost       1" in text and "lost: b" in text
     assert len(text.splitlines()) < 25  # one screen

@@ -47,6 +47,7 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
     ack_unknown: set[str] = set()
     acks: Counter[str] = Counter()
     faults: Counter[str] = Counter()
+    fault_log: list[dict[str, Any]] = []
     healed = 0
     latencies: list[float] = []
     for e in events:
@@ -73,8 +74,11 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
             acks.update(vs)
         elif ev == "fault":
             faults[e.get("kind", "?")] += 1
+            fault_log.append({"t": e["t"], "kind": e.get("kind", "?"), "target": e.get("target")})
         elif ev == "healed":
             healed += 1
+            if fault_log:
+                fault_log[-1].update(lasted=e.get("lasted"), heal_s=e.get("took"), active=e.get("active"))
     unknown -= confirmed
     failed -= confirmed | unknown  # a later attempt of the same value may have gone through
     delivered = set(deliveries)
@@ -84,6 +88,9 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
     consumed = set(acks) | auto | ack_unknown
     lost = confirmed - consumed
     duplicated = {v for v, n in acks.items() if n > 1}
+    # A copy explains a duplicate only if the value was sent twice; otherwise the broker delivered
+    # again a message whose acknowledgement it had confirmed.
+    unexplained = {v for v in duplicated if attempts[v] < 2}
     never_sent = delivered - attempted
     aborted = delivered & failed
     recovered = unknown & delivered
@@ -107,6 +114,7 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
         "acknowledged": len(acks),
         "lost": len(lost),
         "duplicated": len(duplicated),
+        "duplicated_not_sent_twice": len(unexplained),
         "unexpected": len(never_sent) + len(aborted),
         "recovered": len(recovered),
         "redelivered": sum(1 for n in deliveries.values() if n > 1),
@@ -115,6 +123,7 @@ def check(events: Iterable[dict[str, Any]], mode: str = "exactly-once") -> dict[
         "faults": sum(faults.values()),
         "healed": healed,
         "fault_kinds": dict(sorted(faults.items())),
+        "fault_log": fault_log,
         "send_latency_s": {"p50": pct(0.5), "p99": pct(0.99), "max": latencies[-1] if latencies else None},
         "samples": {
             "lost": sorted(lost)[:SAMPLE],
@@ -137,7 +146,8 @@ def summary(verdict: dict[str, Any]) -> str:
         f"failed {v['failed']}, sent again {v['retried']}",
         f"  consumed   delivered {v['delivered']} ({v['deliveries']} deliveries), acknowledged {v['acknowledged']}",
         f"  lost       {v['lost']}",
-        f"  duplicated {v['duplicated']}{dup_note}",
+        f"  duplicated {v['duplicated']}{dup_note}"
+        + (f", {v['duplicated_not_sent_twice']} of them sent once" if v["duplicated"] else ""),
         f"  unexpected {v['unexpected']} (aborted reads {v['aborted_reads']})",
         f"  recovered  {v['recovered']}  (unknown and not delivered: {v['unknown_not_delivered']})",
         f"  redelivered {v['redelivered']} (delivered more than once, acknowledged once at most)",
