@@ -5,6 +5,7 @@ Needs matplotlib (the optional extra `chaos`); without it no plot is drawn and t
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -66,15 +67,16 @@ def plot(events: Iterable[dict[str, Any]], path: Path, title: str) -> bool:
     s = series(events)
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(12, 6.5))
     top.plot(s["t"], s["confirmed"], label="confirmed sends/s", lw=1)
-    top.plot(s["t"], s["acknowledged"], label="acknowledged/s", lw=1)
+    top.plot(s["t"], s["acknowledged"], label="acknowledged/s (confirmed acks)", lw=1)
     top.plot(s["t"], s["delivered"], label="deliveries/s", lw=0.8, alpha=0.6)
     top.set_ylabel("values per second")
     top.legend(loc="upper right", fontsize=8)
-    pts = [(t, v) for t, v in zip(s["t"], s["lat_p50"], strict=True) if v is not None]
-    mx = [(t, v) for t, v in zip(s["t"], s["lat_max"], strict=True) if v is not None]
-    if pts:
-        bottom.plot([p[0] for p in pts], [p[1] * 1000 for p in pts], label="send latency p50", lw=1)
-        bottom.plot([p[0] for p in mx], [p[1] * 1000 for p in mx], label="send latency max", lw=0.8, alpha=0.7)
+    # NaN where nothing was confirmed: the line breaks there instead of bridging the outage.
+    p50 = [v * 1000 if v is not None else math.nan for v in s["lat_p50"]]
+    mx = [v * 1000 if v is not None else math.nan for v in s["lat_max"]]
+    if any(v is not None for v in s["lat_p50"]):
+        bottom.plot(s["t"], p50, label="send latency p50", lw=1, marker=".", ms=2)
+        bottom.plot(s["t"], mx, label="send latency max", lw=0.8, alpha=0.7, marker=".", ms=2)
         bottom.set_yscale("log")
     bottom.set_ylabel("ms")
     bottom.set_xlabel("seconds")
