@@ -23,6 +23,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "kill": ("replication", "shared-store"),  # kill -9 of the active server
     "zombie": ("replication", "shared-store"),  # SIGSTOP past the session, then SIGCONT
     "stop-failover": ("replication", "shared-store"),  # clean stop, its backup takes over
+    "kill-backup": ("replication", "shared-store"),  # kill -9 of the waiting server: the active one goes on alone
     "client-blackhole": ("replication", "shared-store"),  # the active server's client links go silent
     "client-reset": ("replication", "shared-store"),  # ... or are reset
     "link-blackhole": ("replication",),  # the replication link goes silent
@@ -132,6 +133,10 @@ class Nemesis:
     def _kill(self, a: int, hold: float) -> None:
         self.pair.servers[a].kill()
         self.pair.wait_state(1 - a, "active", hold + 10)
+
+    def _kill_backup(self, a: int, hold: float) -> None:
+        self.pair.servers[1 - a].kill()
+        time.sleep(hold)  # the active server carries on alone (replication: drops its backup first)
 
     def _zombie(self, a: int, hold: float) -> None:
         s = self.pair.servers[a]
