@@ -245,10 +245,14 @@ class Pair:
                 if not s.running:
                     self.set_failback(i, failback)
                     self._restart(i)
-            a = self.wait_pair(min(15.0, max(1.0, deadline - time.monotonic())))
+            # Short slices: a server refused at start (it raced the other's activation for the
+            # lock, as documented) is started again a moment later, not after a long wait.
+            a = self.wait_pair(min(3.0, max(1.0, deadline - time.monotonic())))
             if a is not None:
                 return a
-            if self.active() is None and time.monotonic() - stuck_since > 20:
+            if self.active() is not None:
+                stuck_since = time.monotonic()
+            elif time.monotonic() - stuck_since > 20:
                 # Both wait for the other (the server that served died while the other was a
                 # backup waiting for it): restart the primary, which looks for an active server,
                 # finds none, and serves if its copy is current (an operator's first move too).
