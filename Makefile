@@ -16,11 +16,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 # Tests also cover the Spark connector: pyspark (the `spark` extra) and Java 17; the replication
-# tests start a private ZooKeeper from Debian's `zookeeper` package (tests/zookeeper.py).
+# tests start a private ZooKeeper from Debian's `zookeeper` package (tandem.testing.zookeeper); the chaos
+# tests draw their plot with matplotlib (the `chaos` extra).
 $(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh
 	scripts/ensure-java.sh
 	scripts/ensure-zookeeper.sh
-	$(BIN)/pip install -q -e '.[test,spark]'
+	$(BIN)/pip install -q -e '.[test,spark,chaos]'
 	touch $(STAMP) $(TSTAMP)
 
 run: $(STAMP)

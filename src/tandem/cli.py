@@ -498,8 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_data)
 
     from . import perf
+    from .chaos import run as chaos
 
     perf.add_parser(sub)
+    chaos.add_parser(sub)
     return ap
 
 

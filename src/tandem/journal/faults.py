@@ -18,6 +18,11 @@ to a replicating backup's applier (``replica``: its ``write`` and ``sync`` stage
 or ``delayS`` to sleep S seconds first. ``@N`` lets the first N calls of that stage through.
 Examples: ``tandem-data:sync=EIO@20`` fails the 21st sync of the message journal and every
 later one; ``dsync=EOPNOTSUPP`` makes every journal behave as on a kernel without RWF_DSYNC.
+
+``TANDEM_JOURNAL_FAULTS_FILE`` names a file holding more rules in the same form, read again
+whenever it changes (looked at no more than every 20 ms): the chaos suite arms a disk fault in a
+running server by writing to it, at a moment of its choosing. A rule read from the file counts
+the calls from the moment it appears.
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 ENV = "TANDEM_JOURNAL_FAULTS"
+ENV_FILE = "TANDEM_JOURNAL_FAULTS_FILE"
+FILE_CHECK = 0.02  # seconds between looks at the rules file
 STAGES = ("write", "sync", "create", "rename", "recycle", "compact", "dsync")
 
 
@@ -43,31 +51,64 @@ class Rule:
 class Faults:
     """The rules that apply to one journal, with per-stage call counts."""
 
-    def __init__(self, rules: list[Rule]) -> None:
+    def __init__(self, rules: list[Rule], prefix: str = "", path: str | None = None) -> None:
         self.rules = rules
         self._calls: dict[str, int] = {}
         self._lock = threading.Lock()  # the writer and the compactor threads both pass here
+        self.prefix = prefix
+        self.path = path  # the rules file (ENV_FILE), if any
+        self._file_rules: list[Rule] = []
+        self._file_calls: dict[str, int] = {}
+        self._file_stamp: tuple[int, int] | None = None
+        self._next_look = 0.0
 
     @classmethod
     def from_env(cls, prefix: str) -> Faults | None:
         text = os.environ.get(ENV, "").strip()
-        if not text:
-            return None
-        rules = [r for p, r in (_parse(item) for item in text.split(",") if item.strip()) if p in (None, prefix)]
-        return cls(rules) if rules else None
+        path = os.environ.get(ENV_FILE, "").strip() or None
+        rules = _rules(text, prefix)
+        return cls(rules, prefix, path) if rules or path else None
+
+    def _look(self) -> None:
+        """Read the rules file again if it changed; its rules count calls from now on."""
+        now = time.monotonic()
+        if self.path is None or now < self._next_look:
+            return
+        self._next_look = now + FILE_CHECK
+        try:
+            st = os.stat(self.path)
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+        if stamp == self._file_stamp:
+            return
+        self._file_stamp = stamp
+        try:
+            text = Path(self.path).read_text() if stamp is not None else ""
+        except OSError:
+            text = ""
+        self._file_rules = _rules(text, self.prefix)
+        self._file_calls.clear()
 
     def hit(self, stage: str) -> None:
         """Called where the journal is about to do `stage`: sleeps or raises as the rules say."""
         with self._lock:
-            n = self._calls.get(stage, 0) + 1
-            self._calls[stage] = n
-        for rule in self.rules:
-            if rule.stage != stage or n <= rule.after:
+            self._look()
+            n = self._calls[stage] = self._calls.get(stage, 0) + 1
+            m = self._file_calls[stage] = self._file_calls.get(stage, 0) + 1
+        for rule, calls in [*((r, n) for r in self.rules), *((r, m) for r in self._file_rules)]:
+            if rule.stage != stage or calls <= rule.after:
                 continue
             if rule.delay:
                 time.sleep(rule.delay)
             if rule.error is not None:
                 raise OSError(rule.error, f"{os.strerror(rule.error)} (injected: journal fault seam, {stage})")
+
+
+def _rules(text: str, prefix: str) -> list[Rule]:
+    """The rules of `text` (comma- or newline-separated) that apply to the journal `prefix`."""
+    items = [i for i in text.replace("\n", ",").split(",") if i.strip()]
+    return [r for p, r in (_parse(item) for item in items) if p in (None, prefix)]
 
 
 def _parse(item: str) -> tuple[str | None, Rule]:

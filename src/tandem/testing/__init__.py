@@ -2,7 +2,8 @@
 
 `proxy`: a TCP proxy that delays, blackholes, cuts, resets and refuses (docs/testing.md).
 `procs`: SIGKILL, SIGSTOP/SIGCONT and bounded waits on processes.
-Standard library only; nothing here imports the broker.
+`broker`: a broker as a child process; `zookeeper`: a private ZooKeeper (both import on demand).
+This package itself and `proxy` and `procs` use the standard library only and import nothing of the broker.
 """
 
 from __future__ import annotations

@@ -1,0 +1,389 @@
+"""The clients of a chaos run: producers and consumers on one event loop, each on its own connection.
+
+exactly-once mode (duplicate detection and transactions, the product's guarantee 2):
+- senders: durable sends; half give each value a duplicate id of its own (its body) and send
+  it again under that id when the outcome is unknown (a bounded number of times), half leave
+  the id to the client (`auto_dedup`: it sends unconfirmed messages again after a failover by
+  itself) and never send a value twice;
+- transactional producers: batches of sends in a transaction; a commit whose outcome is unknown
+  is redone and retried under its transaction id (`retry_commit`), as docs/client.md shows;
+- transacted consumers: receive a few, commit; an unknown commit is resolved by asking
+  (`retry_commit()` with nothing done);
+- auto-acknowledging consumers: plain `receive` (their acknowledgements are never confirmed).
+
+at-least-once mode (no duplicate ids, no transactions): senders without ids that send again
+after an unknown outcome, auto-acknowledging consumers, and consumers that await each ack.
+
+Every operation goes to the history (history.py) before and after it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import aio
+from ..errors import (
+    CallTimeout,
+    ConnectionLost,
+    IllegalState,
+    StaleAcknowledge,
+    TandemError,
+    TransactionOutcomeUnknown,
+    TransactionRolledBack,
+)
+from .history import History
+
+QUEUE = "chaos"
+RETRIES = 8  # sends of one value, or retries of one commit, before its outcome stays unknown
+CLIENT_OPTIONS: dict[str, Any] = {
+    "reconnect_attempts": -1,
+    "retry_interval": 100,
+    "max_retry_interval": 500,
+    "client_failure_check_period": 1500,
+    "connect_timeout": 1000,
+    "call_timeout": 8000,
+    # A session the client left behind (a blackholed link) keeps its unacknowledged messages until
+    # the broker's TTL for it expires: short, so they come again before the drain ends.
+    "connection_ttl": 4000,
+}
+
+
+@dataclass
+class Shape:
+    """How many clients of each kind, and how fast the producers go."""
+
+    mode: str = "exactly-once"
+    senders: int = 2
+    tx_producers: int = 2
+    tx_consumers: int = 2
+    auto_consumers: int = 2
+    batch: int = 5  # sends per producer transaction, deliveries per consumer commit
+    rate: float = 40.0  # values per second per producer
+
+    def __post_init__(self) -> None:
+        if self.mode == "at-least-once":
+            self.senders += self.tx_producers
+            self.tx_producers = 0
+
+
+def _err(exc: BaseException) -> str:
+    return getattr(getattr(exc, "code", None), "name", None) or type(exc).__name__
+
+
+class Workload:
+    """Starts the clients on the running loop; `stop_producers()`, then `stop_consumers()`."""
+
+    def __init__(self, url: str, history: History, shape: Shape) -> None:
+        self.url = url
+        self.h = history
+        self.shape = shape
+        self.dedup = shape.mode == "exactly-once"
+        self.producing = True
+        self.consuming = True
+        self.confirmed: set[str] = set()
+        self.delivered: set[str] = set()
+        self.last_delivery = time.monotonic()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.counters: dict[str, int] = {}
+
+    # ------------------------------------------------------------ life
+    async def start(self) -> None:
+        conn = await aio.connect(self.url, **CLIENT_OPTIONS)
+        try:
+            session = await conn.create_session()
+            await session.create_queue(QUEUE, exists_ok=True)
+        finally:
+            await conn.close()
+        s = self.shape
+        for i in range(s.senders):
+            self._spawn(f"s{i}", self._sender)
+        for i in range(s.tx_producers):
+            self._spawn(f"t{i}", self._tx_producer)
+        for i in range(s.tx_consumers if self.dedup else 0):
+            self._spawn(f"c{i}", self._tx_consumer)
+        for i in range(s.auto_consumers):
+            self._spawn(f"a{i}", self._auto_consumer)
+        for i in range(0 if self.dedup else s.tx_consumers):
+            self._spawn(f"k{i}", self._client_ack_consumer)
+
+    def _spawn(self, name: str, work: Callable[[str, aio.AsyncConnection], Awaitable[None]]) -> None:
+        self.tasks.append(asyncio.create_task(self._client(name, work), name=name))
+
+    async def _client(self, name: str, work: Callable[[str, aio.AsyncConnection], Awaitable[None]]) -> None:
+        """One client: connect, work; on a connection lost for good, connect again."""
+        options = {**CLIENT_OPTIONS, "auto_dedup": self.dedup}
+        while self.producing if name[0] in "st" else self.consuming:
+            try:
+                conn = await asyncio.wait_for(aio.connect(self.url, **options), 30)
+            except (TandemError, OSError, TimeoutError) as exc:
+                self.h.add("note", name, msg=f"connect failed: {_err(exc)}")
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                await work(name, conn)
+            except TandemError as exc:
+                self.h.add("note", name, msg=f"client restarts: {_err(exc)} {exc}")
+            except Exception as exc:  # a bug of the harness: on record, and the client goes on
+                self.h.add("note", name, msg=f"client failed: {exc!r}")
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.close(), 5)
+
+    def stop_producers(self) -> None:
+        self.producing = False
+
+    def stop_consumers(self) -> None:
+        self.consuming = False
+
+    async def wait(self, timeout: float) -> None:
+        """Until every client has finished (bounded); stragglers are cancelled."""
+        _, pending = await asyncio.wait(self.tasks, timeout=timeout)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def _next(self, name: str) -> str:
+        """A value never used before in this run (a client's count survives its reconnections)."""
+        n = self.counters.get(name, 0)
+        self.counters[name] = n + 1
+        return f"{name}-{n}"
+
+    async def _pace(self, started: float, values: int) -> None:
+        await asyncio.sleep(max(0.0, values / self.shape.rate - (time.monotonic() - started)))
+
+    # ------------------------------------------------------------ producers
+    async def _sender(self, name: str, conn: aio.AsyncConnection) -> None:
+        prod = (await conn.create_session()).create_producer(QUEUE)
+        # Exactly-once: even senders give each value its own id and send it again under that id
+        # after an unknown outcome; odd ones leave the id to the client (auto_dedup), which sends
+        # unconfirmed messages again by itself after a failover, and never send a value twice.
+        own_id = self.dedup and int(name[1:]) % 2 == 0
+        tries = RETRIES if own_id or not self.dedup else 1
+        while self.producing:
+            v = self._next(name)
+            t0 = time.monotonic()
+            for _ in range(tries):
+                self.h.add("attempt", name, [v])
+                a0 = time.monotonic()
+                try:
+                    if own_id:
+                        await prod.send(v, dedup_id=v)
+                    else:
+                        await prod.send(v)
+                except TandemError as exc:
+                    self.h.add("info", name, [v], err=_err(exc))
+                    if conn.closed:
+                        raise
+                    continue
+                self.h.add("ok", name, [v], lat=round(time.monotonic() - a0, 4))
+                self.confirmed.add(v)
+                break
+            await self._pace(t0, 1)
+
+    async def _tx_producer(self, name: str, conn: aio.AsyncConnection) -> None:
+        session = await conn.create_session(transacted=True)
+        prod = session.create_producer(QUEUE)
+        while self.producing:
+            tx = self._next(name)
+            vs = [f"{tx}-{k}" for k in range(self.shape.batch)]
+            t0 = time.monotonic()
+            self.h.add("attempt", name, vs)
+            try:
+                for v in vs:
+                    await prod.send(v)
+            except TandemError as exc:  # the commit is never sent: nothing of it is applied
+                with contextlib.suppress(TandemError):
+                    await session.rollback()
+                self.h.add("fail", name, vs, err=_err(exc))
+                if conn.closed:
+                    raise
+                continue
+            try:
+                await session.commit()
+            except TransactionOutcomeUnknown as exc:
+                self.h.add("info", name, vs, err=_err(exc))
+                if await self._redo_and_retry(name, session, prod.send, vs):
+                    self.h.add("ok", name, vs, lat=round(time.monotonic() - t0, 4), retried=True)
+                    self.confirmed.update(vs)
+            except TransactionRolledBack as exc:  # DuplicateId too: the broker says it applied nothing
+                self.h.add("fail", name, vs, err=_err(exc))
+            except TandemError as exc:  # anything else from a commit that was sent: unknown
+                self.h.add("info", name, vs, err=_err(exc))
+                if conn.closed:
+                    raise
+            else:
+                self.h.add("ok", name, vs, lat=round(time.monotonic() - t0, 4))
+                self.confirmed.update(vs)
+            await self._pace(t0, len(vs))
+
+    async def _redo_and_retry(
+        self, name: str, session: aio.AsyncSession, send: Callable[[str], Awaitable[Any]], vs: list[str]
+    ) -> bool:
+        """The same sends again, committed under the unknown commit's id: applied once either way."""
+        for _ in range(RETRIES):
+            try:
+                for v in vs:
+                    await send(v)
+                await session.retry_commit()
+                return True
+            except IllegalState as exc:  # nothing to retry under
+                self.h.add("note", name, msg=f"retry_commit: {exc}")
+                return False
+            except TandemError:
+                await asyncio.sleep(0.2)
+        return False
+
+    # ------------------------------------------------------------ consumers
+    def _delivered(self, name: str, v: str, ack: str, redelivered: bool) -> None:
+        self.h.add("deliver", name, [v], ack=ack, **({"re": True} if redelivered else {}))
+        self.delivered.add(v)
+        self.last_delivery = time.monotonic()
+
+    async def _tx_consumer(self, name: str, conn: aio.AsyncConnection) -> None:
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer(QUEUE)
+        batch: list[str] = []
+        try:
+            while self.consuming or batch:
+                msg = None
+                if self.consuming:
+                    try:
+                        msg = await consumer.receive(0.3)
+                    except (ConnectionLost, CallTimeout):
+                        if conn.closed:
+                            raise
+                        # a receive that crossed a failover: the transaction is rollback-only,
+                        # and its next commit says so
+                        continue
+                if msg is not None:
+                    self._delivered(name, msg.text, "tx", msg.redelivered)
+                    batch.append(msg.text)
+                if not batch or (len(batch) < self.shape.batch and msg is not None):
+                    continue
+                try:
+                    await session.commit()
+                except TransactionRolledBack as exc:
+                    self.h.add("ack-fail", name, batch, err=_err(exc))
+                except TransactionOutcomeUnknown as exc:
+                    self.h.add("ack-info", name, batch, err=_err(exc))
+                    applied = await self._ask(name, session)
+                    if applied is not None:
+                        self.h.add("ack" if applied else "ack-fail", name, batch, resolved=True)
+                except TandemError as exc:  # sent, no clear answer: unknown
+                    self.h.add("ack-info", name, batch, err=_err(exc))
+                    batch = []
+                    if conn.closed:
+                        raise
+                else:
+                    self.h.add("ack", name, batch)
+                batch = []
+        finally:
+            if batch:  # the connection is gone: the broker rolls the transaction back
+                self.h.add("ack-fail", name, batch, err="connection closed")
+
+    async def _ask(self, name: str, session: aio.AsyncSession) -> bool | None:
+        """Whether a commit whose answer was lost went through: an empty commit under its id."""
+        for _ in range(RETRIES):
+            try:
+                return not await session.retry_commit()
+            except IllegalState as exc:
+                self.h.add("note", name, msg=f"retry_commit: {exc}")
+                return None
+            except TandemError:
+                await asyncio.sleep(0.2)
+        return None
+
+    async def _auto_consumer(self, name: str, conn: aio.AsyncConnection) -> None:
+        consumer = await (await conn.create_session()).create_consumer(QUEUE)
+        while self.consuming:
+            try:
+                msg = await consumer.receive(0.3)
+            except (ConnectionLost, CallTimeout):
+                if conn.closed:
+                    raise
+                continue
+            if msg is not None:
+                self._delivered(name, msg.text, "auto", msg.redelivered)
+
+    async def _client_ack_consumer(self, name: str, conn: aio.AsyncConnection) -> None:
+        consumer = await (await conn.create_session(ack_mode="individual")).create_consumer(QUEUE)
+        while self.consuming:
+            try:
+                msg = await consumer.receive(0.3)
+            except (ConnectionLost, CallTimeout):
+                if conn.closed:
+                    raise
+                continue
+            if msg is None:
+                continue
+            self._delivered(name, msg.text, "client", msg.redelivered)
+            try:
+                await msg.ack()
+            except StaleAcknowledge as exc:
+                self.h.add("ack-fail", name, [msg.text], err=_err(exc))
+            except TandemError as exc:
+                self.h.add("ack-info", name, [msg.text], err=_err(exc))
+                if conn.closed:
+                    raise
+            else:
+                self.h.add("ack", name, [msg.text])
+
+
+async def drain(url: str, history: History, quiet: float = 5.0, limit: float = 60.0) -> int:
+    """After the run: a transacted consumer takes what is left until `quiet` seconds pass
+    without a message (at most `limit`); returns how many it took."""
+    conn = await aio.connect(url, **CLIENT_OPTIONS)
+    taken = 0
+    deadline = time.monotonic() + limit
+    try:
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer(QUEUE)
+        batch: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                msg = await consumer.receive(quiet)
+                if msg is not None:
+                    history.add("deliver", "d", [msg.text], ack="tx", **({"re": True} if msg.redelivered else {}))
+                    batch.append(msg.text)
+                if batch and (len(batch) >= 50 or msg is None):
+                    await session.commit()
+                    history.add("ack", "d", batch)
+                    taken += len(batch)
+                    batch = []
+                if msg is None:
+                    break
+            except TransactionRolledBack as exc:
+                history.add("ack-fail", "d", batch, err=_err(exc))
+                batch = []
+            except TransactionOutcomeUnknown as exc:
+                history.add("ack-info", "d", batch, err=_err(exc))
+                batch = []
+            except (ConnectionLost, CallTimeout):
+                if conn.closed:
+                    raise
+        return taken
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.close(), 5)
+
+
+async def left_in_queue(url: str) -> int | None:
+    """Messages the queue still holds (`queue.stat`), None if the server does not say."""
+    try:
+        conn = await aio.connect(url, **CLIENT_OPTIONS)
+    except TandemError:
+        return None
+    try:
+        row = (await conn.manage("queue.stat", name=QUEUE))[0]
+        return int(row["message_count"])
+    except (TandemError, LookupError, TypeError, ValueError):
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close()
