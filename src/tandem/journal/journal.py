@@ -12,13 +12,14 @@ import asyncio
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import msgspec
 
@@ -33,15 +34,37 @@ from .writer import Batch, Writer
 log = logging.getLogger("tandem.journal")
 _T = TypeVar("_T")
 
-# Where an id's live records are: (file key, live size) per record, a bare pair for the usual single
-# record. The size is what a compaction would copy the record as (a plain record: header and body),
-# so the accounting of compaction output equals a cold load's, and live bytes say what compacting
-# saves. Two ints, not the JFile: a pair of untracked objects is untracked by the garbage collector,
-# so millions of live records add nothing to what a full collection walks (it held the loop ~100 ms
-# per million entries otherwise). A key whose file is gone (retired) is skipped.
+# Where an id's live records are: (file key, live size) per record. The size is what a compaction
+# would copy the record as (a plain record: header and body), so the accounting of compaction
+# output equals a cold load's, and live bytes say what compacting saves. A key whose file is gone
+# (retired) is skipped.
+#
+# Encoded so that the garbage collector never walks the index: the usual single record is one int
+# (key << 40 | size), several (updates) are packed bytes, both objects the GC does not track. A
+# dict holding only such values is itself untracked; one tracked value (a tuple, a list, a JFile)
+# would make it tracked, put it back in the young generation at every insert, and have every
+# collection walk its millions of entries (a full one held the loop 100-220 ms per million).
 _Ref = tuple[int, int]
-_Entry = _Ref | list[_Ref]
+_Entry = int | bytes
 _HS = rec.HEADER_SIZE
+_SIZE_BITS = 40
+_SIZE_MASK = (1 << _SIZE_BITS) - 1
+_PAIR = struct.Struct("<QQ")
+
+
+def _refs(entry: _Entry) -> list[_Ref]:
+    if type(entry) is int:
+        return [(entry >> _SIZE_BITS, entry & _SIZE_MASK)]
+    return list(_PAIR.iter_unpack(cast(bytes, entry)))
+
+
+def _entry(refs: list[_Ref]) -> _Entry:
+    if len(refs) == 1:
+        k, n = refs[0]
+        return (k << _SIZE_BITS) | n
+    return b"".join(_PAIR.pack(k, n) for k, n in refs)
+
+
 _TERMINATOR = bytes(rec.EOF_SIZE)
 # `add_soon` places its ADDs by this many, or this many bytes, at the latest (and a body this
 # large on its own): a BATCH record is copied whole, and must fit the journal's files.
@@ -270,7 +293,7 @@ class Journal:
             if kind == add and rid not in live:
                 live[rid] = LiveRecord(utype, body)
                 n = _HS + len(body)
-                index[rid] = (f.key, n)
+                index[rid] = (f.key << _SIZE_BITS) | n
                 f.live += 1
                 f.live_bytes += n
                 f.records += 1
@@ -300,7 +323,7 @@ class Journal:
             else:
                 live[rid] = LiveRecord(utype, body)
                 n = _HS + len(body)
-                self._index[rid] = (f.key, n)
+                self._index[rid] = (f.key << _SIZE_BITS) | n
                 f.live += 1
                 f.live_bytes += n
         elif kind == rec.UPDATE:
@@ -480,7 +503,7 @@ class Journal:
             if rid in index:
                 self._attach(rid, f, n)
             else:
-                index[rid] = (f.key, n)
+                index[rid] = (f.key << _SIZE_BITS) | n
                 f.live += 1
                 f.live_bytes += n
 
@@ -622,7 +645,7 @@ class Journal:
             if rid in self._index:
                 self._attach(rid, f, size)
             else:
-                self._index[rid] = (f.key, size)
+                self._index[rid] = (f.key << _SIZE_BITS) | size
                 f.live += 1
                 f.live_bytes += size
         elif kind == rec.UPDATE:
@@ -634,10 +657,7 @@ class Journal:
     def _attach(self, rid: int, f: jf.JFile, size: int) -> None:
         """One more live record of a live id (an UPDATE, or an ADD of an id that is live)."""
         entry = self._index[rid]
-        if isinstance(entry, list):
-            entry.append((f.key, size))
-        else:
-            self._index[rid] = [entry, (f.key, size)]
+        self._index[rid] = _entry([*_refs(entry), (f.key, size)])
         f.live += 1
         f.live_bytes += size
 
@@ -652,18 +672,17 @@ class Journal:
             entry = pop(rid, None)
             if entry is None:
                 continue
-            if isinstance(entry, list):
-                for k, n in entry:
+            if type(entry) is int:
+                g = files.get(entry >> _SIZE_BITS)
+                if g is not None:
+                    g.live -= 1
+                    g.live_bytes -= entry & _SIZE_MASK
+            else:
+                for k, n in _refs(entry):
                     g = files.get(k)
                     if g is not None:
                         g.live -= 1
                         g.live_bytes -= n
-            else:
-                k, n = entry
-                g = files.get(k)
-                if g is not None:
-                    g.live -= 1
-                    g.live_bytes -= n
 
     # --------------------------------------------------------- group commit
     def _handoff(self) -> None:
@@ -866,13 +885,13 @@ class Journal:
                 entry = self._index.get(rid)
                 if entry is None:
                     continue
-                refs = entry if isinstance(entry, list) else [entry]
+                refs = _refs(entry)
                 if any(k in frozen for k, _n in refs):
                     refs = [r for r in refs if r[0] not in frozen]
                 refs.append((nf.key, size))
                 nf.live += 1
                 nf.live_bytes += size
-                self._index[rid] = refs[0] if len(refs) == 1 else refs
+                self._index[rid] = _entry(refs)
         self._files = dict(sorted(files.items()))
 
     def compact_offline(self) -> compactor.Plan:
