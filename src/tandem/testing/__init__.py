@@ -8,13 +8,28 @@ This package itself and `proxy` and `procs` use the standard library only and im
 
 from __future__ import annotations
 
+import random
 import socket
 
 from .proxy import AsyncFaultProxy, FaultProxy, ProxyStats
 
+# Below Linux's ephemeral range (32768-60999 by default): the OS hands those to every outgoing
+# connection, so a port picked there and released can be taken by some client's socket before the
+# server binds it ("address already in use", seen under parallel test runs).
+_LOW, _HIGH = 20000, 32768
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS has just handed out and released (another process could take it meanwhile)."""
+    """A port free now, outside the ephemeral range when one can be found (another process could
+    still take it before it is bound)."""
+    for _ in range(50):
+        port = random.randrange(_LOW, _HIGH)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -105,16 +105,5 @@ class ZooKeeperServer:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGCONT)
 
-    def activation_sequence(self, node_id: str) -> int:
-        """ZooKeeper's activation sequence of `node_id`, read through a coordinator of our own."""
-        from ..ha.coordinator import Coordinator  # the broker's own client: only for this read
-
-        c = Coordinator(self.hosts, node_id, session_timeout=2000, connect_timeout=5000)
-        c.start()
-        try:
-            return c.activation_sequence()
-        finally:
-            c.close()
-
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
