@@ -284,21 +284,8 @@ def test_a_slow_backup_paces_a_large_upload_instead_of_filling_the_primary_s_mem
                 finally:
                     done.set()
 
-            t = threading.Thread(target=send)
-            stops = 0
-            try:
-                for k in range(100):  # the backup stalls 1 s out of every 1.3 s, from the upload's start
-                    with pair.backup.paused():
-                        if k == 0:
-                            t.start()
-                        stops += 1
-                        done.wait(1.0)
-                    if done.is_set():
-                        break
-                    time.sleep(0.3)
-            finally:
-                t.join(120)
-            assert not t.is_alive() and not errors, errors
+            stops = _stalling_the_backup(pair, send, done)
+            assert not errors, errors
             peak = memory(pid, "VmHWM")
         growth = peak - base
         print(f"primary peak RSS grew by {growth >> 20} MiB over {stops} stalls of its backup")
@@ -415,21 +402,8 @@ def test_a_slow_backup_paces_a_stomp_large_body_too(tmp_path: Path) -> None:
                 finally:
                     done.set()
 
-            t = threading.Thread(target=send)
-            stops = 0
-            try:
-                for k in range(100):  # the backup stalls 1 s out of every 1.3 s, from the body's start
-                    with pair.backup.paused():
-                        if k == 0:
-                            t.start()
-                        stops += 1
-                        done.wait(1.0)
-                    if done.is_set():
-                        break
-                    time.sleep(0.3)
-            finally:
-                t.join(120)
-            assert not t.is_alive() and not errors, errors
+            stops = _stalling_the_backup(pair, send, done)
+            assert not errors, errors
             f = next_frame()
             assert f.command == "RECEIPT" and f.headers["receipt-id"] == "r1", f
             peak = memory(pid, "VmHWM")
@@ -450,3 +424,24 @@ def test_a_slow_backup_paces_a_stomp_large_body_too(tmp_path: Path) -> None:
             assert digest.hexdigest() == src.digest.hexdigest()
     finally:
         pair.kill_all()
+
+
+def _stalling_the_backup(pair: ReplicatedPair, send: Callable[[], None], done: threading.Event) -> int:
+    """Run `send` on a thread while the backup stalls 1 s out of every 1.3 s, from the send's
+    start, until `done`; the number of stalls."""
+    t = threading.Thread(target=send)
+    stops = 0
+    try:
+        for k in range(100):
+            with pair.backup.paused():
+                if k == 0:
+                    t.start()
+                stops += 1
+                done.wait(1.0)
+            if done.is_set():
+                break
+            time.sleep(0.3)
+    finally:
+        t.join(120)
+    assert not t.is_alive(), "the send did not end"
+    return stops
