@@ -4,9 +4,15 @@ garbage collector however many messages wait."""
 from __future__ import annotations
 
 import gc
+from collections import deque
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tandem.core.message import Message, MessageRef, RoutingType
 from tandem.core.queue import Queue
+from tandem.core.reflevel import CHUNK, RefLevel
 from tandem.store.journal_storage import NullStorage
 
 
@@ -38,3 +44,97 @@ def test_a_long_queue_leaves_the_collector_almost_nothing_to_walk() -> None:
     walked = _walked_by_a_collection() - before
     assert q.ready_count == 49_000
     assert walked < 2_000, f"a full collection follows {walked} more references for 49,000 queued messages"
+
+
+class LevelMatchesDeque(RuleBasedStateMachine):
+    """Every operation a queue makes on a level, against a deque doing the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.level = RefLevel()
+        self.model: deque[MessageRef] = deque()
+        self.seq = 0
+
+    def _new(self, n: int) -> list[MessageRef]:
+        out = []
+        for _ in range(n):
+            self.seq += 1
+            out.append(_ref(None, self.seq))
+        return out
+
+    @rule(n=st.integers(1, 3 * CHUNK))
+    def append(self, n: int) -> None:
+        for r in self._new(n):
+            self.level.append(r)
+            self.model.append(r)
+
+    @rule(n=st.integers(0, 2 * CHUNK))
+    def extend(self, n: int) -> None:
+        refs = self._new(n)
+        self.level.extend(refs)
+        self.model.extend(refs)
+
+    @precondition(lambda self: self.model)
+    @rule(n=st.integers(1, 2 * CHUNK))
+    def popleft(self, n: int) -> None:
+        for _ in range(min(n, len(self.model))):
+            assert self.level.popleft() is self.model.popleft()
+
+    @rule(n=st.integers(0, 3 * CHUNK), back=st.integers(0, 3 * CHUNK))
+    def take_and_give_back(self, n: int, back: int) -> None:
+        got = self.level.take(n)
+        assert len(got) <= n and (got or not n or not self.model)
+        assert got == [self.model.popleft() for _ in range(len(got))]
+        rest = got[len(got) - min(back, len(got)) :]
+        self.level.give_back(rest)
+        self.model.extendleft(reversed(rest))
+
+    @precondition(lambda self: self.model)
+    @rule(n=st.integers(1, 40))
+    def push_front(self, n: int) -> None:
+        """As a requeue does: pop some from the head, put them back in front with new ones."""
+        taken = [self.model.popleft() for _ in range(min(n, len(self.model)))]
+        for r in taken:
+            assert self.level.popleft() is r
+        self.level.extendleft(reversed(taken))
+        self.model.extendleft(reversed(taken))
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def remove(self, data: st.DataObject) -> None:
+        r = data.draw(st.sampled_from(list(self.model)))
+        self.level.remove(r)
+        self.model.remove(r)
+
+    @rule()
+    def remove_missing(self) -> None:
+        try:
+            self.level.remove(_ref(None, -1))
+        except ValueError:
+            return
+        raise AssertionError("removing a ref not queued must raise ValueError")
+
+    @rule()
+    def clear_and_refill(self) -> None:
+        keep = [r for r in self.model if r.seq % 3]
+        self.level.clear()
+        self.level.extend(keep)
+        self.model.clear()
+        self.model.extend(keep)
+
+    @rule(start=st.integers(0, 2000))
+    def iter_after(self, start: int) -> None:
+        assert [r.seq for r in self.level.iter_after(start)] == [r.seq for r in self.model if r.seq > start]
+
+    @invariant()
+    def same(self) -> None:
+        assert len(self.level) == len(self.model)
+        assert bool(self.level) == bool(self.model)
+        assert list(self.level) == list(self.model)
+        if self.model:
+            assert self.level[0] is self.model[0]
+            assert self.level[-1] is self.model[-1]
+
+
+LevelMatchesDeque.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestLevelMatchesDeque = LevelMatchesDeque.TestCase

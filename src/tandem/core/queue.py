@@ -16,7 +16,6 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from itertools import islice
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import TandemError
 from .consumer import Consumer, Filter
 from .message import MessageRef, RoutingType
+from .reflevel import RefLevel
 from .settings import AddressSettings
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class Queue:
         self.owner: object = None
         self.addr: Address | None = None
         self._schedule = schedule
-        self._levels: list[deque[MessageRef]] = [deque() for _ in range(LEVELS)]
+        self._levels: list[RefLevel] = [RefLevel() for _ in range(LEVELS)]
         self._count = 0
         self._bytes = 0
         self._scheduled = False
@@ -410,26 +410,34 @@ class Queue:
         unlimited = c.window < 0
         for level in reversed(self._levels):
             while level:
-                if delivered >= budget or not (unlimited or c.credits > 0):
+                if delivered >= budget:
                     return delivered
-                ref = level.popleft()
-                m = ref.message
-                self._count -= 1
-                self._bytes -= len(m.raw)
-                exp = m.expiration
-                if exp:
-                    if not now:
-                        now = now_ms()
-                    if exp <= now:
-                        self._expire(ref)
-                        continue
-                self.delivering_count += 1
-                c.deliver(ref)
-                delivered += 1
-                if m.large is not None:
-                    # Its chunks go out over several loop passes; the sink is not ready again until
-                    # the last is out (it then asks for delivery again), so nothing overtakes it.
-                    return delivered
+                # Several at once (credit is in bytes, so a limited window takes a few at a time
+                # and gives back what it could not send); expired ones use no budget or credit.
+                refs = level.take(budget - delivered if unlimited else min(budget - delivered, 32))
+                for k, ref in enumerate(refs):
+                    if not (unlimited or c.credits > 0):
+                        level.give_back(refs[k:])
+                        return delivered
+                    m = ref.message
+                    self._count -= 1
+                    self._bytes -= len(m.raw)
+                    exp = m.expiration
+                    if exp:
+                        if not now:
+                            now = now_ms()
+                        if exp <= now:
+                            self._expire(ref)
+                            continue
+                    self.delivering_count += 1
+                    c.deliver(ref)
+                    delivered += 1
+                    if m.large is not None:
+                        # Its chunks go out over several loop passes; the sink is not ready again
+                        # until the last is out (it then asks for delivery again), so nothing
+                        # overtakes it.
+                        level.give_back(refs[k + 1 :])
+                        return delivered
         return delivered
 
     def _dispatch_browsers(self) -> int:
@@ -535,8 +543,8 @@ class Queue:
         """
         now = now_ms()
 
-        def level_from(level: deque[MessageRef]) -> Iterator[MessageRef]:
-            for ref in islice(level, bisect_right(level, start, key=_seq_of), None):
+        def level_from(level: RefLevel) -> Iterator[MessageRef]:
+            for ref in level.iter_after(start):
                 if ref.seq > end:
                     return
                 if not ref.removed:
