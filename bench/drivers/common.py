@@ -36,6 +36,7 @@ from multiprocessing.synchronize import Event
 from typing import Any, cast
 
 STAMP_BYTES = 8
+SEQ_BYTES = 8  # after the stamp, bodies of 16 bytes or more carry the message's number in the run
 READY_TIMEOUT_S = 60.0
 
 
@@ -62,6 +63,7 @@ class Worker:
     count: int  # messages to send (producer) or the run's total (consumer)
     args: argparse.Namespace
     shared: Shared
+    first: int = 0  # producer: the number of its first message (the run's are 0 .. count-1)
 
     def ready(self) -> None:
         """Tell the parent this worker is connected and set up."""
@@ -115,6 +117,41 @@ class ConsumerStats:
     error: str = ""
     timed_out: bool = False
     latencies: array[int] = field(default_factory=lambda: array("q"))
+    numbers: bytes = b""  # --verify: a bitmap of the message numbers received
+    duplicates: int = 0  # --verify: numbers received again
+
+
+class Numbers:
+    """--verify: which message numbers a consumer got (one bit each), and how many came twice."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.bits = bytearray((count + 7) // 8)
+        self.duplicates = 0
+        self.strays = 0
+
+    def mark(self, n: int) -> None:
+        if not 0 <= n < self.count:
+            self.strays += 1
+            return
+        byte, bit = n >> 3, 1 << (n & 7)
+        if self.bits[byte] & bit:
+            self.duplicates += 1
+        else:
+            self.bits[byte] |= bit
+
+
+def merge_numbers(count: int, cons: list[ConsumerStats]) -> dict[str, Any]:
+    """All consumers' bitmaps together: what is missing, and what arrived more than once."""
+    merged = bytearray((count + 7) // 8)
+    duplicates = sum(s.duplicates for s in cons)
+    for s in cons:
+        for i, v in enumerate(s.numbers):
+            duplicates += bin(merged[i] & v).count("1")
+            merged[i] |= v
+    distinct = sum(bin(v).count("1") for v in merged)
+    first_missing = [n for n in range(count) if not merged[n >> 3] >> (n & 7) & 1][:10] if distinct < count else []
+    return {"distinct": distinct, "missing": count - distinct, "duplicates": duplicates, "first_missing": first_missing}
 
 
 def add_common_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -144,9 +181,16 @@ def check_args(args: argparse.Namespace) -> None:
     """Reject option values the drivers cannot honour."""
     if args.size < STAMP_BYTES:
         raise SystemExit("--size must be at least 8 (the send stamp)")
-    for name in ("producers", "consumers", "count", "window", "prefetch"):
+    for name in ("count", "window", "prefetch"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be at least 1")
+    for name in ("producers", "consumers"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name} must be at least 0")
+    if args.producers + args.consumers == 0:
+        raise SystemExit("--producers and --consumers cannot both be 0")
+    if getattr(args, "verify", False) and args.size < STAMP_BYTES + SEQ_BYTES:
+        raise SystemExit("--verify needs --size of at least 16 (the stamp and the number)")
     if args.count < args.producers:
         raise SystemExit("--count must be at least --producers")
 
@@ -254,9 +298,10 @@ def run_benchmark(
         received=cast(ctypes.Array[ctypes.c_longlong], ctx.Array(ctypes.c_longlong, args.consumers, lock=False)),
         results=ctx.Queue(),
     )
-    base, extra = divmod(args.count, args.producers)
+    base, extra = divmod(args.count, max(args.producers, 1))
     workers = [Worker("consumer", i, args.count, args, shared) for i in range(args.consumers)] + [
-        Worker("producer", i, base + (1 if i < extra else 0), args, shared) for i in range(args.producers)
+        Worker("producer", i, base + (1 if i < extra else 0), args, shared, first=i * base + min(i, extra))
+        for i in range(args.producers)
     ]
     procs = [
         ctx.Process(
@@ -275,6 +320,7 @@ def run_benchmark(
         broker_cpu0 = _proc_cpu_s(args.broker_pid) if args.broker_pid else math.nan
         system0 = _system_busy_s()
         wall0 = time.monotonic()
+        start_ns = time.monotonic_ns()
         shared.start.set()
         deadline = wall0 + args.timeout
         while len(stats) < len(procs):
@@ -297,7 +343,7 @@ def run_benchmark(
     finally:
         shared.abort.set()
         _collect_stragglers(shared, procs, stats)
-    report = _report(args, client, stats, wall, broker_cpu)
+    report = _report(args, client, stats, wall, broker_cpu, start_ns)
     # Everything busy on the machine during the run, in % of one core (2
     # cores = 200%): compare with broker + clients to spot foreign load.
     report["cpu_pct"]["system"] = None if math.isnan(system_cpu) else round(100 * system_cpu / wall, 1)
@@ -357,6 +403,7 @@ def _report(
     stats: dict[tuple[str, int], ProducerStats | ConsumerStats],
     wall: float,
     broker_cpu: float,
+    start_ns: int,
 ) -> dict[str, Any]:
     """Check completeness and build the JSON report."""
     ordered = [stats[key] for key in sorted(stats)]
@@ -371,7 +418,8 @@ def _report(
         problems.append(
             f"only {len(prods)}/{args.producers} producers and {len(cons)}/{args.consumers} consumers reported"
         )
-    if received != args.count or confirmed != args.count:
+    # A producer-only run (--consumers 0) fills the queue; a consumer-only one (--producers 0) drains it.
+    if (args.consumers and received != args.count) or (args.producers and confirmed != args.count):
         problems.append(
             f"after {wall:.1f}s (timeout {args.timeout:.0f}s): received {received} "
             f"and confirmed {confirmed} of {args.count} messages"
@@ -380,8 +428,8 @@ def _report(
         problems.append("worker error: " + errors[0])
     if problems:
         raise SystemExit("error: " + "; ".join(problems))
-    first = min(s.first_send_ns for s in prods)
-    last = max(s.last_recv_ns for s in cons)
+    first = min(s.first_send_ns for s in prods) if prods else start_ns
+    last = max(s.last_recv_ns for s in cons) if cons else max(s.last_confirm_ns for s in prods)
     duration = (last - first) / 1e9
     lat = array("q")
     for s in cons:
@@ -392,7 +440,7 @@ def _report(
         confirm.extend(p.confirm_latencies)
     confirm = array("q", sorted(confirm))
     servers = [s.server for s in both if s.server]
-    return {
+    report: dict[str, Any] = {
         "broker": args.broker or (servers[0] if servers else "unknown"),
         "client": client,
         "producers": args.producers,
@@ -406,7 +454,7 @@ def _report(
             "p50": round(percentile(lat, 0.50) / 1e6, 3),
             "p99": round(percentile(lat, 0.99) / 1e6, 3),
             "p999": round(percentile(lat, 0.999) / 1e6, 3),
-            "max": round(float(lat[-1]) / 1e6, 3),
+            "max": round(float(lat[-1]) / 1e6, 3) if lat else 0.0,
         },
         "confirm_latency_ms": {
             "p50": round(percentile(confirm, 0.50) / 1e6, 3),
@@ -421,6 +469,14 @@ def _report(
         },
         "loop": args.loop,
     }
+    if getattr(args, "verify", False) and cons:
+        nums = report["numbers"] = merge_numbers(args.count, cons)
+        if nums["missing"] or nums["duplicates"]:
+            raise SystemExit(
+                f"error: {nums['missing']} message numbers missing (first: {nums['first_missing']}), "
+                f"{nums['duplicates']} received twice"
+            )
+    return report
 
 
 def print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
