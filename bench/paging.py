@@ -243,6 +243,8 @@ def rabbitmq_part(a: argparse.Namespace, part: dict[str, Any]) -> None:
         part["produce"] = _drive(fill, "rabbitmq fill", a.messages, depth, vm, a)
         queued = depth()
         part["after_fill"] = {"message_count": queued}
+        # What the node says the queue is (its x-queue-mode and x-queue-version arguments).
+        part["queue"] = node.ctl("list_queues", "name", "arguments", "messages", "--no-table-headers").strip()
         part["rss_after_fill_mib"] = round(_status_kib(vm, "VmRSS") / 1024, 1)
         if queued != a.messages:
             raise RuntimeError(f"RabbitMQ holds {queued} messages after {a.messages:,} confirmed sends")
