@@ -49,7 +49,7 @@ from brokers.rabbitmq import RabbitMQNode  # noqa: E402
 from brokers.tandem import TandemBroker  # noqa: E402
 from drivers.common import _proc_cpu_s  # noqa: E402
 from memory import _cpu  # noqa: E402
-from replication import say  # noqa: E402
+from replication import print_targets, say  # noqa: E402
 
 MIB = 1 << 20
 QUEUE = "paging"
@@ -356,9 +356,7 @@ def main() -> int:
         else:
             print(f"{name:10} {p.get('error') or p.get('why')}")
     print()
-    for x in tg:
-        met = {True: "met    ", False: "NOT met", None: "n/a    "}[x["met"]]
-        print(f"{met}  {x['what']}: {x['value']} (target {x['target']})")
+    print_targets(tg)
     result = {
         "benchmark": "paging",
         "date": started + " UTC",

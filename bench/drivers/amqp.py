@@ -45,7 +45,6 @@ from common import (
     SEQ_BYTES,
     STAMP_BYTES,
     ConsumerStats,
-    Numbers,
     ProducerStats,
     Worker,
     WorkerTimeout,
@@ -57,6 +56,8 @@ from common import (
     run_loop,
     wait_done,
 )
+
+from tandem.perf import Numbers
 
 CLIENT = "tandem-amqp (asyncio.Protocol + pamqp 4, struct hot path)"
 CHANNEL = 1
@@ -492,7 +493,7 @@ class Consumer(AmqpClient):
             now = time.monotonic_ns()
             self.latencies.append(now - _U64.unpack_from(buf, start)[0])
             if self.numbers is not None:
-                self.numbers.mark(_U64.unpack_from(buf, start + STAMP_BYTES)[0])
+                self.numbers.add(_U64.unpack_from(buf, start + STAMP_BYTES)[0])
             if not self.received:
                 self.stats.first_recv_ns = now
             self.stats.last_recv_ns = now
@@ -556,7 +557,8 @@ async def _consumer_main(worker: Worker, stats: ConsumerStats) -> None:
             proto.stats.received = proto.received
             if proto.numbers is not None:
                 proto.stats.numbers = bytes(proto.numbers.bits)
-                proto.stats.duplicates = proto.numbers.duplicates + proto.numbers.strays
+                proto.stats.duplicates = proto.numbers.duplicates
+                proto.stats.strays = proto.numbers.strays
     finally:
         await proto.close()
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from typing import Any, cast
 
+from tandem.perf import Numbers  # the bitmap of --verify, shared with `tandem perf consumer --verify`
+
 STAMP_BYTES = 8
 SEQ_BYTES = 8  # after the stamp, bodies of 16 bytes or more carry the message's number in the run
 READY_TIMEOUT_S = 60.0
@@ -119,39 +121,21 @@ class ConsumerStats:
     latencies: array[int] = field(default_factory=lambda: array("q"))
     numbers: bytes = b""  # --verify: a bitmap of the message numbers received
     duplicates: int = 0  # --verify: numbers received again
-
-
-class Numbers:
-    """--verify: which message numbers a consumer got (one bit each), and how many came twice."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.bits = bytearray((count + 7) // 8)
-        self.duplicates = 0
-        self.strays = 0
-
-    def mark(self, n: int) -> None:
-        if not 0 <= n < self.count:
-            self.strays += 1
-            return
-        byte, bit = n >> 3, 1 << (n & 7)
-        if self.bits[byte] & bit:
-            self.duplicates += 1
-        else:
-            self.bits[byte] |= bit
+    strays: int = 0  # --verify: numbers outside 0 .. count-1
 
 
 def merge_numbers(count: int, cons: list[ConsumerStats]) -> dict[str, Any]:
-    """All consumers' bitmaps together: what is missing, and what arrived more than once."""
-    merged = bytearray((count + 7) // 8)
-    duplicates = sum(s.duplicates for s in cons)
+    """All consumers' bitmaps together (tandem perf's report): what is missing, what came twice."""
+    merged = Numbers(count)
+    bits = merged.bits
+    merged.duplicates = sum(s.duplicates for s in cons)
     for s in cons:
         for i, v in enumerate(s.numbers):
-            duplicates += bin(merged[i] & v).count("1")
-            merged[i] |= v
-    distinct = sum(bin(v).count("1") for v in merged)
-    first_missing = [n for n in range(count) if not merged[n >> 3] >> (n & 7) & 1][:10] if distinct < count else []
-    return {"distinct": distinct, "missing": count - distinct, "duplicates": duplicates, "first_missing": first_missing}
+            merged.duplicates += (bits[i] & v).bit_count()
+            bits[i] |= v
+    merged.seen = sum(v.bit_count() for v in bits)
+    merged.strays = sum(s.strays for s in cons)
+    return merged.report()
 
 
 def add_common_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -471,10 +455,10 @@ def _report(
     }
     if getattr(args, "verify", False) and cons:
         nums = report["numbers"] = merge_numbers(args.count, cons)
-        if nums["missing"] or nums["duplicates"]:
+        if nums["missing"] or nums["duplicates"] or nums["strays"]:
             raise SystemExit(
                 f"error: {nums['missing']} message numbers missing (first: {nums['first_missing']}), "
-                f"{nums['duplicates']} received twice"
+                f"{nums['duplicates']} received twice, {nums['strays']} out of range"
             )
     return report
 

@@ -155,10 +155,13 @@ class Numbers:
         self.strays = 0  # too short to carry a number, or a number outside 0..count-1
 
     def mark(self, body: bytes) -> None:
+        """Count the number a body carries."""
         if len(body) < STAMP_SEQ.size:
             self.strays += 1
             return
-        n = STAMP_SEQ.unpack_from(body)[1]
+        self.add(STAMP_SEQ.unpack_from(body)[1])
+
+    def add(self, n: int) -> None:
         if not 0 <= n < self.count:
             self.strays += 1
             return
