@@ -53,6 +53,7 @@ from replication import print_targets, say  # noqa: E402
 
 MIB = 1 << 20
 QUEUE = "paging"
+DISK_OVERHEAD = 512  # bytes a message takes on disk beyond its body at the peak (measured ~200), either broker
 
 
 class Watch(threading.Thread):
@@ -197,6 +198,8 @@ def tandem_part(a: argparse.Namespace, part: dict[str, Any], name: str, count: i
         say(f"tandem {name} filled: {json.dumps(part['after_fill'])}, RSS {part['rss_after_fill_mib']} MiB")
         if stat["message_count"] != count:
             raise RuntimeError(f"{stat['message_count']} messages queued after {count:,} confirmed sends")
+        if name == "in-memory" and (stat["paging"] or stat["paged_count"]):
+            raise RuntimeError(f"the in-memory broker paged: {part['after_fill']}")
         drain = [*perf, "consumer", *common, "--consumers", str(a.consumers), "--verify"]
         drain += ["--consumer-window", str(256 * 1024)]
         part["drain"] = _drive(drain, f"tandem {name} drain", count, depth, b.pid, a)
@@ -298,13 +301,18 @@ def targets(a: argparse.Namespace, parts: dict[str, dict[str, Any]]) -> list[dic
     return out
 
 
-def _run(fn: Callable[[dict[str, Any]], None], name: str) -> dict[str, Any]:
-    """One part; a failure is recorded with what was measured before it (and printed), and the run
-    goes on with the next part."""
+def _run(fn: Callable[[dict[str, Any]], None], name: str, count: int, a: argparse.Namespace) -> dict[str, Any]:
+    """One part, once the disk has room for it; a failure is recorded with what was measured before
+    it (and printed), and the run goes on with the next part."""
     part: dict[str, Any] = {"part": name}
+    need = count * (a.size + DISK_OVERHEAD) + 2 * 2**30
+    free = shutil.disk_usage(a.workdir).free
     try:
+        if free < need:
+            raise RuntimeError(f"{count:,} messages need about {need / 2**30:.0f} GiB free in {a.workdir}: "
+                               f"{free / 2**30:.1f} GiB (--workdir)")  # fmt: skip
         fn(part)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: a driver module's missing dependency (pamqp)
         say(f"{name} FAILED: {exc}")
         part["error"] = f"{type(exc).__name__}: {exc}"
     return part
@@ -330,24 +338,26 @@ def main() -> int:
     if a.size < 16:
         raise SystemExit("--size must be at least 16 (the send stamp and the message number)")
     wanted = set(a.parts.split(","))
-    free = shutil.disk_usage(a.workdir).free
-    say(f"workdir {a.workdir}: {free / 2**30:.1f} GiB free")
+    say(f"workdir {a.workdir}: {shutil.disk_usage(a.workdir).free / 2**30:.1f} GiB free")
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     parts: dict[str, dict[str, Any]] = {}
-    if "in-memory" in wanted:
-        toml = "global-max-size = -1\n"
-        parts["in-memory"] = _run(lambda p: tandem_part(a, p, "in-memory", a.memory_messages, toml), "in-memory")
-    if "paged" in wanted:
-        toml = (
-            f'global-max-size = {a.global_max_size * MIB}\n[address-settings."{QUEUE}"]\naddress-full-policy = "PAGE"\n'
-        )
-        parts["paged"] = _run(lambda p: tandem_part(a, p, "paged", a.messages, toml), "paged")
-    if "rabbitmq" in wanted:
-        if a.skip_rabbitmq:
-            parts["rabbitmq"] = {"part": "rabbitmq", "skipped": True, "why": "--skip-rabbitmq"}
+    paged_toml = (
+        f'global-max-size = {a.global_max_size * MIB}\n[address-settings."{QUEUE}"]\naddress-full-policy = "PAGE"\n'
+    )
+    plan: list[tuple[str, int, Callable[[dict[str, Any]], None]]] = [
+        ("in-memory", a.memory_messages,
+         lambda p: tandem_part(a, p, "in-memory", a.memory_messages, "global-max-size = -1\n")),
+        ("paged", a.messages, lambda p: tandem_part(a, p, "paged", a.messages, paged_toml)),
+        ("rabbitmq", a.messages, lambda p: rabbitmq_part(a, p)),
+    ]  # fmt: skip
+    for name, count, fn in plan:
+        if name not in wanted:
+            continue
+        if name == "rabbitmq" and a.skip_rabbitmq:
+            parts[name] = {"part": name, "skipped": True, "why": "--skip-rabbitmq"}
         else:
-            parts["rabbitmq"] = _run(lambda p: rabbitmq_part(a, p), "rabbitmq")
-    tg = targets(a, parts)
+            parts[name] = _run(fn, name, count, a)
+        write(a, started, parts)  # after each part: a run cut short keeps what it measured
     print()
     for name, p in parts.items():
         if "produce" in p and "drain" in p and "error" not in p:
@@ -356,7 +366,12 @@ def main() -> int:
         else:
             print(f"{name:10} {p.get('error') or p.get('why')}")
     print()
-    print_targets(tg)
+    print_targets(targets(a, parts))
+    say(f"written {write(a, started, parts)}")
+    return 1 if any("error" in p for p in parts.values()) else 0
+
+
+def write(a: argparse.Namespace, started: str, parts: dict[str, dict[str, Any]]) -> Path:
     result = {
         "benchmark": "paging",
         "date": started + " UTC",
@@ -373,14 +388,13 @@ def main() -> int:
             "window": 256,
             "global_max_size_mib": a.global_max_size,
         },
-        "targets": tg,
+        "targets": targets(a, parts),
         "parts": parts,
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    say(f"written {out}")
-    return 1 if any("error" in p for p in parts.values()) else 0
+    return out
 
 
 if __name__ == "__main__":
