@@ -50,6 +50,7 @@ from brokers.tandem import TandemBroker  # noqa: E402
 from drivers.common import _proc_cpu_s  # noqa: E402
 from memory import _cpu  # noqa: E402
 from replication import print_targets, say  # noqa: E402
+from tandem.testing.procs import memory  # noqa: E402
 
 MIB = 1 << 20
 QUEUE = "paging"
@@ -70,7 +71,7 @@ class Watch(threading.Thread):
     def run(self) -> None:
         tick = 0
         while not self._halt.wait(0.1):
-            self.peak_rss = max(self.peak_rss, _status_kib(self.pid, "VmRSS") * 1024)
+            self.peak_rss = max(self.peak_rss, _mem(self.pid, "VmRSS"))
             if tick % 10 == 0:
                 self.peak_disk = max(self.peak_disk, _du(self.directory))
             tick += 1
@@ -81,14 +82,12 @@ class Watch(threading.Thread):
         self.peak_disk = max(self.peak_disk, _du(self.directory))
 
 
-def _status_kib(pid: int, key: str) -> int:
+def _mem(pid: int, key: str) -> int:
+    """VmRSS or VmHWM in bytes; 0 once the process is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return memory(pid, key)
+    except (OSError, LookupError):
+        return 0
 
 
 def _du(path: Path) -> int:
@@ -194,7 +193,7 @@ def tandem_part(a: argparse.Namespace, part: dict[str, Any], name: str, count: i
         part["produce"] = _drive(fill, f"tandem {name} fill", count, depth, b.pid, a)
         stat = _manage(b.url, "queue.stat", name=QUEUE)[0]
         part["after_fill"] = {k: stat[k] for k in ("message_count", "paging", "paged_count", "memory_bytes")}
-        part["rss_after_fill_mib"] = round(_status_kib(b.pid, "VmRSS") / 1024, 1)
+        part["rss_after_fill_mib"] = round(_mem(b.pid, "VmRSS") / MIB, 1)
         say(f"tandem {name} filled: {json.dumps(part['after_fill'])}, RSS {part['rss_after_fill_mib']} MiB")
         if stat["message_count"] != count:
             raise RuntimeError(f"{stat['message_count']} messages queued after {count:,} confirmed sends")
@@ -208,7 +207,7 @@ def tandem_part(a: argparse.Namespace, part: dict[str, Any], name: str, count: i
         if left:
             raise RuntimeError(f"{left} messages still queued after the drain")
     finally:
-        part["peak_rss_bytes"] = _status_kib(b.pid, "VmHWM") * 1024
+        part["peak_rss_bytes"] = _mem(b.pid, "VmHWM")
         watch.stop()
         b.cleanup()
         shutil.rmtree(data, ignore_errors=True)
@@ -248,7 +247,7 @@ def rabbitmq_part(a: argparse.Namespace, part: dict[str, Any]) -> None:
         part["after_fill"] = {"message_count": queued}
         # What the node says the queue is (its x-queue-mode and x-queue-version arguments).
         part["queue"] = node.ctl("list_queues", "name", "arguments", "messages", "--no-table-headers").strip()
-        part["rss_after_fill_mib"] = round(_status_kib(vm, "VmRSS") / 1024, 1)
+        part["rss_after_fill_mib"] = round(_mem(vm, "VmRSS") / MIB, 1)
         if queued != a.messages:
             raise RuntimeError(f"RabbitMQ holds {queued} messages after {a.messages:,} confirmed sends")
         drain = [*amqp, "--producers", "0", "--consumers", str(a.consumers), "--no-prepare", "--ack", "multiple"]
@@ -257,7 +256,7 @@ def rabbitmq_part(a: argparse.Namespace, part: dict[str, Any]) -> None:
         if part["left_after_drain"]:
             raise RuntimeError(f"{part['left_after_drain']} messages still queued after the drain")
     finally:
-        part["peak_rss_bytes"] = _status_kib(vm, "VmHWM") * 1024 if vm else 0
+        part["peak_rss_bytes"] = _mem(vm, "VmHWM") if vm else 0
         if watch is not None:
             watch.stop()
             part["peak_rss_polled_bytes"] = watch.peak_rss
