@@ -304,7 +304,6 @@ def run_benchmark(
         broker_cpu0 = _proc_cpu_s(args.broker_pid) if args.broker_pid else math.nan
         system0 = _system_busy_s()
         wall0 = time.monotonic()
-        start_ns = time.monotonic_ns()
         shared.start.set()
         deadline = wall0 + args.timeout
         while len(stats) < len(procs):
@@ -327,7 +326,7 @@ def run_benchmark(
     finally:
         shared.abort.set()
         _collect_stragglers(shared, procs, stats)
-    report = _report(args, client, stats, wall, broker_cpu, start_ns)
+    report = _report(args, client, stats, wall, broker_cpu)
     # Everything busy on the machine during the run, in % of one core (2
     # cores = 200%): compare with broker + clients to spot foreign load.
     report["cpu_pct"]["system"] = None if math.isnan(system_cpu) else round(100 * system_cpu / wall, 1)
@@ -387,7 +386,6 @@ def _report(
     stats: dict[tuple[str, int], ProducerStats | ConsumerStats],
     wall: float,
     broker_cpu: float,
-    start_ns: int,
 ) -> dict[str, Any]:
     """Check completeness and build the JSON report."""
     ordered = [stats[key] for key in sorted(stats)]
@@ -412,7 +410,9 @@ def _report(
         problems.append("worker error: " + errors[0])
     if problems:
         raise SystemExit("error: " + "; ".join(problems))
-    first = min(s.first_send_ns for s in prods) if prods else start_ns
+    # Drain only: from the first receipt (consumers ack what they get from the moment they
+    # subscribe, before the start signal; the start signal would miss that part of the drain).
+    first = min(s.first_send_ns for s in prods) if prods else min(s.first_recv_ns for s in cons if s.received)
     last = max(s.last_recv_ns for s in cons) if cons else max(s.last_confirm_ns for s in prods)
     duration = (last - first) / 1e9
     lat = array("q")
