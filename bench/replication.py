@@ -57,6 +57,13 @@ def say(msg: str) -> None:
     print(f"[{time.monotonic() - T0:7.1f}s] {msg}", flush=True)
 
 
+def print_targets(targets: list[dict[str, Any]]) -> None:
+    """One line a target: met, NOT met, or n/a (`met` None: a part skipped or failed)."""
+    for x in targets:
+        met = {True: "met    ", False: "NOT met", None: "n/a    "}[x["met"]]
+        print(f"{met}  {x['what']}: {x['value']} (target {x['target']})")
+
+
 def _fmt(r: dict[str, Any]) -> str:
     lat, conf = r["latency_ms"], r.get("confirm_latency_ms") or {"p50": 0, "p99": 0}
     return (
@@ -444,8 +451,7 @@ def main() -> int:
         print(f"{r['mode']:24} {r['pair']:5} {r['msgs_per_s']:>9,} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
               f"{r['confirm_p50_ms']:8.2f} {r['confirm_p99_ms']:8.2f}  {r['all_msgs_per_s']}")  # fmt: skip
     print()
-    for x in tg:
-        print(f"{'met    ' if x['met'] else 'NOT met'}  {x['what']}: {x['value']} (target {x['target']})")
+    print_targets(tg)
     result = {
         "benchmark": "replication",
         "date": started + " UTC",

@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (
+    SEQ_BYTES,
     STAMP_BYTES,
     ConsumerStats,
     ProducerStats,
@@ -55,6 +56,8 @@ from common import (
     run_loop,
     wait_done,
 )
+
+from tandem.perf import Numbers
 
 CLIENT = "tandem-amqp (asyncio.Protocol + pamqp 4, struct hot path)"
 CHANNEL = 1
@@ -279,9 +282,10 @@ async def connect(host: str, port: int, factory: type[AmqpClient], *args: Any) -
 class Producer(AmqpClient):
     """Publishes ``count`` persistent messages with at most ``window`` unconfirmed."""
 
-    def __init__(self, queue: str, size: int, count: int, window: int) -> None:
+    def __init__(self, queue: str, size: int, count: int, window: int, first: int = 0) -> None:
         """Pre-encode the constant parts of every publish."""
         super().__init__()
+        self.first = first  # the number of this producer's first message (after the stamp, if the body has room)
         self.queue = queue
         self.size = size
         self.count = count
@@ -315,6 +319,9 @@ class Producer(AmqpClient):
             part = body[pos : pos + chunk]
             tail += [_FRAME_HEADER.pack(3, CHANNEL, len(part)), part, FRAME_END_BYTE]
         self.tail = b"".join(tail)
+        self.numbered = first_len >= STAMP_BYTES + SEQ_BYTES
+        if self.numbered:
+            self.tail = self.tail[SEQ_BYTES:]
 
     async def setup(self) -> None:
         """Enable publisher confirms."""
@@ -334,10 +341,17 @@ class Producer(AmqpClient):
             return
         prefix, tail, now, sent = self.prefix, self.tail, time.monotonic_ns, self.sent_ns
         parts: list[bytes] = []
-        for _ in range(n):
-            t = now()
-            sent.append(t)
-            parts += (prefix, t.to_bytes(8, "big"), tail)
+        if self.numbered:
+            seq = self.first + self.published
+            for i in range(seq, seq + n):
+                t = now()
+                sent.append(t)
+                parts += (prefix, t.to_bytes(8, "big"), i.to_bytes(8, "big"), tail)
+        else:
+            for _ in range(n):
+                t = now()
+                sent.append(t)
+                parts += (prefix, t.to_bytes(8, "big"), tail)
         self.published += n
         self.transport.write(b"".join(parts))
 
@@ -396,7 +410,9 @@ class Producer(AmqpClient):
 async def _producer_main(worker: Worker, stats: ProducerStats) -> None:
     """Connect, publish, wait for all confirms, close."""
     args = worker.args
-    proto = await connect(args.host, args.port, Producer, args.queue, args.size, worker.count, args.window)
+    proto = await connect(
+        args.host, args.port, Producer, args.queue, args.size, worker.count, args.window, worker.first
+    )
     assert isinstance(proto, Producer)
     stats.server = proto.server
     try:
@@ -442,6 +458,7 @@ class Consumer(AmqpClient):
         self.want_stamp = False
         self.tag = 0
         self.acks: list[bytes] = []
+        self.numbers = Numbers(worker.count) if getattr(worker.args, "verify", False) else None
         self.done: asyncio.Future[None] = self.loop.create_future()
 
     async def setup(self) -> None:
@@ -475,6 +492,8 @@ class Consumer(AmqpClient):
             self.want_stamp = False
             now = time.monotonic_ns()
             self.latencies.append(now - _U64.unpack_from(buf, start)[0])
+            if self.numbers is not None:
+                self.numbers.add(_U64.unpack_from(buf, start + STAMP_BYTES)[0])
             if not self.received:
                 self.stats.first_recv_ns = now
             self.stats.last_recv_ns = now
@@ -536,6 +555,10 @@ async def _consumer_main(worker: Worker, stats: ConsumerStats) -> None:
             handle[0].cancel()
             proto.stats.cpu_s = time.process_time() - cpu0
             proto.stats.received = proto.received
+            if proto.numbers is not None:
+                proto.stats.numbers = bytes(proto.numbers.bits)
+                proto.stats.duplicates = proto.numbers.duplicates
+                proto.stats.strays = proto.numbers.strays
     finally:
         await proto.close()
 
@@ -548,19 +571,24 @@ def consumer(worker: Worker, stats: ConsumerStats) -> None:
 # -- queue preparation ---------------------------------------------------
 
 
+#: ``--queue-type``: the arguments each kind of queue is declared with.
+QUEUE_ARGUMENTS: dict[str, dict[str, Any] | None] = {
+    "classic": None,
+    "quorum": {"x-queue-type": "quorum"},
+    # Classic queue, version 2 storage, lazy: messages go to disk as they arrive (RabbitMQ 3.10+).
+    "classic-v2-lazy": {"x-queue-mode": "lazy", "x-queue-version": 2},
+}
+
+
 async def _reset_queue(host: str, port: int, queue: str, queue_type: str = "classic") -> None:
-    """Delete ``queue`` and declare it again as a durable classic (or quorum) queue."""
+    """Delete ``queue`` and declare it again as a durable queue of ``queue_type`` (QUEUE_ARGUMENTS)."""
     proto = await connect(host, port, AmqpClient)
     try:
         await proto.rpc(commands.Queue.Delete(queue=queue), CHANNEL, commands.Queue.DeleteOk)
         await proto.rpc(
             # Durable, not auto-delete, no arguments: a classic queue, exactly
             # what RabbitMQ's STOMP plugin itself declares for /queue/NAME.
-            commands.Queue.Declare(
-                queue=queue,
-                durable=True,
-                arguments={"x-queue-type": "quorum"} if queue_type == "quorum" else None,
-            ),
+            commands.Queue.Declare(queue=queue, durable=True, arguments=QUEUE_ARGUMENTS[queue_type]),
             CHANNEL,
             commands.Queue.DeclareOk,
         )
@@ -571,6 +599,21 @@ async def _reset_queue(host: str, port: int, queue: str, queue_type: str = "clas
 def reset_queue(host: str, port: int, queue: str, queue_type: str = "classic") -> None:
     """Synchronous wrapper of :func:`_reset_queue` (used by the harness too)."""
     asyncio.run(_reset_queue(host, port, queue, queue_type))
+
+
+async def _queue_depth(host: str, port: int, queue: str) -> int:
+    proto = await connect(host, port, AmqpClient)
+    try:
+        ok = await proto.rpc(commands.Queue.Declare(queue=queue, passive=True), CHANNEL, commands.Queue.DeclareOk)
+        assert isinstance(ok, commands.Queue.DeclareOk)
+        return int(ok.message_count)
+    finally:
+        await proto.close()
+
+
+def queue_depth(host: str, port: int, queue: str) -> int:
+    """Messages ready in ``queue`` (a passive Queue.Declare): progress of a fill or a drain."""
+    return asyncio.run(_queue_depth(host, port, queue))
 
 
 def prepare(args: argparse.Namespace) -> None:
@@ -592,9 +635,15 @@ def main() -> None:
     parser.add_argument("--no-prepare", action="store_true", help="do not delete/declare the queue first")
     parser.add_argument(
         "--queue-type",
-        choices=("classic", "quorum"),
+        choices=tuple(QUEUE_ARGUMENTS),
         default="classic",
-        help="declare the queue with x-queue-type: quorum (replicated over the cluster's nodes)",
+        help="quorum: x-queue-type quorum (replicated over the cluster's nodes); "
+        "classic-v2-lazy: x-queue-mode lazy, x-queue-version 2",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="consumers check every message number 0..count-1 arrives exactly once (a bitmap)",
     )
     args = parser.parse_args()
     report = run_benchmark(args, CLIENT, producer, consumer, prepare)

@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from typing import Any, cast
 
+from tandem.perf import Numbers  # the bitmap of --verify, shared with `tandem perf consumer --verify`
+
 STAMP_BYTES = 8
+SEQ_BYTES = 8  # after the stamp, bodies of 16 bytes or more carry the message's number in the run
 READY_TIMEOUT_S = 60.0
 
 
@@ -62,6 +65,7 @@ class Worker:
     count: int  # messages to send (producer) or the run's total (consumer)
     args: argparse.Namespace
     shared: Shared
+    first: int = 0  # producer: the number of its first message (the run's are 0 .. count-1)
 
     def ready(self) -> None:
         """Tell the parent this worker is connected and set up."""
@@ -115,6 +119,23 @@ class ConsumerStats:
     error: str = ""
     timed_out: bool = False
     latencies: array[int] = field(default_factory=lambda: array("q"))
+    numbers: bytes = b""  # --verify: a bitmap of the message numbers received
+    duplicates: int = 0  # --verify: numbers received again
+    strays: int = 0  # --verify: numbers outside 0 .. count-1
+
+
+def merge_numbers(count: int, cons: list[ConsumerStats]) -> dict[str, Any]:
+    """All consumers' bitmaps together (tandem perf's report): what is missing, what came twice."""
+    merged = Numbers(count)
+    bits = merged.bits
+    merged.duplicates = sum(s.duplicates for s in cons)
+    for s in cons:
+        for i, v in enumerate(s.numbers):
+            merged.duplicates += (bits[i] & v).bit_count()
+            bits[i] |= v
+    merged.seen = sum(v.bit_count() for v in bits)
+    merged.strays = sum(s.strays for s in cons)
+    return merged.report()
 
 
 def add_common_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -144,9 +165,16 @@ def check_args(args: argparse.Namespace) -> None:
     """Reject option values the drivers cannot honour."""
     if args.size < STAMP_BYTES:
         raise SystemExit("--size must be at least 8 (the send stamp)")
-    for name in ("producers", "consumers", "count", "window", "prefetch"):
+    for name in ("count", "window", "prefetch"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be at least 1")
+    for name in ("producers", "consumers"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name} must be at least 0")
+    if args.producers + args.consumers == 0:
+        raise SystemExit("--producers and --consumers cannot both be 0")
+    if getattr(args, "verify", False) and args.size < STAMP_BYTES + SEQ_BYTES:
+        raise SystemExit("--verify needs --size of at least 16 (the stamp and the number)")
     if args.count < args.producers:
         raise SystemExit("--count must be at least --producers")
 
@@ -254,9 +282,10 @@ def run_benchmark(
         received=cast(ctypes.Array[ctypes.c_longlong], ctx.Array(ctypes.c_longlong, args.consumers, lock=False)),
         results=ctx.Queue(),
     )
-    base, extra = divmod(args.count, args.producers)
+    base, extra = divmod(args.count, max(args.producers, 1))
     workers = [Worker("consumer", i, args.count, args, shared) for i in range(args.consumers)] + [
-        Worker("producer", i, base + (1 if i < extra else 0), args, shared) for i in range(args.producers)
+        Worker("producer", i, base + (1 if i < extra else 0), args, shared, first=i * base + min(i, extra))
+        for i in range(args.producers)
     ]
     procs = [
         ctx.Process(
@@ -371,7 +400,8 @@ def _report(
         problems.append(
             f"only {len(prods)}/{args.producers} producers and {len(cons)}/{args.consumers} consumers reported"
         )
-    if received != args.count or confirmed != args.count:
+    # A producer-only run (--consumers 0) fills the queue; a consumer-only one (--producers 0) drains it.
+    if (args.consumers and received != args.count) or (args.producers and confirmed != args.count):
         problems.append(
             f"after {wall:.1f}s (timeout {args.timeout:.0f}s): received {received} "
             f"and confirmed {confirmed} of {args.count} messages"
@@ -380,8 +410,10 @@ def _report(
         problems.append("worker error: " + errors[0])
     if problems:
         raise SystemExit("error: " + "; ".join(problems))
-    first = min(s.first_send_ns for s in prods)
-    last = max(s.last_recv_ns for s in cons)
+    # Drain only: from the first receipt (consumers ack what they get from the moment they
+    # subscribe, before the start signal; the start signal would miss that part of the drain).
+    first = min(s.first_send_ns for s in prods) if prods else min(s.first_recv_ns for s in cons if s.received)
+    last = max(s.last_recv_ns for s in cons) if cons else max(s.last_confirm_ns for s in prods)
     duration = (last - first) / 1e9
     lat = array("q")
     for s in cons:
@@ -392,7 +424,7 @@ def _report(
         confirm.extend(p.confirm_latencies)
     confirm = array("q", sorted(confirm))
     servers = [s.server for s in both if s.server]
-    return {
+    report: dict[str, Any] = {
         "broker": args.broker or (servers[0] if servers else "unknown"),
         "client": client,
         "producers": args.producers,
@@ -406,7 +438,7 @@ def _report(
             "p50": round(percentile(lat, 0.50) / 1e6, 3),
             "p99": round(percentile(lat, 0.99) / 1e6, 3),
             "p999": round(percentile(lat, 0.999) / 1e6, 3),
-            "max": round(float(lat[-1]) / 1e6, 3),
+            "max": round(float(lat[-1]) / 1e6, 3) if lat else 0.0,
         },
         "confirm_latency_ms": {
             "p50": round(percentile(confirm, 0.50) / 1e6, 3),
@@ -421,6 +453,14 @@ def _report(
         },
         "loop": args.loop,
     }
+    if getattr(args, "verify", False) and cons:
+        nums = report["numbers"] = merge_numbers(args.count, cons)
+        if nums["missing"] or nums["duplicates"] or nums["strays"]:
+            raise SystemExit(
+                f"error: {nums['missing']} message numbers missing (first: {nums['first_missing']}), "
+                f"{nums['duplicates']} received twice, {nums['strays']} out of range"
+            )
+    return report
 
 
 def print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:

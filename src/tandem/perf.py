@@ -22,6 +22,7 @@ from collections import deque
 from typing import Any
 
 STAMP = struct.Struct(">q")
+STAMP_SEQ = struct.Struct(">qq")  # the send stamp, then the message's number in the run (0 .. count-1)
 
 
 def add_parser(sub: Any) -> None:
@@ -36,6 +37,10 @@ def add_parser(sub: Any) -> None:
         x.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         x.add_argument("--no-progress", action="store_true")
         x.add_argument("--tx-batch", type=int, default=0, help="send / acknowledge in transactions of N")
+        if mode in ("consumer", "pair"):
+            x.add_argument(
+                "--verify", action="store_true", help="check every message number 0..count-1 arrives exactly once"
+            )
         if mode in ("producer", "pair"):
             x.add_argument("--dedup", action="store_true", help="give every message a dedup id")
             x.add_argument("--producers", type=int, default=1)
@@ -65,7 +70,10 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 # ------------------------------------------------------------------ producers
-async def _produce(args: dict[str, Any], index: int, count: int, sent: Any, confirm_lat: array[int]) -> None:
+async def _produce(
+    args: dict[str, Any], index: int, first: int, count: int, sent: Any, confirm_lat: array[int]
+) -> None:
+    """Send `count` messages numbered from `first` (after the stamp, when the body has room)."""
     from .client.connection import connect
     from .client.message import Message
 
@@ -74,7 +82,9 @@ async def _produce(args: dict[str, Any], index: int, count: int, sent: Any, conf
     conn = await connect(args["url"], send_window=args["window"], auto_dedup=False)
     session = await conn.create_session(transacted=tx_batch > 0)
     prod = session.create_producer(queue)
-    pad = b"x" * max(size - STAMP.size, 0)
+    numbered = size >= STAMP_SEQ.size
+    pad = b"x" * max(size - (STAMP_SEQ.size if numbered else STAMP.size), 0)
+    pack = STAMP_SEQ.pack
     durable = args["durable"]
     dedup = f"{args['run_id']}-{index}-" if args.get("dedup") else None
     errors: list[BaseException] = []
@@ -97,7 +107,7 @@ async def _produce(args: dict[str, Any], index: int, count: int, sent: Any, conf
         if not prod.has_room(queue, size):
             await prod.ready(queue, size)  # stamp after waiting for window and credit: latency is broker + network
         stamp = mono()
-        body = STAMP.pack(stamp) + pad
+        body = (pack(stamp, first + i) if numbered else STAMP.pack(stamp)) + pad
         if not tx_batch:
             stamps.append(stamp)
         prod.send_nowait(Message(body, durable=durable, dedup_id=f"{dedup}{i}" if dedup else None), done)
@@ -122,7 +132,8 @@ def _producer_proc(args: dict[str, Any], sent: Any, out: Any, start: Any) -> Non
         t0 = time.monotonic_ns()
         counts = _split(args["count"], args["producers"])
         lat: array[int] = array("q")
-        await asyncio.gather(*(_produce(args, i, n, sent, lat) for i, n in enumerate(counts)))
+        firsts = [sum(counts[:i]) for i in range(len(counts))]
+        await asyncio.gather(*(_produce(args, i, firsts[i], n, sent, lat) for i, n in enumerate(counts)))
         return {"first_send_ns": t0, "last_confirm_ns": time.monotonic_ns(), "confirm_lat": lat.tobytes()}
 
     try:
@@ -132,6 +143,55 @@ def _producer_proc(args: dict[str, Any], sent: Any, out: Any, start: Any) -> Non
 
 
 # ------------------------------------------------------------------ consumers
+class Numbers:
+    """Which message numbers (STAMP_SEQ) arrived, in a bitmap: `--verify` finds a lost or doubled
+    message among millions for one bit each."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.bits = bytearray((count + 7) // 8)
+        self.seen = 0
+        self.duplicates = 0
+        self.strays = 0  # too short to carry a number, or a number outside 0..count-1
+
+    def mark(self, body: bytes) -> None:
+        """Count the number a body carries."""
+        if len(body) < STAMP_SEQ.size:
+            self.strays += 1
+            return
+        self.add(STAMP_SEQ.unpack_from(body)[1])
+
+    def add(self, n: int) -> None:
+        if not 0 <= n < self.count:
+            self.strays += 1
+            return
+        byte, bit = n >> 3, 1 << (n & 7)
+        if self.bits[byte] & bit:
+            self.duplicates += 1
+        else:
+            self.bits[byte] |= bit
+            self.seen += 1
+
+    def missing(self, most: int = 10) -> list[int]:
+        """The first `most` numbers that never arrived."""
+        out: list[int] = []
+        for byte, v in enumerate(self.bits):
+            if v != 0xFF:
+                out += [n for n in range(byte * 8, min(byte * 8 + 8, self.count)) if not v >> (n & 7) & 1]
+                if len(out) >= most:
+                    break
+        return out[:most]
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "distinct": self.seen,
+            "missing": self.count - self.seen,
+            "duplicates": self.duplicates,
+            "strays": self.strays,
+            "first_missing": self.missing(),
+        }
+
+
 async def _open_consumer(url: str, queue: str, window: int, transacted: bool) -> Any:
     from .client.connection import connect
 
@@ -141,7 +201,14 @@ async def _open_consumer(url: str, queue: str, window: int, transacted: bool) ->
 
 
 async def _consume(
-    conn: Any, consumer: Any, count: int, recv: Any, lat: array[int], deadline: float, tx_batch: int
+    conn: Any,
+    consumer: Any,
+    count: int,
+    recv: Any,
+    lat: array[int],
+    deadline: float,
+    tx_batch: int,
+    numbers: Numbers | None = None,
 ) -> int:
     got = 0
     uncommitted = 0
@@ -157,6 +224,8 @@ async def _consume(
         if msg is None:
             break
         append(mono() - unpack(msg.body)[0])
+        if numbers is not None:
+            numbers.mark(msg.body)
         got += 1
         batch += 1
         uncommitted += 1
@@ -165,6 +234,8 @@ async def _consume(
             if m2 is None:
                 break
             append(mono() - unpack(m2.body)[0])
+            if numbers is not None:
+                numbers.mark(m2.body)
             got += 1
             batch += 1
             uncommitted += 1
@@ -190,12 +261,13 @@ def _consumer_proc(args: dict[str, Any], recv: Any, out: Any, ready: Any) -> Non
         lats = [array("q") for _ in range(args["consumers"])]
         counts = _split(args["count"], args["consumers"])
         tx = args["tx_batch"]
+        numbers = Numbers(args["count"]) if args.get("verify") else None
         opened = [await _open_consumer(args["url"], args["queue"], args["consumer_window"], tx > 0) for _ in counts]
         ready.set()
         started = time.monotonic_ns()
         got = await asyncio.gather(
             *(
-                _consume(c, k, n, recv, lats[i], deadline, tx)
+                _consume(c, k, n, recv, lats[i], deadline, tx, numbers)
                 for i, ((c, k), n) in enumerate(zip(opened, counts, strict=True))
             )
         )
@@ -207,6 +279,7 @@ def _consumer_proc(args: dict[str, Any], recv: Any, out: Any, ready: Any) -> Non
             "started_ns": started,
             "last_receive_ns": time.monotonic_ns(),
             "lat": merged.tobytes(),
+            "numbers": numbers.report() if numbers is not None else None,
         }
 
     try:
@@ -326,6 +399,13 @@ def main(a: argparse.Namespace) -> int:
         dur = (cons["last_receive_ns"] - first) / 1e9
         result.update(received=cons["received"], latency_ms=percentiles(lat))
         result.update(msgs_per_s=round(cons["received"] / dur, 1) if dur > 0 else 0.0, duration_s=round(dur, 3))
+        if cons.get("numbers") is not None:
+            nums = result["numbers"] = cons["numbers"]
+            if nums["missing"] or nums["duplicates"] or nums["strays"]:
+                result["error"] = (
+                    f"{nums['missing']} numbers missing (first: {nums['first_missing']}), "
+                    f"{nums['duplicates']} duplicates, {nums['strays']} strays"
+                )
         if cons["received"] < a.count:
             result["error"] = f"only {cons['received']} of {a.count} messages arrived"
     if a.json:

@@ -447,3 +447,18 @@ def test_perf_producer_then_consumer_each_report_a_rate(running: BrokerProcess) 
     consumed = json.loads(ok("perf", "consumer", *common, timeout=120).strip().splitlines()[-1])
     assert consumed["received"] == 1500 and "error" not in consumed, consumed
     assert consumed["msgs_per_s"] > 0 and consumed["duration_s"] > 0, consumed
+
+
+def test_perf_consumer_verify_counts_every_message_number_once(running: BrokerProcess) -> None:
+    """`--verify` (bench/paging.py's check) passes a complete run and names what a doubled run lacks."""
+    common = ["--url", running.url, "--queue", "perf.verify", "--json", "--no-progress", "--timeout", 60]
+    ok("perf", "producer", *common, "--count", 700, "--producers", 3, timeout=120)
+    whole = json.loads(ok("perf", "consumer", *common, "--count", 700, "--verify", timeout=120).splitlines()[-1])
+    assert whole["numbers"] == {"distinct": 700, "missing": 0, "duplicates": 0, "strays": 0, "first_missing": []}
+    for _ in range(2):  # numbers 0..299 twice: a consumer of 600 sees 300 duplicates and misses 300..599
+        ok("perf", "producer", *common, "--count", 300, timeout=120)
+    r = tandem_cli("perf", "consumer", *common, "--count", 600, "--verify", timeout=120)
+    assert r.returncode == 1, _show(r)
+    doubled = json.loads(r.stdout.splitlines()[-1])
+    assert doubled["numbers"]["duplicates"] == 300 and doubled["numbers"]["missing"] == 300, doubled
+    assert doubled["numbers"]["first_missing"][:3] == [300, 301, 302] and "error" in doubled, doubled
