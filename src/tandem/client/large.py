@@ -21,6 +21,7 @@ from ..errors import InvalidArgument, ProtocolError
 from ..protocol.large import ChunkCounter
 
 SPOOL_IN_MEMORY = 1 << 20  # a received body up to this stays in memory; beyond, a temporary file
+INFLATE_STEP = 1 << 20  # most bytes one decompression call may produce
 
 
 class Readable(Protocol):
@@ -116,12 +117,23 @@ class LargeBody:
 
     def add(self, index: int, data: bytes, last: bool) -> None:
         self.counter.chunk(index, len(data))
-        if self._inflate is not None:
-            data = self._inflate.decompress(data)
+        inflate = self._inflate
+        if inflate is None:
+            self.file.write(data)
+            self.size += len(data)
+        else:
+            # In bounded pieces: a chunk of a body that compresses well inflates a thousandfold.
+            while True:
+                out = inflate.decompress(data, INFLATE_STEP)
+                self.file.write(out)
+                self.size += len(out)
+                data = inflate.unconsumed_tail
+                if not data and len(out) < INFLATE_STEP:
+                    break
             if last:
-                data += self._inflate.flush()
-        self.file.write(data)
-        self.size += len(data)
+                out = inflate.flush()  # nothing is left by now; flush to be sure
+                self.file.write(out)
+                self.size += len(out)
         if last:
             self.counter.end(self.counter.chunks, self.counter.received)
             if not self.counter.complete:
