@@ -36,6 +36,10 @@ class StoreFollower:
         self.by_queue: dict[int, list[MessageRef]] = defaultdict(list)
         self.removed: dict[int, int] = defaultdict(int)
         self.dedup: dict[int, tuple[str, str]] = {}  # record id -> (address, dedup id), in order
+        # Messages read but not built yet (record id -> its body and live record): built at the end
+        # of each poll, so one deleted within the same poll (acknowledged at once, the common case
+        # with consumers keeping up) is never decoded at all.
+        self._unbuilt: dict[int, tuple[bytes, LiveRecord]] = {}
         self.messages_seen = 0
         self.caught_up = False  # has read everything there was at least once (warm from then on)
 
@@ -47,6 +51,7 @@ class StoreFollower:
         m = self.messages.poll()
         if m is False:
             return False
+        self._build()
         if b is None or m is None:
             return None
         self.caught_up = True
@@ -58,19 +63,17 @@ class StoreFollower:
 
     def _on_message(self, kind: int, utype: int, rid: int, body: bytes, lr: LiveRecord) -> None:
         if kind == ADD:
-            if utype == RecordType.MESSAGE and lr.obj is None:
-                rec = _dec_message.decode(body)
-                m = self.storage.make_message(rid, rec)  # a large one's file is checked at takeover
-                refs = tuple(MessageRef(m, qid, seq) for qid, seq in rec.refs)  # a tuple: untracked by the GC
-                m.durable_refs = len(refs)
-                lr.obj = refs
-                for r in refs:
-                    self.by_queue[r.queue].append(r)
+            if utype == RecordType.MESSAGE and lr.obj is None and rid not in self._unbuilt:
+                self._unbuilt[rid] = (body, lr)
                 self.messages_seen += 1
             elif utype == RecordType.DUPLICATE_ID:
                 d = _dec_dedup.decode(body)
                 self.dedup[rid] = (d.address, d.dedup_id)
-        elif kind == UPDATE and lr.obj is not None:
+        elif kind == UPDATE:
+            if rid in self._unbuilt:
+                self._build()  # (all of them: the references stay in journal order)
+            if lr.obj is None:
+                return
             if utype == RecordType.ACK:
                 qid = _dec_ack.decode(body).queue_id
                 for r in lr.obj:
@@ -85,12 +88,30 @@ class StoreFollower:
                         r.delivery_count = dc.count
         elif kind == DELETE:
             self.storage.large.record_deleted(rid)
+            if self._unbuilt.pop(rid, None) is not None:
+                return  # added and deleted within one poll: never built
             if lr.obj is not None:
                 for r in lr.obj:
                     if not r.removed:
                         r.removed = True
                         self._removed(r.queue)
             self.dedup.pop(rid, None)
+
+    def _build(self) -> None:
+        """Build the messages read so far, in journal order (a queue's references stay in order)."""
+        unbuilt = self._unbuilt
+        if not unbuilt:
+            return
+        by_queue = self.by_queue
+        for rid, (body, lr) in unbuilt.items():
+            rec = _dec_message.decode(body)
+            m = self.storage.make_message(rid, rec)  # a large one's file is checked at takeover
+            refs = tuple(MessageRef(m, qid, seq) for qid, seq in rec.refs)  # a tuple: untracked by the GC
+            m.durable_refs = len(refs)
+            lr.obj = refs
+            for r in refs:
+                by_queue[r.queue].append(r)
+        unbuilt.clear()
 
     def _removed(self, qid: int) -> None:
         n = self.removed[qid] + 1
@@ -108,5 +129,6 @@ class StoreFollower:
         mlive = self.messages.finish()
         if mlive is None:
             return None
+        self._build()
         self.storage.adopt_followed(blive, mlive, self)
         return self.storage
