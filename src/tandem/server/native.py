@@ -92,7 +92,7 @@ class NativeSession:
         # A large body complete, its file being synced off the loop (or lost with the connection
         # before it was routed): a reattach cannot resume this session (its END would count as done).
         self.sealing = False
-        self.streams: list[large.ChunkPump] = []  # large messages going out (the first is writing)
+        self.streams: list[large.BodyPump] = []  # large messages going out (the first is writing)
         self._pump_soon = False
 
     # Confirmation ordering: a command is confirmed only after every earlier one.
@@ -835,21 +835,30 @@ class NativeConnection(asyncio.Protocol):
             addr.request_credit(max(pkt.amount, 1), grant)
 
     def on_read_range(self, pkt: p.ReadRange) -> None:
-        self._session(pkt.channel)
+        s = self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
-        refs = q.read_range(pkt.start, pkt.end, pkt.limit)
-        for r in refs:
-            if r.message.large is not None:  # never a message without its body
-                raise IllegalState(
-                    f"message at sequence {r.seq} of {pkt.queue!r} is a large message: range reads do not carry them"
-                )
+        refs, more = large.cut_range(q.read_range(pkt.start, pkt.end, pkt.limit))
+        pumps = large.range_pumps(s, pkt.cmd, refs)
         # delivery_count as DELIVER counts it: this read is delivery number failed + 1
         items = [(r.seq, r.message.id, r.delivery_count + 1, _raw(r.message.raw)) for r in refs]
+        big = [(i, pump.size, pump.compressed) for i, pump in pumps]
+        result = p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items, big, more)
         # Only what is on disk may leave: a reader that keeps offsets (Spark) must never
         # process a message a crash could still take back (its producer would send it again).
-        self._send_after(
-            self.broker.storage.after_durable, p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items)
-        )
+        if not pumps:
+            self._send_after(self.broker.storage.after_durable, result)
+            return
+        # The bodies follow the answer; queued now, so nothing of this session overtakes them
+        # and a reattach is refused until they are out (their chunks are not kept for a replay).
+        s.streams.extend(pump for _, pump in pumps)
+
+        def answer() -> None:
+            self.send(result)
+            for _, pump in pumps:
+                pump.ready = True
+            s.pump_streams()
+
+        self.broker.storage.after_durable(answer)
 
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
