@@ -66,7 +66,7 @@ BODIES = [
     body(CHUNK + 1, seed=5),
     b"small-3",
 ]
-COMPRESSED = 3  # this one is sent by a producer that zlib-compresses large bodies
+COMPRESSED = 7  # this one is sent by a producer that zlib-compresses large bodies
 
 
 def fill(url: str, queue: str = QUEUE, bodies: list[bytes] = BODIES) -> None:
@@ -201,6 +201,7 @@ class CutAfter:
         self.n = n
         self.connections = 0
         self.cut = threading.Event()
+        self.seen = 0  # bytes the first connection's server side wrote (passed or not)
 
     def __call__(self) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
         self.connections += 1
@@ -210,6 +211,7 @@ class CutAfter:
 
         def down(data: bytes) -> bytes:
             nonlocal passed
+            self.seen += len(data)
             room = self.n - passed
             if room <= 0:
                 self.cut.set()
@@ -231,13 +233,15 @@ def test_a_connection_lost_mid_read_reads_it_again_identically(broker_factory: F
     ).start()
     fill(broker.url)
     before = read_fresh(broker.url)
-    cutter = CutAfter(3 << 20)  # inside the second large body
+    cutter = CutAfter(3 << 20)  # inside the second large body of the first answer (it carries 10 MiB)
 
     async def run() -> list[tuple[int, int, str, bool]]:
         with FaultProxy(broker.port, port=port, filters=cutter) as proxy:
             async with await aio.connect(
                 proxy.url, reconnect_attempts=-1, confirmation_window_size=window, **FAST
             ) as conn:
+                events: list[aio.FailureEvent] = []
+                conn.add_failure_listener(lambda kind, cause: events.append(kind))
                 s = await conn.create_session()
                 task = asyncio.create_task(read_all(s))
                 deadline = time.monotonic() + 20
@@ -245,10 +249,47 @@ def test_a_connection_lost_mid_read_reads_it_again_identically(broker_factory: F
                     assert time.monotonic() < deadline, "the read never reached the cut"
                     await asyncio.sleep(0.01)
                 assert not task.done()
+                if window > 0:  # the broker's bodies all out (to the proxy): the session may be reattached
+                    while cutter.seen < 10 << 20:
+                        assert time.monotonic() < deadline, "the broker never wrote the first answer's bodies"
+                        await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.2)
                 proxy.reset()
                 got = await asyncio.wait_for(task, 30)
                 assert cutter.connections >= 2  # it did go again
+                assert events == [aio.FailureEvent.REATTACHED if window > 0 else aio.FailureEvent.RECONNECTED]
                 return got
 
     assert asyncio.run(run()) == before
     assert read_fresh(broker.url) == before
+
+
+def test_an_ack_upto_during_the_read_of_a_large_body_waits_for_its_last_chunk(broker: BrokerProcess) -> None:
+    """ACK_UP_TO covers a message whose body is streaming to a range reader: the reader still
+    gets it whole (the file is read to its end), and the file goes once the last chunk is out."""
+    big = body(16 << 20, seed=11)
+    fill(broker.url, bodies=[big, b"after"])
+    assert len(files(broker)) == 1
+
+    async def run() -> list[tuple[int, int, str, bool]]:
+        async with await aio.connect(broker.url) as conn, await aio.connect(broker.url) as other:
+            s = await conn.create_session()
+            task = asyncio.create_task(read_all(s))
+            deadline = time.monotonic() + 20
+            while not any(r.received for r in s._range_reads.values()):
+                assert time.monotonic() < deadline, "no chunk arrived"
+                await asyncio.sleep(0.001)
+            transport = conn._proto.transport  # type: ignore[union-attr]
+            transport.pause_reading()  # the body stalls half way
+            acked = await (await other.create_session()).ack_upto(QUEUE, 1 << 60)
+            assert acked == 2
+            await asyncio.sleep(0.3)
+            assert len(files(broker)) == 1, "the file went while its body was being read"
+            transport.resume_reading()
+            return await asyncio.wait_for(task, 30)
+
+    got = asyncio.run(run())
+    # The answer stopped after the 16 MiB body (`more`); the next one came after the ack: empty.
+    assert [(d, large) for _, _, d, large in got] == [(digest(big), True)]
+    assert wait_for(lambda: files(broker) == []), files(broker)
+    assert read_fresh(broker.url) == []
