@@ -698,6 +698,14 @@ def test_the_spark_sink_writes_big_rows_as_large_messages_its_source_reads(broke
 
     assert asyncio.run(read()) == [big, b"small"]
 
+    # Per-row dedup ids: a large row whose id an earlier write used is dropped (the broker refuses
+    # the transaction naming it, the sink sends it again without), the other large row goes in.
+    other = body(200 * 1024, seed=22)
+    write_partition(opts, ["body", "dedup_id"], iter([(other, "d-2")]), "tx-2", 0)
+    write_partition(opts, ["body", "dedup_id"], iter([(big, "d-2"), (other[::-1], "d-3")]), "tx-3", 0)
+    assert asyncio.run(read()) == [big, b"small", other, other[::-1]]
+    assert wait_for(lambda: len(files(broker)) == 3), files(broker)
+
 
 def test_data_print_lists_the_large_message_files(broker: BrokerProcess) -> None:
     """`tandem data print` lists large-messages/: each file with its size and the record naming it,
