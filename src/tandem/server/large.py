@@ -331,17 +331,26 @@ def cut_range(refs: list[MessageRef]) -> tuple[list[MessageRef], bool]:
     return refs, False
 
 
-def range_pumps(session: NativeSession, cmd: int, refs: list[MessageRef]) -> list[tuple[int, BodyPump]]:
+class RangePump(BodyPump):
+    """A large body following a range read's answer: ready once the answer is out. Nothing is
+    lost if it stops half way (the link failed): the reader reads the range again."""
+
+    __slots__ = ()
+
+    def __init__(self, session: NativeSession, cmd: int, message: Message) -> None:
+        super().__init__(session, -cmd, message)
+        self.ready = False
+
+
+def range_pumps(session: NativeSession, cmd: int, refs: list[MessageRef]) -> list[tuple[int, RangePump]]:
     """A pump (not ready yet) per large message of a range read's answer, with its index there;
     each holds the message, so its file stays while the body goes out (an ACK_UP_TO meanwhile
     removes it after the last chunk)."""
-    pumps: list[tuple[int, BodyPump]] = []
+    pumps: list[tuple[int, RangePump]] = []
     try:
         for i, r in enumerate(refs):
             if r.message.large is not None:
-                pump = BodyPump(session, -cmd, r.message)
-                pump.ready = False
-                pumps.append((i, pump))
+                pumps.append((i, RangePump(session, cmd, r.message)))
     except OSError as exc:  # its file is gone: never a message without its body
         for _, pump in pumps:
             pump.stop()

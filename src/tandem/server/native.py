@@ -155,6 +155,17 @@ class NativeSession:
             self._pump_soon = True
             self.conn.loop.call_soon(self.pump_streams)
 
+    def drop_range_bodies(self) -> None:
+        """A reattach: range reads' bodies still going out stop (their reader lost its link and
+        reads again); a consumer's large delivery in transfer refuses the reattach instead."""
+        kept = []
+        for pump in self.streams:
+            if isinstance(pump, large.RangePump):
+                pump.stop()
+            else:
+                kept.append(pump)
+        self.streams[:] = kept
+
     def drop_large(self) -> None:
         """The session ends: an upload in progress is discarded, deliveries in progress stop."""
         up, self.upload = self.upload, None
@@ -717,6 +728,7 @@ class NativeConnection(asyncio.Protocol):
         self.temp_queues |= old.temp_queues
         for s in self.sessions.values():
             s.conn = self
+            s.drop_range_bodies()
         if old.transport is not None:
             old.transport.abort()
         old._teardown()  # closed for good; its state is ours now (it closes none of it)
@@ -741,8 +753,9 @@ class NativeConnection(asyncio.Protocol):
     def _can_resume(old: NativeConnection, channels: list[p.ReattachChannel]) -> bool:
         """Whether `old` kept what the client's channels need: every answer it may still wait
         for, and the last command id of every session it ever created on them; and no large
-        message in transfer either way (a chunk lost on the wire is not kept for a replay)."""
-        if any(s.upload is not None or s.streams or s.sealing for s in old.sessions.values()):
+        message in transfer either way (a chunk lost on the wire is not kept for a replay),
+        but for a range read's (its reader reads again)."""
+        if any(s.upload is not None or s.sealing or _consumer_streams(s) for s in old.sessions.values()):
             return False  # a large message in transfer: its lost chunks cannot be replayed
         for rc in channels:
             r = old.replay.get(rc.channel)
@@ -999,3 +1012,7 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
 
 def _raw(raw: msgspec.Raw | bytes) -> msgspec.Raw:
     return raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)
+
+
+def _consumer_streams(s: NativeSession) -> bool:
+    return any(not isinstance(pump, large.RangePump) for pump in s.streams)
