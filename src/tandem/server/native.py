@@ -861,8 +861,9 @@ class NativeConnection(asyncio.Protocol):
         if not pumps:
             self._send_after(self.broker.storage.after_durable, result)
             return
-        # The bodies follow the answer; queued now, so nothing of this session overtakes them
-        # and a reattach is refused until they are out (their chunks are not kept for a replay).
+        # The bodies follow the answer; queued now, so nothing of this session's consumers
+        # overtakes them. Their chunks are not kept for a replay: a reattach stops them and the
+        # reader reads again (client/range.py).
         s.streams.extend(pump for _, pump in pumps)
 
         def answer() -> None:
