@@ -267,6 +267,7 @@ class AsyncConnection:
         if self.window > 0:
             self.pipeline = self._pipeline_kept  # type: ignore[method-assign]  # off: no per-send cost
         self.generation = 0  # +1 on every (re)connection: messages of older ones are stale
+        self.losses = 0  # +1 on every link failure (a reattach keeps `generation`, not this)
         self._next_channel = 1
         self._proto: _Protocol | None = None
         self._out: list[bytes | bytearray] = []
@@ -553,6 +554,8 @@ class AsyncConnection:
                 fut.set_result(pkt.result)
         elif t is p.RangeResult:
             ch = self.channels.get(pkt.channel)
+            if ch is not None and ch.session is not None:
+                ch.session._range_answer(pkt)  # its large bodies' chunks follow it at once
             fut = ch.calls.pop(pkt.cmd, None) if ch is not None else None
             if fut is not None and not fut.done():
                 fut.set_result(pkt)
@@ -592,9 +595,13 @@ class AsyncConnection:
             return
         self._proto = None
         self._ready.clear()
+        self.losses += 1
         if self._pinger is not None:
             self._pinger.cancel()
             self._pinger = None
+        for ch in self.channels.values():
+            if ch.session is not None:
+                ch.session._range_link_lost(exc)
         if self.reconnect_attempts == 0:
             self._fail(exc)
             return

@@ -39,6 +39,7 @@ from ..errors import (
 from ..protocol import native as p
 from .large import LargeBody, Rewind, Source, body_size, pieces
 from .message import Message, ReceivedMessage
+from .range import RANGE_READ_ATTEMPTS, RECORDS_BODY_LIMIT, RangeBodies
 
 if TYPE_CHECKING:
     from .connection import AsyncConnection, Channel, Pending
@@ -103,6 +104,7 @@ class AsyncSession:
         # connection lost meanwhile reconnects instead (the send starts again from its start).
         self.large_open = 0
         self._large_done: asyncio.Future[None] | None = None
+        self._range_reads: dict[int, RangeBodies] = {}  # by READ_RANGE command id: answers and bodies arriving
 
     def set_send_acknowledgement_handler(self, handler: SendAckHandler | None) -> None:
         """Confirm sends asynchronously: from now on a producer's `send()` of this session returns
@@ -205,22 +207,90 @@ class AsyncSession:
         """Messages of `queue` with start < seq <= end, in order, without consuming them.
 
         For a reader that keeps its own offsets (the Spark source); pair it with `ack_upto`.
+        A large message's body is in a spooled temporary file (`body_stream()`, or `body`).
         """
-        first, last, records = await self.read_range_records(queue, start, end, limit)
-        return RangeRead(first, last, [ReceivedMessage.from_data(d, mid, dc, seq, n) for seq, mid, dc, d, n in records])
+        out: list[ReceivedMessage] = []
+        first = last = 0
+        while True:  # ends: every answer with `more` holds at least one message, and start moves past it
+            res, bodies = await self._range(queue, start, end, limit)
+            first, last = res.first_seq, res.last_seq
+            for i, (seq, mid, dc, raw) in enumerate(res.messages):
+                msg = ReceivedMessage.from_data(_decode_data(raw), mid, dc, seq, len(raw))
+                msg._large = bodies.get(i)
+                out.append(msg)
+            if not res.more or not res.messages:
+                return RangeRead(first, last, out)
+            if limit >= 0:
+                limit -= len(res.messages)
+                if limit <= 0:
+                    return RangeRead(first, last, out)
+            start = res.messages[-1][0]
 
     async def read_range_records(
-        self, queue: str, start: int, end: int, limit: int = -1
+        self, queue: str, start: int, end: int, limit: int = -1, max_body: int = RECORDS_BODY_LIMIT
     ) -> tuple[int, int, list[tuple[int, int, int, MessageData, int]]]:
-        """As `read_range`, as (seq, id, delivery count, message data, encoded size) tuples: for bulk readers."""
-        ch = self.channel
-        res: p.RangeResult = await self.conn.call(ch, lambda cmd: p.ReadRange(ch.id, cmd, queue, start, end, limit))
+        """As `read_range`, as (seq, id, delivery count, message data, encoded size) tuples: for bulk readers.
+
+        Every body is bytes, a large one's read whole into memory: one over `max_body` bytes
+        fails the read (IllegalState; `read_range` streams it instead). The answer may hold
+        fewer than `limit` messages when the range holds large ones (the broker stops after
+        a few MiB of large bodies): ask again from the last sequence given.
+        """
+        res, bodies = await self._range(queue, start, end, limit)
         decode = _decode_data
-        return (
-            res.first_seq,
-            res.last_seq,
-            [(seq, mid, dc, decode(raw), len(raw)) for seq, mid, dc, raw in res.messages],
-        )
+        records = [(seq, mid, dc, decode(raw), len(raw)) for seq, mid, dc, raw in res.messages]
+        try:
+            for i, body in bodies.items():
+                seq, mid, dc, data, n = records[i]
+                if body.size > max_body:
+                    raise IllegalState(
+                        f"message {mid} at sequence {seq} of {queue!r} has a body of {body.size} bytes, "
+                        f"over this reader's limit of {max_body}"
+                    )
+                records[i] = (seq, mid, dc, msgspec.structs.replace(data, body=body.read()), n + body.size)
+        finally:
+            for body in bodies.values():
+                body.close()
+        return res.first_seq, res.last_seq, records
+
+    async def _range(self, queue: str, start: int, end: int, limit: int) -> tuple[p.RangeResult, dict[int, LargeBody]]:
+        """One READ_RANGE and the large bodies after its answer; asked again when the link fails
+        meanwhile (a range read changes nothing on the broker)."""
+        for attempt in range(1, RANGE_READ_ATTEMPTS + 1):
+            try:
+                return await self._range_once(queue, start, end, limit)
+            except Unblocked:
+                if attempt == RANGE_READ_ATTEMPTS or self.closed or self.conn.closed:
+                    raise
+                log.info("a range read of %r was interrupted by a connection loss: asking again", queue)
+        raise AssertionError("unreachable")
+
+    async def _range_once(
+        self, queue: str, start: int, end: int, limit: int
+    ) -> tuple[p.RangeResult, dict[int, LargeBody]]:
+        ch = self.channel
+        conn = self.conn
+        reads = self._range_reads
+        cmds: list[int] = []
+
+        def make(cmd: int) -> p.ReadRange:
+            reads[cmd] = RangeBodies(conn.loop, conn.losses)  # before the answer: its chunks follow at once
+            cmds.append(cmd)
+            return p.ReadRange(ch.id, cmd, queue, start, end, limit)
+
+        try:
+            res: p.RangeResult = await conn.call(ch, make)
+            bodies = await reads[cmds[0]].wait(conn.options.call_timeout / 1000)
+        except BaseException:
+            if cmds:
+                r = reads.get(cmds[0])
+                if r is not None:
+                    r.close()
+            raise
+        finally:
+            if cmds:
+                reads.pop(cmds[0], None)
+        return res, bodies
 
     async def queue_offsets(self, queue: str) -> tuple[int, int]:
         """(first sequence still in the queue, last sequence given out): cheap, for polling."""
@@ -374,9 +444,26 @@ class AsyncSession:
             c._on_deliver_large(pkt)
 
     def _deliver_chunk(self, pkt: p.DeliverChunk) -> None:
+        if pkt.consumer_id < 0:  # a range read's large body (client/range.py)
+            r = self._range_reads.get(-pkt.consumer_id)
+            if r is not None:
+                r.chunk(pkt)
+            return
         c = self.consumers.get(pkt.consumer_id)
         if c is not None:
             c._on_chunk(pkt)
+
+    def _range_answer(self, pkt: p.RangeResult) -> None:
+        r = self._range_reads.get(pkt.cmd)
+        if r is not None:
+            r.answer(pkt, self.conn.losses)
+
+    def _range_link_lost(self, exc: TandemError) -> None:
+        """The link failed: range reads whose bodies were arriving are asked again (the rest
+        of those bodies is never sent again, even to a reattached session)."""
+        for r in self._range_reads.values():
+            if r.waiting:
+                r.fail(Unblocked(f"{exc.message} (a range read's large bodies were arriving)"))
 
     def _consumer_closed(self, cid: int, err: TandemError) -> None:
         c = self.consumers.pop(cid, None)

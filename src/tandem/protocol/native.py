@@ -274,13 +274,20 @@ class Deliver(Packet, tag=33):
 
 
 class RangeResult(Packet, tag=35):
-    """The answer to READ_RANGE: the queue's first and last sequence now, and [seq, id, delivery count, message]."""
+    """The answer to READ_RANGE: the queue's first and last sequence now, and [seq, id, delivery count, message].
+
+    A large message is in `messages` with an empty body and named in `large` as (its index in
+    `messages`, its body's bytes as stored, compressed); its body follows, in that order, as
+    DELIVER_CHUNKs whose `consumer_id` is minus this READ_RANGE's `cmd`. `more`: the answer
+    stopped early (after large bodies); the rest of the range is there to ask for."""
 
     channel: int
     cmd: int
     first_seq: int
     last_seq: int
     messages: list[tuple[int, int, int, msgspec.Raw]]
+    large: list[tuple[int, int, bool]] = []
+    more: bool = False
 
 
 class Reattached(Packet, tag=36):

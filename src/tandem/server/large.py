@@ -7,7 +7,8 @@ body stays in memory beyond the chunk being written.
 
 Delivering: `ChunkPump` reads the file a chunk at a time and writes while the socket takes
 it (the transport's high-water mark is the flow control); the session delivers nothing else
-until the last chunk is out, so a consumer gets a large message's chunks in one run.
+until the last chunk is out, so a consumer gets a large message's chunks in one run. A range
+read's answer names its large messages, whose bodies follow it the same way (`range_pumps`).
 """
 
 from __future__ import annotations
@@ -222,23 +223,78 @@ class _BodyOnly(msgspec.Struct, array_like=True):
 
 
 # -------------------------------------------------------------- delivery
-class ChunkPump:
-    """Writes one large message's chunks to a consumer while the socket takes them."""
+class BodyPump:
+    """Writes one large message's chunks while the socket takes them, as DELIVER_CHUNKs keyed by
+    `key` (a consumer's id, or minus a READ_RANGE's command id)."""
 
-    __slots__ = ("consumer", "fd", "index", "message", "offset", "session", "size")
+    __slots__ = ("compressed", "fd", "index", "key", "message", "offset", "ready", "session", "size")
 
-    def __init__(self, session: NativeSession, consumer: Consumer, ref: MessageRef) -> None:
-        m = ref.message
-        lg = m.large
+    def __init__(self, session: NativeSession, key: int, message: Message) -> None:
+        lg = message.large
         assert lg is not None
         self.session = session
-        self.consumer = consumer
-        self.message = m  # holds the body (and its file) until the last chunk is out
+        self.key = key
+        self.message = message  # holds the body (and its file) until the last chunk is out
         self.size = lg.size
+        self.compressed = lg.compressed
         storage: Any = session.conn.broker.storage
         self.fd: int | None = os.open(storage.large.path(lg.name), os.O_RDONLY)
         self.offset = 0
         self.index = 0
+        self.ready = True
+
+    def _gone(self) -> bool:
+        return False
+
+    def pump(self) -> bool:
+        """Write chunks while the socket takes them; True once the last is out (or the pump stopped)."""
+        fd = self.fd
+        if fd is None:
+            return True
+        if not self.ready:
+            return False  # its header is not out yet: whoever makes it ready pumps again
+        s = self.session
+        conn = s.conn
+        if conn.closed or self._gone():
+            self.stop()
+            return True
+        step = min(conn.broker.config.min_large_message_size, MAX_DELIVERY_CHUNK)
+        for _ in range(CHUNKS_PER_PASS):
+            if not conn.writable:
+                return False
+            data = os.pread(fd, min(step, self.size - self.offset), self.offset)
+            if self.offset + len(data) < self.size and not data:
+                log.error("large message %s: its file ends at %d of %d bytes", self.message.id, self.offset, self.size)
+                conn.fatal(InternalError(f"large message {self.message.id} cannot be read whole"))
+                self.stop()
+                return True
+            self.offset += len(data)
+            last = self.offset >= self.size
+            conn.write_now(p.encode(p.DeliverChunk(s.channel, self.key, self.message.id, self.index, data, last)))
+            self.index += 1
+            if last:
+                self.stop()
+                return True
+        s.pump_soon()
+        return False
+
+    def stop(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class ChunkPump(BodyPump):
+    """One large message going to a consumer: its DELIVER_LARGE now, its chunks as the socket takes them."""
+
+    __slots__ = ("consumer",)
+
+    def __init__(self, session: NativeSession, consumer: Consumer, ref: MessageRef) -> None:
+        super().__init__(session, consumer.id, ref.message)
+        self.consumer = consumer
+        m = ref.message
+        lg = m.large
+        assert lg is not None
         session.conn.write(
             p.encode(
                 p.DeliverLarge(
@@ -254,42 +310,53 @@ class ChunkPump:
             )
         )
 
-    def pump(self) -> bool:
-        """Write chunks while the socket takes them; True once the last is out (or the pump stopped)."""
-        fd = self.fd
-        if fd is None:
-            return True
-        s = self.session
-        conn = s.conn
-        if conn.closed or self.consumer.closed:
-            self.stop()
-            return True
-        step = min(conn.broker.config.min_large_message_size, MAX_DELIVERY_CHUNK)
-        for _ in range(CHUNKS_PER_PASS):
-            if not conn.writable:
-                return False
-            data = os.pread(fd, min(step, self.size - self.offset), self.offset)
-            if self.offset + len(data) < self.size and not data:
-                log.error("large message %s: its file ends at %d of %d bytes", self.message.id, self.offset, self.size)
-                conn.fatal(InternalError(f"large message {self.message.id} cannot be read whole"))
-                self.stop()
-                return True
-            self.offset += len(data)
-            last = self.offset >= self.size
-            conn.write_now(
-                p.encode(p.DeliverChunk(s.channel, self.consumer.id, self.message.id, self.index, data, last))
-            )
-            self.index += 1
-            if last:
-                self.stop()
-                return True
-        s.pump_soon()
-        return False
+    def _gone(self) -> bool:
+        return self.consumer.closed
 
-    def stop(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
+
+# ---------------------------------------------------------- range reads
+RANGE_LARGE_BYTES = 8 << 20  # large bodies one RANGE_RESULT carries (at least one, whatever its size)
+
+
+def cut_range(refs: list[MessageRef]) -> tuple[list[MessageRef], bool]:
+    """The refs one RANGE_RESULT carries: up to the large message whose body takes the answer's
+    large bytes to RANGE_LARGE_BYTES; and whether refs were left for the next READ_RANGE."""
+    total = 0
+    for i, r in enumerate(refs):
+        lg = r.message.large
+        if lg is not None:
+            total += lg.size
+            if total >= RANGE_LARGE_BYTES:
+                return refs[: i + 1], i + 1 < len(refs)
+    return refs, False
+
+
+class RangePump(BodyPump):
+    """A large body following a range read's answer: ready once the answer is out. Nothing is
+    lost if it stops half way (the link failed): the reader reads the range again."""
+
+    __slots__ = ()
+
+    def __init__(self, session: NativeSession, cmd: int, message: Message) -> None:
+        super().__init__(session, -cmd, message)
+        self.ready = False
+
+
+def range_pumps(session: NativeSession, cmd: int, refs: list[MessageRef]) -> list[tuple[int, RangePump]]:
+    """A pump (not ready yet) per large message of a range read's answer, with its index there;
+    each holds the message, so its file stays while the body goes out (an ACK_UP_TO meanwhile
+    removes it after the last chunk)."""
+    pumps: list[tuple[int, RangePump]] = []
+    try:
+        for i, r in enumerate(refs):
+            if r.message.large is not None:
+                pumps.append((i, RangePump(session, cmd, r.message)))
+    except OSError as exc:  # its file is gone: never a message without its body
+        for _, pump in pumps:
+            pump.stop()
+        log.error("a large message cannot be read for a range read: %s", exc)
+        raise InternalError(f"a large message of the range cannot be read: {exc}") from exc
+    return pumps
 
 
 def _raw(raw: msgspec.Raw | bytes) -> msgspec.Raw:

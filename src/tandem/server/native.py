@@ -92,7 +92,7 @@ class NativeSession:
         # A large body complete, its file being synced off the loop (or lost with the connection
         # before it was routed): a reattach cannot resume this session (its END would count as done).
         self.sealing = False
-        self.streams: list[large.ChunkPump] = []  # large messages going out (the first is writing)
+        self.streams: list[large.BodyPump] = []  # large messages going out (the first is writing)
         self._pump_soon = False
 
     # Confirmation ordering: a command is confirmed only after every earlier one.
@@ -154,6 +154,17 @@ class NativeSession:
         if not self._pump_soon:
             self._pump_soon = True
             self.conn.loop.call_soon(self.pump_streams)
+
+    def drop_range_bodies(self) -> None:
+        """A reattach: range reads' bodies still going out stop (their reader lost its link and
+        reads again); a consumer's large delivery in transfer refuses the reattach instead."""
+        kept = []
+        for pump in self.streams:
+            if isinstance(pump, large.RangePump):
+                pump.stop()
+            else:
+                kept.append(pump)
+        self.streams[:] = kept
 
     def drop_large(self) -> None:
         """The session ends: an upload in progress is discarded, deliveries in progress stop."""
@@ -717,6 +728,7 @@ class NativeConnection(asyncio.Protocol):
         self.temp_queues |= old.temp_queues
         for s in self.sessions.values():
             s.conn = self
+            s.drop_range_bodies()
         if old.transport is not None:
             old.transport.abort()
         old._teardown()  # closed for good; its state is ours now (it closes none of it)
@@ -741,8 +753,9 @@ class NativeConnection(asyncio.Protocol):
     def _can_resume(old: NativeConnection, channels: list[p.ReattachChannel]) -> bool:
         """Whether `old` kept what the client's channels need: every answer it may still wait
         for, and the last command id of every session it ever created on them; and no large
-        message in transfer either way (a chunk lost on the wire is not kept for a replay)."""
-        if any(s.upload is not None or s.streams or s.sealing for s in old.sessions.values()):
+        message in transfer either way (a chunk lost on the wire is not kept for a replay),
+        but for a range read's (its reader reads again)."""
+        if any(s.upload is not None or s.sealing or _consumer_streams(s) for s in old.sessions.values()):
             return False  # a large message in transfer: its lost chunks cannot be replayed
         for rc in channels:
             r = old.replay.get(rc.channel)
@@ -835,21 +848,31 @@ class NativeConnection(asyncio.Protocol):
             addr.request_credit(max(pkt.amount, 1), grant)
 
     def on_read_range(self, pkt: p.ReadRange) -> None:
-        self._session(pkt.channel)
+        s = self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
-        refs = q.read_range(pkt.start, pkt.end, pkt.limit)
-        for r in refs:
-            if r.message.large is not None:  # never a message without its body
-                raise IllegalState(
-                    f"message at sequence {r.seq} of {pkt.queue!r} is a large message: range reads do not carry them"
-                )
+        refs, more = large.cut_range(q.read_range(pkt.start, pkt.end, pkt.limit))
+        pumps = large.range_pumps(s, pkt.cmd, refs)
         # delivery_count as DELIVER counts it: this read is delivery number failed + 1
         items = [(r.seq, r.message.id, r.delivery_count + 1, _raw(r.message.raw)) for r in refs]
+        big = [(i, pump.size, pump.compressed) for i, pump in pumps]
+        result = p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items, big, more)
         # Only what is on disk may leave: a reader that keeps offsets (Spark) must never
         # process a message a crash could still take back (its producer would send it again).
-        self._send_after(
-            self.broker.storage.after_durable, p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items)
-        )
+        if not pumps:
+            self._send_after(self.broker.storage.after_durable, result)
+            return
+        # The bodies follow the answer; queued now, so nothing of this session's consumers
+        # overtakes them. Their chunks are not kept for a replay: a reattach stops them and the
+        # reader reads again (client/range.py).
+        s.streams.extend(pump for _, pump in pumps)
+
+        def answer() -> None:
+            self.send(result)
+            for _, pump in pumps:
+                pump.ready = True
+            s.pump_streams()
+
+        self.broker.storage.after_durable(answer)
 
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
@@ -990,3 +1013,7 @@ _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {
 
 def _raw(raw: msgspec.Raw | bytes) -> msgspec.Raw:
     return raw if isinstance(raw, msgspec.Raw) else msgspec.Raw(raw)
+
+
+def _consumer_streams(s: NativeSession) -> bool:
+    return any(not isinstance(pump, large.RangePump) for pump in s.streams)

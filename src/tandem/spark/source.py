@@ -260,7 +260,7 @@ def read_partition(opts: ReadOptions, schema: StructType, part: RangePartition) 
             if not records:
                 break
             lo = records[-1][0]
-            if len(records) == READ_CHUNK and lo < part.end:
+            if lo < part.end:  # a chunk short of the end: large bodies made the broker stop early, or gaps
                 pending = ask(lo)
             yield record_batch(part.queue, records, opts, arrow)
     finally:
@@ -397,9 +397,6 @@ def write_partition(opts: WriteOptions, fields: list[str], rows: Iterator[Any], 
     messages = _first_of_each_dedup_id([to_message(opts, fields, row) for row in rows])
     extra = client_options(opts.client, connect_retries=True)
     extra.setdefault("auto_dedup", False)  # the transaction's dedup id already makes a resend safe
-    # Whole messages, whatever their size (up to max-frame-size): range reads, which the source
-    # uses, do not carry large messages yet (docs/storage.md, "Large messages").
-    extra.setdefault("min_large_message_size", -1)
 
     async def go() -> None:
         nonlocal messages
