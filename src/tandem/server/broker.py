@@ -635,7 +635,8 @@ class Broker:
             await asyncio.sleep(min(period, scan_every) if scan_every > 0 else period)
             now = loop.time()
             self._check_alive(now)
-            churn.observe(len(self.connections))
+            if churn.observe(len(self.connections)):
+                await churn.release(len(self.connections))
             if not self.active:
                 last_scan = now  # a backup that takes over scans a period later, not in its first second
             elif scan_every > 0 and now - last_scan >= scan_every:
