@@ -71,3 +71,16 @@ def test_redelivery_delay_grows_and_is_capped() -> None:
     default_cap = AddressSettings(redelivery_delay=100, redelivery_delay_multiplier=3.0)
     assert default_cap.redelivery_delay_for(10) == 1000  # ten times the delay, as Artemis
     assert AddressSettings().redelivery_delay_for(4) == 0
+
+
+def test_addresses_matching_the_same_patterns_share_one_settings_object() -> None:
+    """Nothing is kept per address name: a broker that made a million temporary queues holds
+    one settings object per set of matching patterns, not one per queue it ever made."""
+    repo = SettingsRepository({"#": {"max_delivery_attempts": 3}, "orders.*": {"redelivery_delay": 5}})
+    names = [f"tmp.{i}" for i in range(10_000)]
+    first = {id(repo.match(n)) for n in names}
+    assert len(first) == 1
+    assert repo.match("orders.eu") is repo.match("orders.us")
+    assert repo.match("orders.eu") is not repo.match("tmp.0")
+    assert repo.match("orders.eu").redelivery_delay == 5
+    assert repo.match("orders.eu").max_delivery_attempts == 3

@@ -9,7 +9,6 @@ keys no pattern sets keep their defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache
 from typing import Any
 
 from .message import RoutingType
@@ -79,7 +78,15 @@ def _specificity(pattern: str) -> tuple[int, int, int, int]:
 
 
 class SettingsRepository:
-    """Resolves the settings for an address (cached: called on every auto-create and DLQ move)."""
+    """Resolves the settings for an address.
+
+    One AddressSettings per distinct set of matching patterns, shared by every address it fits,
+    and nothing kept per address name: a cache by name grew by an entry (name, settings, link)
+    for every temporary queue ever made, and those long-lived scraps, allocated in the middle of
+    a storm of connections, kept Python's allocator from handing that storm's memory back
+    (docs/decisions/0057). Matching a name against the patterns costs microseconds, and it is
+    done when an address is made (or asked about before it exists), never per message.
+    """
 
     def __init__(self, patterns: dict[str, dict[str, Any]] | None = None) -> None:
         items = []
@@ -92,15 +99,18 @@ class SettingsRepository:
         # least specific first, so more specific ones overwrite
         items.sort(key=lambda it: _specificity(it[0]))
         self._items = items
-        self.match = lru_cache(maxsize=4096)(self._match)
+        self._merged: dict[tuple[int, ...], AddressSettings] = {(): AddressSettings()}
 
-    def _match(self, address: str) -> AddressSettings:
-        merged: dict[str, Any] = {}
+    def match(self, address: str) -> AddressSettings:
         words = tuple(address.split("."))
-        for _pattern, pwords, values in self._items:
-            if words_match(pwords, words):
-                merged.update({k: v for k, v in values.items() if v is not None})
-        return replace(AddressSettings(), **merged) if merged else AddressSettings()
+        hits = tuple(i for i, (_p, pwords, _v) in enumerate(self._items) if words_match(pwords, words))
+        found = self._merged.get(hits)
+        if found is None:
+            merged: dict[str, Any] = {}
+            for i in hits:
+                merged.update({k: v for k, v in self._items[i][2].items() if v is not None})
+            found = self._merged[hits] = replace(AddressSettings(), **merged)
+        return found
 
     def patterns(self) -> list[str]:
         return [p for p, _w, _v in self._items]

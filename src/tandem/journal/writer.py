@@ -102,35 +102,41 @@ class Writer:
 
     # -- thread ---------------------------------------------------------------
     def _run(self) -> None:
+        # No name here holds a job while the thread waits for the next: an idle journal would
+        # keep its last batch (every record of it) alive, and with it the allocator's memory
+        # around those records (docs/decisions/0057).
+        while self._job(self._jobs.get()):
+            pass
+
+    def _job(self, job: Job) -> bool:
         """Every batch is reported back, the failed ones with their error: after an I/O error at
         any stage nothing more is written, and every later batch fails with that same error, so
-        no append waits for ever (the broker stops and a backup takes over)."""
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            if isinstance(job, Batch):
-                if self.failed is None:
-                    try:
-                        self.write_batch(job)
-                    except BaseException as exc:  # an I/O error is fatal to the journal
-                        self.failed = exc
-                self._done(job, self.failed)  # confirmations go out now; retiring dead files can wait
-                if self.failed is not None:
-                    continue
+        no append waits for ever (the broker stops and a backup takes over). False: stop."""
+        if job is None:
+            return False
+        if isinstance(job, Batch):
+            if self.failed is None:
                 try:
-                    self.recycle(job)
-                    if not self.free and self.pool_files > 0 and self._jobs.empty():
-                        self._spare()
-                    self.io.flush()
-                except BaseException as exc:
-                    self._fail(exc)
-            elif self.failed is None:
-                try:
-                    job()
-                    self.io.flush()
-                except BaseException as exc:
-                    self._fail(exc)
+                    self.write_batch(job)
+                except BaseException as exc:  # an I/O error is fatal to the journal
+                    self.failed = exc
+            self._done(job, self.failed)  # confirmations go out now; retiring dead files can wait
+            if self.failed is not None:
+                return True
+            try:
+                self.recycle(job)
+                if not self.free and self.pool_files > 0 and self._jobs.empty():
+                    self._spare()
+                self.io.flush()
+            except BaseException as exc:
+                self._fail(exc)
+        elif self.failed is None:
+            try:
+                job()
+                self.io.flush()
+            except BaseException as exc:
+                self._fail(exc)
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         self.failed = exc

@@ -619,6 +619,12 @@ class Broker:
         peers = [self.config.connector_url(n) for n in self.config.static_connectors]
         return peers[0] if peers else None
 
+    def _check_alive(self, now: float) -> None:
+        """Its own frame: a loop variable left in the housekeeping coroutine would keep the last
+        connection checked, dead or not, alive until the next round (for ever, once none is left)."""
+        for conn in list(self.connections):
+            conn.check_alive(now)
+
     async def _housekeeping(self) -> None:
         period = self.config.connection_check_period / 1000
         scan_every = self.config.message_expiry_scan_period / 1000
@@ -628,9 +634,9 @@ class Broker:
         while True:
             await asyncio.sleep(min(period, scan_every) if scan_every > 0 else period)
             now = loop.time()
-            for conn in list(self.connections):
-                conn.check_alive(now)
-            churn.observe(len(self.connections))
+            self._check_alive(now)
+            if churn.observe(len(self.connections)):
+                await churn.release(len(self.connections))
             if not self.active:
                 last_scan = now  # a backup that takes over scans a period later, not in its first second
             elif scan_every > 0 and now - last_scan >= scan_every:

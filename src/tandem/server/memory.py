@@ -1,20 +1,36 @@
 """Giving memory back to the operating system after many connections went away.
 
-CPython frees a dead connection's objects at once, but glibc keeps the freed heap for reuse:
-without a trim, a broker that served a thousand clients for a minute holds their memory for
-ever. `malloc_trim` hands the free pages back; elsewhere (no glibc) this does nothing.
+CPython frees a dead connection's objects at once, but the memory they lived in is not given
+back by itself (docs/decisions/0057 has the measurements):
+
+- glibc keeps the C heap it freed for reuse; `malloc_trim` hands the free pages back.
+- Python's own allocator (pymalloc) takes memory from the OS in 1 MiB arenas and returns an
+  arena only once every block in it is free. A storm of a thousand clients fills a few new
+  arenas, and once its objects are gone a few survivors scattered over them keep them all
+  resident. Free lists are such survivors: CPython's (tuples, lists, dicts, floats,
+  contexts), which a full collection empties, and uvloop's (up to 250 freed callback
+  handles), which only putting many handles through the loop renews. Values that outlive the
+  storm (a counter, a timestamp set while it raged) are too, and nothing can move them: with
+  pymalloc part of a storm stays resident (PYTHONMALLOC=malloc gives it all back).
+
+So once the number of connections has fallen far and held still, the broker empties the free
+lists and trims the C heap, once: nothing is done per message or per connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("tandem.memory")
 
 TRIM_AFTER = 100  # connections gone since the last trim (a storm of exits, not the daily churn)
+HANDLE_CYCLE = 5000  # handles put through the loop to renew its free list (uvloop keeps 250)
 
 
 def _load_trim() -> Callable[[int], int] | None:
@@ -41,9 +57,45 @@ def release_free_memory() -> bool:
     return True
 
 
+def _nothing() -> None:
+    pass
+
+
+async def cycle_loop_handles(n: int = HANDLE_CYCLE) -> None:
+    """Renew the event loop's free list of handles, so that the old ones are freed for good.
+
+    uvloop keeps up to 250 freed handles for reuse; after a storm they are handles the storm
+    made, in the storm's arenas. The first of `n` handles made here come off that list; the
+    last ones come from new pools of the fullest arenas. Freed newest first, those fill the
+    free list again, and the storm's are freed for good. Many more than the list holds, so
+    that the kept ones are past every partly used pool (measured: 1,000 left them spread over
+    five arenas, 5,000 put them all in one; decision 0057). With plain asyncio (no free list)
+    this is a few milliseconds of no-op callbacks."""
+    loop = asyncio.get_running_loop()
+    handles = [loop.call_soon(_nothing) for _ in range(n)]
+    await asyncio.sleep(0)  # they have run: only this list holds them now
+    while handles:
+        handles.pop()
+
+
+async def release_memory() -> bool:
+    """Give back what a storm of connections left behind (see the module's docstring).
+
+    The full collection is skipped while collections are off: whoever turned them off is
+    building a large heap (a reload, a follower's warm-up) that it must not be walked."""
+    collect = gc.isenabled()
+    if collect:
+        gc.collect()  # also empties CPython's free lists: their pools are free for what comes next
+    await cycle_loop_handles()
+    if collect:
+        gc.collect()  # the contexts the cycle made
+    return release_free_memory()
+
+
 class ConnectionChurn:
-    """Trims once the number of connections has fallen by TRIM_AFTER from its high point and
-    then held still for a check period (after the storm, not in the middle of it)."""
+    """Says when to release memory: once the number of connections has fallen by TRIM_AFTER
+    from its high point and then held still for a check period (after the storm, not in the
+    middle of it)."""
 
     __slots__ = ("last", "peak")
 
@@ -59,6 +111,15 @@ class ConnectionChurn:
         if self.peak - open_connections < TRIM_AFTER or open_connections != last:
             return False
         self.peak = open_connections
-        released = release_free_memory()
-        log.debug("connections fell to %d: free heap returned to the OS (%s)", open_connections, released)
+        return True
+
+    async def release(self, open_connections: int) -> bool:
+        started = time.perf_counter()
+        released = await release_memory()
+        log.info(
+            "connections fell to %d: free memory given back to the OS (%.1f ms%s)",
+            open_connections,
+            (time.perf_counter() - started) * 1000,
+            "" if released else ", Python's only: no malloc_trim here",
+        )
         return released
