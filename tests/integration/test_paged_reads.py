@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from test_paging import PAGED, _numbers, receive
+
 import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import queue_stat
-from test_paging import PAGED, _numbers, receive
 
 N = 6_000
 

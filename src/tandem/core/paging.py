@@ -140,7 +140,7 @@ class AddressPager:
         """`tx`'s commit is in the journal (queued, in order): its records may be read."""
         self.tx_open.discard(tx)
         for q in self.addr.queues.values():
-            if q.consumers:
+            if q.consumers or q.browsers:
                 q.deliver_soon()
 
     def _open_page(self) -> None:
@@ -262,6 +262,46 @@ class AddressPager:
         self._collect()
         return scanned
 
+    def next_record(self, q: Queue, pos: list[int]) -> tuple[PagedRecord, int] | bool:
+        """The first record of `q` at or after `pos` (page, index), without reading it into `q`:
+        (record, its sequence in `q`), and `pos` moved to it. False: the pages hold nothing more
+        for `q` now. True: not known yet (a page read is under way, or the commit of a page
+        transaction is not journaled yet); the queue is woken when it is known.
+
+        For readers that do not consume (browsers, range readers): reads through the same cache
+        as `refill`, and never moves the queue's cursor."""
+        cur = self.cursors.get(q.id)
+        if cur is not None and (pos[0], pos[1]) < (cur[0], cur[1]):
+            pos[0], pos[1] = cur  # what is behind the cursor was read back into the queue
+        qid = q.id
+        page, idx = pos
+        try:
+            while True:
+                count = self.counts.get(page)
+                if count is None or idx >= count:
+                    if count is not None and page == self.write_page:
+                        return False
+                    nxt = self._page_after(page)
+                    if nxt is None:
+                        return False
+                    page, idx = nxt, 0
+                    continue
+                records = self._records(page, idx)
+                if idx >= len(records):
+                    return True
+                r = records[idx]
+                if r.tx and r.tx in self.tx_open:
+                    return True
+                if not (r.tx and r.tx in self.tx_dead):
+                    for rqid, rseq in r.refs:
+                        if rqid == qid:
+                            if page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable:
+                                return r, rseq
+                            break
+                idx += 1
+        finally:
+            pos[0], pos[1] = page, idx
+
     def _page_after(self, page: int) -> int | None:
         for p in self.pages:
             if p > page:
@@ -303,7 +343,7 @@ class AddressPager:
         c.records.extend(records)
         c.offset = offset
         for q in self.addr.queues.values():
-            if q.consumers:
+            if q.consumers or q.browsers:
                 q.deliver_soon()
 
     # ------------------------------------------------------------ clean-up

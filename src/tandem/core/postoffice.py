@@ -412,7 +412,7 @@ class PostOffice:
         for addr in self.addresses.values():
             if addr.pager is not None and addr.pager.active:
                 for q in addr.queues.values():
-                    if q.consumers:
+                    if q.consumers or q.browsers:
                         q.deliver_soon()
 
     def _tx_page_added(self, tx: int) -> None:

@@ -24,6 +24,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TandemError
+from .browse import Browse
 from .consumer import Consumer, Filter
 from .message import MessageRef, RoutingType
 from .settings import AddressSettings
@@ -103,7 +104,7 @@ class Queue:
         self._bytes = 0
         self._scheduled = False
         self.consumers: list[Consumer] = []
-        self.browsers: dict[Consumer, deque[MessageRef]] = {}
+        self.browsers: dict[Consumer, Browse] = {}
         self._rr = 0
         self._last_values: dict[Any, MessageRef] = {}
         self._next_seq = next_seq
@@ -170,8 +171,8 @@ class Queue:
         self._account(size, 1)
         self.messages_added += 1
         if self.browsers:
-            for pending in self.browsers.values():
-                pending.append(ref)
+            for browse in self.browsers.values():
+                browse.added(ref)
         if (self.consumers or self.browsers) and not self._scheduled:
             self._scheduled = True
             self._schedule(self._dispatch)
@@ -187,8 +188,8 @@ class Queue:
         self._bytes += size
         self._account(size, 1)
         if self.browsers:
-            for pending in self.browsers.values():
-                pending.append(ref)
+            for browse in self.browsers.values():
+                browse.added(ref, depaged=True)
 
     def add_loaded(self, ref: MessageRef) -> None:
         """Reload path: no dispatch, no statistics."""
@@ -298,7 +299,7 @@ class Queue:
     # ----------------------------------------------------------- consumers
     def add_consumer(self, consumer: Consumer) -> None:
         if consumer.browse_only:
-            self.browsers[consumer] = deque(self.iter_refs())
+            self.browsers[consumer] = Browse(self.iter_refs())
         else:
             self.consumers.append(consumer)
         self.deliver_soon()
@@ -433,14 +434,11 @@ class Queue:
         return delivered
 
     def _dispatch_browsers(self) -> int:
+        """Browsers see memory and the address's pages (core/browse.py), reading nothing back."""
         delivered = 0
-        for b, pending in self.browsers.items():
-            while pending and b.ready and delivered < MAX_PER_PASS:
-                ref = pending.popleft()
-                if ref.removed or not b.accepts(ref):
-                    continue
-                b.deliver(ref)
-                delivered += 1
+        pager = self.addr.pager if self.addr is not None else None
+        for b, browse in self.browsers.items():
+            delivered += browse.step(b, self, pager, MAX_PER_PASS - delivered)
         if delivered >= MAX_PER_PASS:
             self.deliver_soon()
         return delivered
