@@ -548,6 +548,40 @@ class Queue:
         merged = runs[0] if len(runs) == 1 else heapq.merge(*runs, key=_seq_of)
         return list(islice(merged, limit) if limit >= 0 else merged)
 
+    def read_range_soon(self, start: int, end: int, limit: int, done: Callable[[list[MessageRef], int], None]) -> None:
+        """`read_range` over memory and the address's pages (their records are read, never taken
+        into the queue): `done(refs, first sequence still in the queue)`, at once or, when pages
+        must be read first, later from the loop."""
+        refs = self.read_range(start, end, limit)
+        first = self.first_seq()
+        pager = self.addr.pager if self.addr is not None else None
+        if pager is None or not pager.paged.get(self.id):
+            done(refs, first)
+            return
+
+        def paged(more: list[MessageRef], paged_first: int) -> None:
+            merged = list(heapq.merge(refs, more, key=_seq_of)) if refs and more else refs or more
+            if limit >= 0:
+                del merged[limit:]
+            done(merged, min(first, paged_first) if paged_first else first)
+
+        pager.read_range(self, start, end, limit, paged)
+
+    def ack_upto_soon(self, seq: int, done: Callable[[int], None]) -> None:
+        """`ack_upto` over memory and the address's pages (the queue's page cursor moves past the
+        paged messages it covers): `done(how many)`, at once or later from the loop."""
+        n = self.ack_upto(seq)
+        pager = self.addr.pager if self.addr is not None else None
+        if pager is None or not pager.paged.get(self.id):
+            done(n)
+            return
+
+        def paged(more: int) -> None:
+            # what a consumer read back from the pages meanwhile is in memory now
+            done(n + more + (self.ack_upto(seq) if more or self._count else 0))
+
+        pager.ack_upto(self, seq, paged)
+
     def ack_upto(self, seq: int, tx: list[object] | None = None) -> int:
         """Acknowledge every queued message with a sequence up to `seq` (a range reader's commit)."""
         dropped: list[MessageRef] = []

@@ -47,6 +47,7 @@ from .reattach import (
 )
 
 if TYPE_CHECKING:
+    from ..core.queue import Queue
     from .context import BrokerContext
 
 log = logging.getLogger("tandem.native")
@@ -837,7 +838,16 @@ class NativeConnection(asyncio.Protocol):
     def on_read_range(self, pkt: p.ReadRange) -> None:
         self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
-        refs = q.read_range(pkt.start, pkt.end, pkt.limit)
+        q.read_range_soon(pkt.start, pkt.end, pkt.limit, partial(self._range_read, pkt, q))
+
+    def _range_read(self, pkt: p.ReadRange, q: Queue, refs: list[MessageRef], first: int) -> None:
+        """Answer READ_RANGE (at once, or once the paged messages it covers are read)."""
+        try:
+            self._answer_range_read(pkt, q, refs, first)
+        except TandemError as exc:
+            self.command_failed(pkt, exc)
+
+    def _answer_range_read(self, pkt: p.ReadRange, q: Queue, refs: list[MessageRef], first: int) -> None:
         for r in refs:
             if r.message.large is not None:  # never a message without its body
                 raise IllegalState(
@@ -848,14 +858,18 @@ class NativeConnection(asyncio.Protocol):
         # Only what is on disk may leave: a reader that keeps offsets (Spark) must never
         # process a message a crash could still take back (its producer would send it again).
         self._send_after(
-            self.broker.storage.after_durable, p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items)
+            self.broker.storage.after_durable, p.RangeResult(pkt.channel, pkt.cmd, first, q.last_seq, items)
         )
 
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
-        n = q.ack_upto(pkt.seq)
-        self._reply(pkt.channel, pkt.cmd, {"acked": n}, after_journal=n > 0)
+        channel, cmd = pkt.channel, pkt.cmd
+
+        def acked(n: int) -> None:
+            self._reply(channel, cmd, {"acked": n}, after_journal=n > 0)
+
+        q.ack_upto_soon(pkt.seq, acked)
 
     def _reply(self, channel: int, cmd: int, result: Any, after_journal: bool) -> None:
         pkt = p.Response(channel, cmd, result)
