@@ -3,7 +3,9 @@
 A stateful property test: hypothesis sends messages to an anycast and a multicast address with a
 tiny memory limit and tiny page files (so they page, roll pages and stop paging again), in
 transactions too (committed, or cut by a crash after their page writes), consumes
-and acknowledges from their queues, purges, and restarts the broker's store from its files. After
+and acknowledges from their queues, reads ranges of a reader-only queue (the Spark source's) and
+acknowledges up to a sequence there, purges, and restarts the broker's store from its files.
+Range reads must return what the model holds, in order, whether it is in memory or in pages. After
 every step each queue's contents (in memory, then still in pages, in delivery order) must equal
 the model's; after a restart, built by a cold load from the journal, the page files and the
 cursors, they must still equal it.
@@ -34,7 +36,8 @@ from tandem.store.journal_storage import JournalStorage
 JOURNAL = JournalSettings(file_size=64 * 1024, min_files=2, pool_files=1, buffer_timeout_ns=0, datasync=False)
 PATTERNS = {"#": {"max-size-bytes": 600, "address-full-policy": "PAGE", "page-size-bytes": 1024}}
 SETTINGS = SettingsRepository({k: {n.replace("-", "_"): v for n, v in d.items()} for k, d in PATTERNS.items()})
-QUEUES = {"work": "work", "t1": "news", "t2": "news"}
+QUEUES = {"work": "work", "t1": "news", "t2": "news", "r1": "news"}
+READER = "r1"  # reader-only: read by range, acknowledged up to a sequence, never consumed
 EXTRA = "t3"  # a subscription created and deleted while the address may be paging
 
 
@@ -84,6 +87,7 @@ class PagedStore(RuleBasedStateMachine):
             po.create_queue("work", "work", RoutingType.ANYCAST)
             po.create_queue("t1", "news", RoutingType.MULTICAST)
             po.create_queue("t2", "news", RoutingType.MULTICAST)
+            po.create_queue(READER, "news", RoutingType.MULTICAST, reader_only=True)
         self._quiet()
         return po
 
@@ -164,7 +168,7 @@ class PagedStore(RuleBasedStateMachine):
 
     @rule(queue=st.sampled_from([*sorted(QUEUES), EXTRA]), n=st.integers(1, 40))
     def consume(self, queue: str, n: int) -> None:
-        if queue not in self.model:
+        if queue not in self.model or queue == READER:
             return
         q = self.po.queue(queue)
         for _ in range(n):
@@ -182,6 +186,47 @@ class PagedStore(RuleBasedStateMachine):
             assert ref.message.id == self.model[queue].pop(0)
             q.delivering_count += 1
             q.acknowledge([ref])
+        self._quiet()
+
+    def _read_range(self, start: int, end: int, limit: int) -> tuple[list[tuple[int, int]], int]:
+        """READ_RANGE as the broker answers it: ([(seq, message id)], first sequence)."""
+        q = self.po.queue(READER)
+        done: asyncio.Future[tuple[list[tuple[int, int]], int]] = self.loop.create_future()
+        q.read_range_soon(
+            start, end, limit, lambda refs, first: done.set_result(([(r.seq, r.message.id) for r in refs], first))
+        )
+        return self._run(asyncio.shield(done))  # type: ignore[no-any-return]
+
+    def _seqs(self) -> list[int]:
+        """The reader queue's whole range, read as the model holds it: its sequences."""
+        q = self.po.queue(READER)
+        got, first = self._read_range(0, q.last_seq, -1)
+        assert [mid for _seq, mid in got] == self.model[READER]
+        seqs = [seq for seq, _mid in got]
+        assert seqs == sorted(set(seqs))
+        assert first == (seqs[0] if seqs else q.last_seq + 1)
+        return seqs
+
+    @rule(at=st.integers(0, 200), limit=st.integers(-1, 40))
+    def range_read(self, at: int, limit: int) -> None:
+        seqs = self._seqs()
+        k = min(at, len(seqs))
+        start = seqs[k - 1] if k else 0
+        got, _first = self._read_range(start, self.po.queue(READER).last_seq, limit)
+        expected = self.model[READER][k:] if limit < 0 else self.model[READER][k : k + limit]
+        assert [mid for _seq, mid in got] == expected
+
+    @rule(at=st.integers(0, 200))
+    def ack_upto(self, at: int) -> None:
+        seqs = self._seqs()
+        k = min(at, len(seqs))
+        if not k:
+            return
+        q = self.po.queue(READER)
+        done: asyncio.Future[int] = self.loop.create_future()
+        q.ack_upto_soon(seqs[k - 1], done.set_result)
+        assert self._run(asyncio.shield(done)) == k
+        del self.model[READER][:k]
         self._quiet()
 
     @rule(queue=st.sampled_from([*sorted(QUEUES), EXTRA]))
