@@ -368,17 +368,19 @@ class AddressPager:
         refs are not the queue's (a range reader acknowledges with `ack_upto`)."""
         out: list[MessageRef] = []
         first = -1
+        head: list[int] | None = None
         pos: list[int] | None = None
         now = 0
 
         def go() -> None:
-            nonlocal first, pos, now
+            nonlocal first, head, pos, now
             cur = self.cursors.get(q.id)
             if cur is None or not self.paged.get(q.id) or q.deleted:
                 done(out, max(first, 0))
                 return
             if first < 0:
-                head = list(cur)
+                if head is None:
+                    head = list(cur)
                 r = self.next_record(q, head)
                 if r is True:
                     self.waiters.append(go)
@@ -441,7 +443,7 @@ class AddressPager:
                     break
                 pos[1] += 1
                 n += 1
-            if n:
+            if (pos[0], pos[1]) > (cur[0], cur[1]):  # kept even when waiting: never read twice
                 cur[0], cur[1] = pos
                 self.paged[q.id] = max(0, self.paged[q.id] - n)
                 total += n
