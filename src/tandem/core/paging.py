@@ -346,6 +346,8 @@ class AddressPager:
         if err is not None:
             if not isinstance(err, FileNotFoundError):  # deleted meanwhile: every cursor is past it
                 log.error("page %d of address %s could not be read: %s", page, self.addr.name, err)
+            elif page not in self.counts:
+                self.wake()  # a reader that waited for it finds its position behind the cursor
             return
         if self.cache.get(page) is not c:
             if self.waiters:  # they asked for it: they ask again
