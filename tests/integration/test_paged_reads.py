@@ -232,3 +232,41 @@ def test_kill_during_paged_range_reads_loses_nothing_and_serves_no_acked_range_a
     assert not {s for s, _t in rest} & set(served)
     got = [t for s, t in read if s <= acked_upto] + [t for _s, t in rest]
     assert _numbers(got) == list(range(N))  # nothing lost, in order
+
+
+def test_acknowledging_a_paged_range_deletes_the_pages_behind_it(broker_factory: Any) -> None:
+    b: BrokerProcess = broker_factory(address_settings=PAGED).start()
+
+    async def fill_alone() -> None:
+        conn = await aio.connect(b.url)
+        try:
+            s = await conn.create_session()
+            await s.create_queue("paged.alone", reader_only=True)
+            prod = s.create_producer("paged.alone")
+            for i in range(N):
+                await prod.send_async(f"m{i:07d}" + "a" * 1000)
+            await prod.flush()
+        finally:
+            await conn.close()
+
+    def pages() -> list[str]:
+        return sorted(p for p in os.listdir(b.data_dir / "paging") if p.endswith(".page"))
+
+    run(fill_alone())
+    before = pages()
+    assert len(before) >= 4
+    _first, last, got = run(read_all(b.url, "paged.alone", 0, 2000))
+    assert _numbers([t for _s, t in got]) == list(range(N))
+    half = got[N // 2][0]
+    assert run(ack_upto(b.url, "paged.alone", half)) == N // 2 + 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(pages()) > len(before) // 2 + 1:
+        time.sleep(0.1)
+    left = pages()
+    assert len(left) <= len(before) // 2 + 1 and left[-1] == before[-1]  # the first half's pages went
+    assert b.stop() == 0
+    b.start()
+    first, last2, rest = run(read_all(b.url, "paged.alone", 0, 2000))
+    # (a restart resumes sequences after the reserved block, paged or not: last only grows)
+    assert first == half + 1 and last2 >= last
+    assert [s for s, _t in rest] == [s for s, _t in got[N // 2 + 1 :]]
