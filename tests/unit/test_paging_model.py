@@ -4,8 +4,10 @@ A stateful property test: hypothesis sends messages to an anycast and a multicas
 tiny memory limit and tiny page files (so they page, roll pages and stop paging again), in
 transactions too (committed, or cut by a crash after their page writes), consumes
 and acknowledges from their queues, reads ranges of a reader-only queue (the Spark source's) and
-acknowledges up to a sequence there, purges, and restarts the broker's store from its files.
-Range reads must return what the model holds, in order, whether it is in memory or in pages. After
+acknowledges up to a sequence there, browses queues, purges, and restarts the broker's store
+from its files.
+Range reads and browsers must return what the model holds, in order, whether it is in memory or
+in pages, and browsing must leave the queue as it was. After
 every step each queue's contents (in memory, then still in pages, in delivery order) must equal
 the model's; after a restart, built by a cold load from the journal, the page files and the
 cursors, they must still equal it.
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tandem.core.address import MemoryLimits
+from tandem.core.consumer import Consumer
 from tandem.core.ids import IdGenerator
 from tandem.core.message import Message, MessageData, RoutingType
 from tandem.core.postoffice import PostOffice
@@ -60,6 +63,21 @@ def contents(q: Queue) -> list[int]:
             if any(qid == q.id for qid, _seq in r.refs):
                 out.append(r.mid)
     return out
+
+
+class _Collect:
+    """A browser's delivery sink: the ids it is given."""
+
+    writable = True
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+    def deliver(self, consumer: Consumer, ref: Any) -> None:
+        self.ids.append(ref.message.id)
+
+    def consumer_closed(self, consumer: Consumer, error: Any) -> None:
+        pass
 
 
 class PagedStore(RuleBasedStateMachine):
@@ -230,6 +248,22 @@ class PagedStore(RuleBasedStateMachine):
         self._quiet()
 
     @rule(queue=st.sampled_from([*sorted(QUEUES), EXTRA]))
+    def browse(self, queue: str) -> None:
+        if queue not in self.model:
+            return
+        q = self.po.queue(queue)
+        sink = _Collect()
+        browser = Consumer(1, q, sink, -1, browse_only=True)
+        q.add_consumer(browser)
+        expected = self.model[queue]
+        for _ in range(400):  # pages are read in a worker thread: until every message came
+            self._run(asyncio.sleep(0.002))
+            if len(sink.ids) >= len(expected) and not (q.addr and q.addr.pager and q.addr.pager.reading):
+                break
+        q.remove_consumer(browser)
+        assert sink.ids == expected, queue
+
+    @rule(queue=st.sampled_from([*sorted(QUEUES), EXTRA]))
     def purge(self, queue: str) -> None:
         if queue not in self.model:
             return
@@ -259,7 +293,8 @@ class PagedStore(RuleBasedStateMachine):
     @invariant()
     def memory_stays_bounded(self) -> None:
         for addr in self.po.addresses.values():  # the limit, overshot by a message or two at most
-            assert addr.size_bytes <= 600 + 2 * 200, addr.name
+            # (a message counts once per queue it is in: the overshoot grows with the queues past 3)
+            assert addr.size_bytes <= 600 + 2 * 200 * max(3, len(addr.queues)) // 3, addr.name
 
 
 TestPagedStore = PagedStore.TestCase
