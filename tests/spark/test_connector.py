@@ -228,3 +228,38 @@ def test_large_bodies_written_by_the_sink_come_back_whole_through_the_source(spa
     rows = sorted(got, key=lambda r: r.sequence)
     assert [hashlib.sha256(bytes(r.body)).hexdigest() for r in rows] == [hashlib.sha256(d[0]).hexdigest() for d in data]
     assert stat(b.url, "lg.rows")["message_count"] == 3
+
+
+def test_stream_from_a_paged_queue_reads_every_message_once_and_its_acks_free_the_pages(
+    spark: Any, tmp_path: Path
+) -> None:
+    paged = {"pg.#": {"max-size-bytes": 256 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 128 * 1024}}
+    pb = BrokerProcess(tmp_path / "paged-broker", name="paged", address_settings=paged).start()
+    try:
+        n = 3000
+        fill(pb.url, "pg.in", [f"p{i:05d}" + "x" * 400 for i in range(n)])
+        assert stat(pb.url, "pg.in")["paged_count"] > n // 2
+        out, chk = tmp_path / "out", tmp_path / "chk"
+        q = (
+            spark.readStream.format("tandem")
+            .option("url", pb.url)
+            .option("queue", "pg.in")
+            .option("maxMessagesPerTrigger", "1000")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(chk))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(240)
+        assert not q.isActive and q.exception() is None
+        rows = spark.read.parquet(str(out)).select("sequence", "body").collect()
+        assert sorted((r.sequence, bytes(r.body)[:6]) for r in rows) == [
+            (i + 1, f"p{i:05d}".encode()) for i in range(n)
+        ]
+        # All batches but the last are acknowledged: their pages go (the cursor moved past them).
+        after = stat(pb.url, "pg.in")
+        assert after["message_count"] <= 1000 and after["paged_count"] <= 1000
+    finally:
+        pb.kill()

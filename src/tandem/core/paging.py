@@ -23,6 +23,7 @@ to memory, counted against the limit.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
@@ -100,6 +101,8 @@ class AddressPager:
         self.cursors: dict[int, list[int]] = {}  # queue id -> [page, record index]: the next record to read
         self.paged: dict[int, int] = {}  # queue id -> its messages still in pages
         self.cache: OrderedDict[int, _Cached] = OrderedDict()
+        self.waiters: list[Callable[[], None]] = []  # range reads and acks waiting for page data
+        self.range_hints: dict[int, tuple[int, int, int]] = {}  # queue id -> (seq, page, index) after it
         self.active = False
         self.messages_paged = 0
         # Page transactions (decision 0049): records of a transaction whose commit is not in the
@@ -139,9 +142,17 @@ class AddressPager:
     def tx_committed(self, tx: int) -> None:
         """`tx`'s commit is in the journal (queued, in order): its records may be read."""
         self.tx_open.discard(tx)
+        self.wake()
+
+    def wake(self) -> None:
+        """More of the pages can be read (read back, durable, or committed): whoever waits reads on."""
         for q in self.addr.queues.values():
-            if q.consumers:
+            if q.consumers or q.browsers:
                 q.deliver_soon()
+        if self.waiters:
+            waiters, self.waiters = self.waiters, []
+            for w in waiters:
+                w()
 
     def _open_page(self) -> None:
         page = self.next_page
@@ -164,6 +175,7 @@ class AddressPager:
         """A queue deleted: its paged messages go with it."""
         self.cursors.pop(q.id, None)
         self.paged.pop(q.id, None)
+        self.range_hints.pop(q.id, None)
         if q.durable:
             self.storage.delete_cursor(q)
         self._collect()
@@ -262,6 +274,46 @@ class AddressPager:
         self._collect()
         return scanned
 
+    def next_record(self, q: Queue, pos: list[int]) -> tuple[PagedRecord, int] | bool:
+        """The first record of `q` at or after `pos` (page, index), without reading it into `q`:
+        (record, its sequence in `q`), and `pos` moved to it. False: the pages hold nothing more
+        for `q` now. True: not known yet (a page read is under way, or the commit of a page
+        transaction is not journaled yet); the queue is woken when it is known.
+
+        For readers that do not consume (browsers, range readers): reads through the same cache
+        as `refill`, and never moves the queue's cursor."""
+        cur = self.cursors.get(q.id)
+        if cur is not None and (pos[0], pos[1]) < (cur[0], cur[1]):
+            pos[0], pos[1] = cur  # what is behind the cursor was read back into the queue
+        qid = q.id
+        page, idx = pos
+        try:
+            while True:
+                count = self.counts.get(page)
+                if count is None or idx >= count:
+                    if count is not None and page == self.write_page:
+                        return False
+                    nxt = self._page_after(page)
+                    if nxt is None:
+                        return False
+                    page, idx = nxt, 0
+                    continue
+                records = self._records(page, idx)
+                if idx >= len(records):
+                    return True
+                r = records[idx]
+                if r.tx and r.tx in self.tx_open:
+                    return True
+                if not (r.tx and r.tx in self.tx_dead):
+                    for rqid, rseq in r.refs:
+                        if rqid == qid:
+                            if page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable:
+                                return r, rseq
+                            break
+                idx += 1
+        finally:
+            pos[0], pos[1] = page, idx
+
     def _page_after(self, page: int) -> int | None:
         for p in self.pages:
             if p > page:
@@ -294,17 +346,118 @@ class AddressPager:
         if err is not None:
             if not isinstance(err, FileNotFoundError):  # deleted meanwhile: every cursor is past it
                 log.error("page %d of address %s could not be read: %s", page, self.addr.name, err)
+            elif page not in self.counts:
+                self.wake()  # a reader that waited for it finds its position behind the cursor
             return
         if self.cache.get(page) is not c:
+            if self.waiters:  # they asked for it: they ask again
+                self.wake()
             return
         if not records:  # durable bytes that hold no record: damage; reading again would spin
             log.error("page %d of address %s: no record where %d bytes are durable", page, self.addr.name, offset)
             return
         c.records.extend(records)
         c.offset = offset
-        for q in self.addr.queues.values():
-            if q.consumers:
-                q.deliver_soon()
+        self.wake()
+
+    # ------------------------------------------------------ range readers
+    def read_range(
+        self, q: Queue, start: int, end: int, limit: int, done: Callable[[list[MessageRef], int], None]
+    ) -> None:
+        """`q`'s paged messages with start < seq <= end, in order, at most `limit` (< 0: all), not
+        expired, and the sequence of its first paged message (0: none): `done(refs, first)`, at
+        once or, when pages must be read first, from the loop once they are. Nothing moves: the
+        refs are not the queue's (a range reader acknowledges with `ack_upto`)."""
+        out: list[MessageRef] = []
+        first = -1
+        head: list[int] | None = None
+        pos: list[int] | None = None
+        now = 0
+
+        def go() -> None:
+            nonlocal first, head, pos, now
+            cur = self.cursors.get(q.id)
+            if cur is None or not self.paged.get(q.id) or q.deleted:
+                done(out, max(first, 0))
+                return
+            if first < 0:
+                if head is None:
+                    head = list(cur)
+                r = self.next_record(q, head)
+                if r is True:
+                    self.waiters.append(go)
+                    return
+                first = r[1] if isinstance(r, tuple) else 0
+                if not first or first > end or (limit >= 0 and len(out) >= limit):
+                    done(out, first)
+                    return
+            if pos is None:
+                hint = self.range_hints.get(q.id)
+                pos = [hint[1], hint[2]] if hint is not None and hint[0] <= start else list(cur)
+            while limit < 0 or len(out) < limit:
+                r = self.next_record(q, pos)
+                if r is True:
+                    self.waiters.append(go)
+                    return
+                if r is False:
+                    break
+                record, seq = r
+                if seq > end:
+                    break
+                pos[1] += 1
+                if seq <= start:
+                    continue
+                self.range_hints[q.id] = (seq, pos[0], pos[1])
+                if record.expiration:
+                    if not now:
+                        now = time.time_ns() // 1_000_000
+                    if record.expiration <= now:
+                        continue
+                m = Message.decode(record.mid, msgspec.Raw(record.raw))
+                if record.expiration:
+                    m.expiration = record.expiration
+                out.append(MessageRef(m, q, seq))
+            done(out, first)
+
+        go()
+
+    def ack_upto(self, q: Queue, seq: int, done: Callable[[int], None]) -> None:
+        """Move `q`'s cursor past its paged messages with a sequence up to `seq` (a range reader's
+        acknowledgement), journaled; `done(how many)`, at once or once the pages it needed are read.
+        Progress is kept as it goes, so a span longer than the page cache never reads a page twice."""
+        total = 0
+
+        def go() -> None:
+            nonlocal total
+            cur = self.cursors.get(q.id)
+            if cur is None or not self.paged.get(q.id) or q.deleted:
+                done(total)
+                return
+            pos = list(cur)
+            n = 0
+            waiting = False
+            while True:
+                r = self.next_record(q, pos)
+                if r is True:
+                    waiting = True
+                    break
+                if r is False or r[1] > seq:
+                    break
+                pos[1] += 1
+                n += 1
+            if (pos[0], pos[1]) > (cur[0], cur[1]):  # kept even when waiting: never read twice
+                cur[0], cur[1] = pos
+                self.paged[q.id] = max(0, self.paged[q.id] - n)
+                total += n
+                if q.durable and self.storage.persistent:
+                    self.storage.store_depaged(q, [], (pos[0], pos[1]), self.ids.next())
+                self._collect()
+            if waiting:
+                self.waiters.append(go)
+            else:
+                done(total)
+
+        go()
 
     # ------------------------------------------------------------ clean-up
     def _collect(self) -> None:
@@ -318,6 +471,7 @@ class AddressPager:
             self.write_page = 0
             for cur in self.cursors.values():
                 cur[0], cur[1] = self.next_page, 0
+            self.range_hints.clear()
             if self.active:
                 self.active = False
                 log.info("address stopped paging", extra={"address": self.addr.name})

@@ -374,8 +374,6 @@ class PostOffice:
         addr = queues[0].addr
         if addr is None or addr.settings.address_full_policy != "PAGE":
             return None
-        if any(q.reader_only for q in queues):
-            return None  # a range reader (Spark) reads memory only: its address is not paged (decision 0044)
         if message.large is not None:
             return None  # its body is a file already, and a page record holds no file: it is journaled
         pager = addr.pager
@@ -411,9 +409,7 @@ class PostOffice:
         """New page data is readable: queues waiting for it read on."""
         for addr in self.addresses.values():
             if addr.pager is not None and addr.pager.active:
-                for q in addr.queues.values():
-                    if q.consumers:
-                        q.deliver_soon()
+                addr.pager.wake()
 
     def _tx_page_added(self, tx: int) -> None:
         self.page_txs[tx] = self.page_txs.get(tx, 0) + 1

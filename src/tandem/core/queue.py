@@ -16,13 +16,13 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import TandemError
+from .browse import Browse
 from .consumer import Consumer, Filter
 from .message import MessageRef, RoutingType
 from .reflevel import RefLevel
@@ -103,7 +103,7 @@ class Queue:
         self._bytes = 0
         self._scheduled = False
         self.consumers: list[Consumer] = []
-        self.browsers: dict[Consumer, deque[MessageRef]] = {}
+        self.browsers: dict[Consumer, Browse] = {}
         self._rr = 0
         self._last_values: dict[Any, MessageRef] = {}
         self._next_seq = next_seq
@@ -170,8 +170,8 @@ class Queue:
         self._account(size, 1)
         self.messages_added += 1
         if self.browsers:
-            for pending in self.browsers.values():
-                pending.append(ref)
+            for browse in self.browsers.values():
+                browse.added(ref)
         if (self.consumers or self.browsers) and not self._scheduled:
             self._scheduled = True
             self._schedule(self._dispatch)
@@ -187,8 +187,8 @@ class Queue:
         self._bytes += size
         self._account(size, 1)
         if self.browsers:
-            for pending in self.browsers.values():
-                pending.append(ref)
+            for browse in self.browsers.values():
+                browse.added(ref, depaged=True)
 
     def add_loaded(self, ref: MessageRef) -> None:
         """Reload path: no dispatch, no statistics."""
@@ -298,7 +298,7 @@ class Queue:
     # ----------------------------------------------------------- consumers
     def add_consumer(self, consumer: Consumer) -> None:
         if consumer.browse_only:
-            self.browsers[consumer] = deque(self.iter_refs())
+            self.browsers[consumer] = Browse(self.iter_refs())
         else:
             self.consumers.append(consumer)
         self.deliver_soon()
@@ -441,14 +441,11 @@ class Queue:
         return delivered
 
     def _dispatch_browsers(self) -> int:
+        """Browsers see memory and the address's pages (core/browse.py), reading nothing back."""
         delivered = 0
-        for b, pending in self.browsers.items():
-            while pending and b.ready and delivered < MAX_PER_PASS:
-                ref = pending.popleft()
-                if ref.removed or not b.accepts(ref):
-                    continue
-                b.deliver(ref)
-                delivered += 1
+        pager = self.addr.pager if self.addr is not None else None
+        for b, browse in self.browsers.items():
+            delivered += browse.step(b, self, pager, MAX_PER_PASS - delivered)
         if delivered >= MAX_PER_PASS:
             self.deliver_soon()
         return delivered
@@ -557,6 +554,40 @@ class Queue:
             return []
         merged = runs[0] if len(runs) == 1 else heapq.merge(*runs, key=_seq_of)
         return list(islice(merged, limit) if limit >= 0 else merged)
+
+    def read_range_soon(self, start: int, end: int, limit: int, done: Callable[[list[MessageRef], int], None]) -> None:
+        """`read_range` over memory and the address's pages (their records are read, never taken
+        into the queue): `done(refs, first sequence still in the queue)`, at once or, when pages
+        must be read first, later from the loop."""
+        refs = self.read_range(start, end, limit)
+        first = self.first_seq()
+        pager = self.addr.pager if self.addr is not None else None
+        if pager is None or not pager.paged.get(self.id):
+            done(refs, first)
+            return
+
+        def paged(more: list[MessageRef], paged_first: int) -> None:
+            merged = list(heapq.merge(refs, more, key=_seq_of)) if refs and more else refs or more
+            if limit >= 0:
+                del merged[limit:]
+            done(merged, min(first, paged_first) if paged_first else first)
+
+        pager.read_range(self, start, end, limit, paged)
+
+    def ack_upto_soon(self, seq: int, done: Callable[[int], None]) -> None:
+        """`ack_upto` over memory and the address's pages (the queue's page cursor moves past the
+        paged messages it covers): `done(how many)`, at once or later from the loop."""
+        n = self.ack_upto(seq)
+        pager = self.addr.pager if self.addr is not None else None
+        if pager is None or not pager.paged.get(self.id):
+            done(n)
+            return
+
+        def paged(more: int) -> None:
+            # what a consumer read back from the pages meanwhile is in memory now
+            done(n + more + (self.ack_upto(seq) if more or self._count else 0))
+
+        pager.ack_upto(self, seq, paged)
 
     def ack_upto(self, seq: int, tx: list[object] | None = None) -> int:
         """Acknowledge every queued message with a sequence up to `seq` (a range reader's commit)."""

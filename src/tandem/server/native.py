@@ -47,6 +47,7 @@ from .reattach import (
 )
 
 if TYPE_CHECKING:
+    from ..core.queue import Queue
     from .context import BrokerContext
 
 log = logging.getLogger("tandem.native")
@@ -850,12 +851,24 @@ class NativeConnection(asyncio.Protocol):
     def on_read_range(self, pkt: p.ReadRange) -> None:
         s = self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
-        refs, more = large.cut_range(q.read_range(pkt.start, pkt.end, pkt.limit))
+        q.read_range_soon(pkt.start, pkt.end, pkt.limit, partial(self._range_read, pkt, q, s))
+
+    def _range_read(self, pkt: p.ReadRange, q: Queue, s: NativeSession, refs: list[MessageRef], first: int) -> None:
+        """Answer READ_RANGE (at once, or once the paged messages it covers are read)."""
+        try:
+            self._answer_range_read(pkt, q, s, refs, first)
+        except TandemError as exc:
+            self.command_failed(pkt, exc)
+
+    def _answer_range_read(
+        self, pkt: p.ReadRange, q: Queue, s: NativeSession, refs: list[MessageRef], first: int
+    ) -> None:
+        refs, more = large.cut_range(refs)
         pumps = large.range_pumps(s, pkt.cmd, refs)
         # delivery_count as DELIVER counts it: this read is delivery number failed + 1
         items = [(r.seq, r.message.id, r.delivery_count + 1, _raw(r.message.raw)) for r in refs]
         big = [(i, pump.size, pump.compressed) for i, pump in pumps]
-        result = p.RangeResult(pkt.channel, pkt.cmd, q.first_seq(), q.last_seq, items, big, more)
+        result = p.RangeResult(pkt.channel, pkt.cmd, first, q.last_seq, items, big, more)
         # Only what is on disk may leave: a reader that keeps offsets (Spark) must never
         # process a message a crash could still take back (its producer would send it again).
         if not pumps:
@@ -877,8 +890,12 @@ class NativeConnection(asyncio.Protocol):
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
-        n = q.ack_upto(pkt.seq)
-        self._reply(pkt.channel, pkt.cmd, {"acked": n}, after_journal=n > 0)
+        channel, cmd = pkt.channel, pkt.cmd
+
+        def acked(n: int) -> None:
+            self._reply(channel, cmd, {"acked": n}, after_journal=n > 0)
+
+        q.ack_upto_soon(pkt.seq, acked)
 
     def _reply(self, channel: int, cmd: int, result: Any, after_journal: bool) -> None:
         pkt = p.Response(channel, cmd, result)
