@@ -15,7 +15,7 @@ from .ha.lockfile import LockFile
 from .journal import Journal, JournalSettings
 from .journal import files as jf
 from .journal import records as rec
-from .store.pages import decode_page, parse_page_name
+from .store.pages import decode_page, page_key, parse_page_name
 from .store.records import AddressRecord, MessageRecord, PageCursorRecord, QueueRecord, RecordType
 
 _NAMES = {int(t): t.name for t in RecordType}
@@ -160,7 +160,7 @@ def _print_paging(
         print(f"   address {addresses.get(aid, f'#{aid} (deleted)')!r}:", file=out)
         for page, path in sorted(pages[aid]):
             buf = path.read_bytes()
-            recs, end, reason = decode_page(buf, page)
+            recs, end, reason = decode_page(buf, page_key(buf, page))
             tail = "" if end == len(buf) else f"  (records end at {end}: {reason})"
             print(f"   {path.name}  size {len(buf)}  records {len(recs)}{tail}", file=out)
             for i, r in enumerate(recs):
