@@ -321,3 +321,49 @@ def test_a_backup_joining_while_an_address_depages_takes_over_where_the_primary_
     asyncio.run(consume())
     assert consumed == list(range(n))
     assert p.status(1)["state"] == "active"
+
+
+@pytest.mark.parametrize("kind", ["replicated", "shared-store"])
+def test_failover_with_a_transaction_paged_while_open(kind: str, make_pair: Any) -> None:
+    """Decision 0055: one transaction paged as it arrives and committed (confirmed), another
+    still open when the primary is killed: the backup delivers the first whole, in order, and
+    nothing of the second, and keeps none of its files."""
+    c = make_pair(kind)
+    backup_dir = Path(c.dirs[1] if kind == "replicated" else c.data)
+    asyncio.run(_send(c.url_of(0), "paged.open", 300))  # the address pages
+
+    async def main() -> None:
+        conns = []
+        for first, commit in ((1000, True), (5000, False)):
+            conn = await aio.connect(c.url_of(0))
+            conns.append(conn)
+            session = await conn.create_session(transacted=True)
+            prod = session.create_producer("paged.open")
+            for i in range(first, first + 2000):
+                await prod.send_async(f"m{i:06d}:" + BODY)
+            await prod.flush()
+            if commit:
+                await session.commit()
+        deadline = time.monotonic() + 10
+        while not _tx_files(backup_dir) and time.monotonic() < deadline:  # on the backup's disk too
+            await asyncio.sleep(0.05)
+        assert _tx_files(backup_dir), "the open transaction's sends were not paged (or not replicated)"
+        await asyncio.get_running_loop().run_in_executor(None, c.primary.kill)
+        for conn in conns:
+            try:
+                await conn.close()
+            except TandemError:
+                pass
+
+    asyncio.run(main())
+    c.wait_state(1, "active")
+    got = asyncio.run(_drain(c.url_of(1), "paged.open"))
+    assert got == list(range(300)) + list(range(1000, 3000))
+    left = _tx_files(backup_dir)
+    assert not left, f"the open transaction's files are still there: {left[:3]}"
+
+
+def _tx_files(data_dir: Path) -> list[str]:
+    """Files of open transactions (a<address>-t<tx>-<n>.page)."""
+    d = data_dir / "paging"
+    return [f.name for f in d.iterdir() if "-t" in f.name] if d.is_dir() else []

@@ -2,7 +2,8 @@
 
 A stateful property test: hypothesis sends messages to an anycast and a multicast address with a
 tiny memory limit and tiny page files (so they page, roll pages and stop paging again), in
-transactions too (committed, or cut by a crash after their page writes), consumes
+transactions too (committed, or cut by a crash after their page writes; paged while open, then
+committed, rolled back or cut by a crash, with other sends in between), consumes
 and acknowledges from their queues, purges, and restarts the broker's store from its files. After
 every step each queue's contents (in memory, then still in pages, in delivery order) must equal
 the model's; after a restart, built by a cold load from the journal, the page files and the
@@ -26,6 +27,7 @@ from tandem.core.ids import IdGenerator
 from tandem.core.message import Message, MessageData, RoutingType
 from tandem.core.postoffice import PostOffice
 from tandem.core.queue import Queue
+from tandem.core.session import Transaction
 from tandem.core.settings import SettingsRepository
 from tandem.journal import JournalSettings
 from tandem.server.broker import restore_state
@@ -151,6 +153,47 @@ class PagedStore(RuleBasedStateMachine):
             if pager is not None:
                 pager.page(m, queues, tx)
         self._restart(committed)
+
+    @rule(
+        address=st.sampled_from(["work", "news"]),
+        n=st.integers(1, 30),
+        size=st.integers(1, 120),
+        between=st.integers(0, 3),
+        outcome=st.sampled_from(["commit", "rollback", "crash"]),
+    )
+    def transaction_paged_while_open(self, address: str, n: int, size: int, between: int, outcome: str) -> None:
+        """Decision 0055: a transaction's sends are paged as they arrive once its address pages
+        (or it would fill it); what others send meanwhile comes first; a commit appends it whole,
+        a rollback or a crash leaves nothing of it, not even its files."""
+        tx = Transaction()
+        messages = []
+        for i in range(n):
+            m = Message.create(self.po.ids.next(), MessageData(address, body=b"b" * size))
+            self.po.hold(tx, m, self.po.route(m))
+            messages.append(m)
+            assert tx.held <= 600 + 120, "an open transaction holds more than its address's limit"
+            if i == n // 2:
+                for _ in range(between):  # not in the transaction: delivered before it
+                    self.send(address, 1, size)
+        if outcome == "commit":
+            self.po.commit_transaction(tx.messages, tx.acks, None, tx.paged)
+            self.po.release(tx, discard=False)
+            for m in messages:
+                for qname, addr in QUEUES.items():
+                    if addr == address:
+                        self.model[qname].append(m.id)
+                if address == "news" and EXTRA in self.model:
+                    self.model[EXTRA].append(m.id)
+            self._quiet()
+        elif outcome == "rollback":
+            self.po.release(tx, discard=True)
+            self._quiet()
+        else:
+            self._restart(set(self.po.page_txs))
+        assert self.po.tx_held_bytes == 0
+        if outcome != "commit":
+            left = [f.name for f in (self.dir / "paging").iterdir() if "-t" in f.name]
+            assert not left, f"a transaction's files outlived it: {left}"
 
     @rule()
     def subscribe_or_unsubscribe(self) -> None:
