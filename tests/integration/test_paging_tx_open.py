@@ -7,6 +7,8 @@ commit's confirmation loses none of it. Real broker processes."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ def page_files(b: BrokerProcess) -> list[Path]:
     return sorted((Path(b.data_dir) / "paging").iterdir())
 
 
-async def drain(url: str, queue: str, wait: float = 1.5) -> list[str]:
+async def drain(url: str, queue: str, wait: float = 3.0) -> list[str]:
     """Everything `queue` holds, in order, consumed in committed transactions."""
     conn = await aio.connect(url)
     out: list[str] = []
@@ -159,6 +161,13 @@ def test_kill9_with_the_transaction_open_then_restart_delivers_none_of_it(broker
             pass
 
     run(scenario())
+    printed = subprocess.run(
+        [sys.executable, "-m", "tandem", "data", "print", str(b.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "an open transaction's sends" in printed
     b.start()
     assert run(drain(b.url, "paged.k")) == expected(0, 400)
     assert run(_settle(lambda: not page_files(b))), f"pages left behind: {page_files(b)}"

@@ -656,9 +656,12 @@ class PostOffice:
     # ------------------------------------------------ open transactions (0055)
     def hold(self, tx: Transaction, message: Message, queues: list[Queue]) -> None:
         """A transacted send, routed to `queues`: held in the session until the commit, or paged
-        now if its address pages (or would be full counting what this transaction holds for it,
-        or the broker counting what every open transaction holds). Once a transaction pages to
-        an address, everything it sends there is paged, what it held for it first (its order)."""
+        now when the address would be full counting what this transaction holds for it, or the
+        broker counting what every open transaction holds, or, if the address pages already,
+        once the transaction holds more for it than the address's `max-size-bytes` or
+        `page-size-bytes`, the smaller (less is paged at the commit, as decision 0049 does:
+        no file of its own per small transaction). Once a transaction pages to an address,
+        everything it sends there is paged, what it held for it first (its order)."""
         size = message.size
         addr = queues[0].addr if queues else None
         if addr is not None and self.pages is not None:
@@ -669,6 +672,12 @@ class PostOffice:
                 return
             held = tx.held_by.get(addr.id, 0) + size * len(queues)
             pager = self._pager_for(message, queues, held, self.tx_held_bytes + size)
+            if pager is not None and (pager.active or addr.full):
+                limit = addr.settings.max_size_bytes
+                small = addr.settings.page_size_bytes if limit < 0 else min(limit, addr.settings.page_size_bytes)
+                lim = addr.limits
+                if held <= small and not 0 <= lim.max_size <= lim.size + self.tx_held_bytes + size:
+                    pager = None  # held, paged at the commit
             if pager is not None:
                 if paged is None:
                     paged = tx.paged = PagedTx(self.ids.next())

@@ -57,6 +57,10 @@ def tx_page_name(address_id: int, tx: int, n: int) -> str:
     return f"a{address_id}-t{tx}-{n:06d}.page"
 
 
+def is_tx_page_name(name: str) -> bool:
+    return _TX_NAME.match(name) is not None
+
+
 def page_key(data: bytes, page: int) -> int:
     """The key a page's records carry: its header's (a page that was a transaction's file keeps
     the page transaction's), else its number."""
