@@ -67,6 +67,7 @@ class PagedStore(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="tandem-paging-"))
         self.loop = asyncio.new_event_loop()
         self.model: dict[str, list[int]] = {name: [] for name in QUEUES}
+        self.consumed_seq: dict[str, int] = {}  # queue -> sequence of the last message consumed
         self.storage: JournalStorage | None = None
         self.po = self._open(first=True)
 
@@ -200,6 +201,7 @@ class PagedStore(RuleBasedStateMachine):
         if EXTRA in self.model:
             self.po.delete_queue(EXTRA, force=True)
             del self.model[EXTRA]
+            self.consumed_seq.pop(EXTRA, None)
         else:
             self.po.create_queue(EXTRA, "news", RoutingType.MULTICAST)
             self.model[EXTRA] = []
@@ -223,6 +225,8 @@ class PagedStore(RuleBasedStateMachine):
             if ref is None:
                 break
             assert ref.message.id == self.model[queue].pop(0)
+            assert ref.seq > self.consumed_seq.get(queue, 0), "delivered out of sequence order"
+            self.consumed_seq[queue] = ref.seq
             q.delivering_count += 1
             q.acknowledge([ref])
         self._quiet()
@@ -253,6 +257,16 @@ class PagedStore(RuleBasedStateMachine):
             q = self.po.queue(name)
             assert contents(q) == expected, name
             assert q.message_count == len(expected), name
+
+    @invariant()
+    def sequences_follow_delivery_order(self) -> None:
+        """What a queue holds is in sequence order (a reload sorts by it; range reads bisect it):
+        a transaction paged while open takes its sequences at its commit."""
+        for name in self.model:
+            q = self.po.queue(name)
+            seqs = [r.seq for r in q.iter_refs()]
+            assert seqs == sorted(set(seqs)), name
+            assert not seqs or seqs[-1] <= q.last_seq, name
 
     @invariant()
     def memory_stays_bounded(self) -> None:
