@@ -238,3 +238,47 @@ def test_dedup_ids_of_a_paged_transaction_are_known_after_commit_and_after_resta
     b.start()
     run(again())
     assert run(drain(b.url, "paged.d")) == expected(0, 3400)
+
+
+@pytest.mark.timeout(240)
+def test_kill9_after_the_renames_before_the_commit_is_journaled_delivers_none_of_it(broker_factory: Any) -> None:
+    """The commit's renames are on disk (the files are pages now), the journal's writes are held
+    back (fault seam) so its PAGE_TX is not: after a kill -9 and a restart none of the
+    transaction is delivered, and its pages are shown as never committed."""
+    b: BrokerProcess = broker_factory(address_settings=SETTINGS).start()
+    run(fill(b.url, "paged.w", 0, 400))
+    b.stop()
+    b.env = {"TANDEM_JOURNAL_FAULTS": "tandem-data:write=delay6"}
+    b.start(timeout=60)
+
+    def tx_files() -> list[str]:
+        return [p.name for p in page_files(b) if "-t" in p.name]
+
+    async def scenario() -> None:
+        conn, session = await open_tx(b.url, "paged.w", 400, 3000)
+        assert tx_files(), "the open transaction's sends were not paged"
+        task = asyncio.create_task(session.commit())
+        assert await _settle(lambda: not tx_files(), 5), "the commit did not rename its files"
+        assert not task.done(), "the commit was confirmed before its PAGE_TX was journaled"
+        await asyncio.get_running_loop().run_in_executor(None, b.kill)
+        try:
+            await asyncio.wait_for(task, 10)
+        except Exception:
+            pass
+        try:
+            await conn.close()
+        except Exception:
+            pass
+
+    run(scenario())
+    printed = subprocess.run(
+        [sys.executable, "-m", "tandem", "data", "print", "--records", str(b.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "(never committed)" in printed
+    b.env = {}
+    b.start()
+    assert run(drain(b.url, "paged.w")) == expected(0, 400)
+    assert run(_settle(lambda: not page_files(b))), f"pages left behind: {page_files(b)}"
