@@ -630,28 +630,33 @@ class PostOffice:
         durable, and only then may its paged messages be read: a crash before leaves page records
         of a transaction the journal never committed, skipped at the restart."""
         assert self.pages is not None
-        seqs: list[tuple[int, int, int]] = []
+        txs: list[int] = []
         pagers: list[AddressPager] = []
         if paged_tx is not None and paged_tx.runs:  # paged while open: its files become pages first
-            tx = paged_tx.tx
             pagers, seqs = paged_tx.commit()
-        else:
+            self.storage.store_page_tx(paged_tx.tx, ops, seqs)
+            txs.append(paged_tx.tx)
+        if paged:  # a page transaction of its own: its records carry their sequences (0055's count 1, 2, ...)
             tx = self.ids.next()
-        for pager, m, queues in paged:
-            self._page(pager, m, queues, tx)
-        self.storage.store_page_tx(tx, ops, seqs)
+            for pager, m, queues in paged:
+                self._page(pager, m, queues, tx)
+            self.storage.store_page_tx(tx, ops)
+            txs.append(tx)
         pagers = list({id(p): p for p in [*pagers, *(p for p, _m, _q in paged)]}.values())
-        self.pages.after_durable(partial(self._page_tx_durable, tx, ops, pagers, added))
+        self.pages.after_durable(partial(self._page_tx_durable, txs, ops, pagers, added))
         return True
 
-    def _page_tx_durable(self, tx: int, ops: list[object], pagers: list[AddressPager], added: list[MessageRef]) -> None:
+    def _page_tx_durable(
+        self, txs: list[int], ops: list[object], pagers: list[AddressPager], added: list[MessageRef]
+    ) -> None:
         if ops:
             self.storage.commit(ops)
         for ref in added:
             if not ref.queue.deleted:
                 ref.queue.add(ref)
         for pager in pagers:
-            pager.tx_committed(tx)
+            for tx in txs:
+                pager.tx_committed(tx)
 
     # ------------------------------------------------ open transactions (0055)
     def hold(self, tx: Transaction, message: Message, queues: list[Queue]) -> None:
