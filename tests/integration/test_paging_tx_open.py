@@ -282,3 +282,28 @@ def test_kill9_after_the_renames_before_the_commit_is_journaled_delivers_none_of
     b.start()
     assert run(drain(b.url, "paged.w")) == expected(0, 400)
     assert run(_settle(lambda: not page_files(b))), f"pages left behind: {page_files(b)}"
+
+
+@pytest.mark.timeout(240)
+def test_open_transactions_together_stay_under_the_broker_limit(broker_factory: Any) -> None:
+    """No address limit, a broker limit (global-max-size, 512 KiB): three open transactions on
+    three addresses, ~300 KiB each (each under the limit, together over it), hold no more than
+    the limit between them; committed, all is delivered in order."""
+    b: BrokerProcess = broker_factory(
+        global_max_size=512 * 1024, address_settings={"g.#": {"address-full-policy": "PAGE"}}
+    ).start()
+
+    async def scenario() -> None:
+        opened = [await open_tx(b.url, f"g.{k}", 0, 300) for k in range(3)]
+        try:
+            held = (await status(b.url))["transaction_bytes"]
+            assert 0 < held <= 512 * 1024 + 2000, held
+            for _conn, session in opened:
+                await session.commit()
+        finally:
+            for conn, _session in opened:
+                await conn.close()
+
+    run(scenario())
+    for k in range(3):
+        assert run(drain(b.url, f"g.{k}")) == expected(0, 300)
