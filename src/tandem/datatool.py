@@ -15,7 +15,7 @@ from .ha.lockfile import LockFile
 from .journal import Journal, JournalSettings
 from .journal import files as jf
 from .journal import records as rec
-from .store.pages import decode_page, parse_page_name
+from .store.pages import decode_page, is_tx_page_name, page_key, parse_page_name
 from .store.records import AddressRecord, MessageRecord, PageCursorRecord, QueueRecord, RecordType
 
 _NAMES = {int(t): t.name for t in RecordType}
@@ -160,7 +160,7 @@ def _print_paging(
         print(f"   address {addresses.get(aid, f'#{aid} (deleted)')!r}:", file=out)
         for page, path in sorted(pages[aid]):
             buf = path.read_bytes()
-            recs, end, reason = decode_page(buf, page)
+            recs, end, reason = decode_page(buf, page_key(buf, page))
             tail = "" if end == len(buf) else f"  (records end at {end}: {reason})"
             print(f"   {path.name}  size {len(buf)}  records {len(recs)}{tail}", file=out)
             for i, r in enumerate(recs):
@@ -172,6 +172,12 @@ def _print_paging(
                 if records:
                     tx = f" tx={r.tx}" + (" (never committed)" if dead else "") if r.tx else ""
                     print(f"   paged message {r.mid}: refs={r.refs} size={len(r.raw)}{tx}", file=out)
+    open_tx = sorted(p for p in directory.iterdir() if is_tx_page_name(p.name)) if directory.is_dir() else []
+    for path in open_tx:  # decision 0055: refs in them (and in pages they became) count 1, 2, ... per queue
+        print(
+            f"   {path.name}  size {path.stat().st_size}  an open transaction's sends (removed at the next start)",
+            file=out,
+        )
 
 
 def _print_large(data: Path, named: dict[str, tuple[int, int]], out: IO[str]) -> None:

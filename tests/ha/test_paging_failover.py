@@ -200,11 +200,15 @@ def test_failover_while_depaging(kind: str, make_pair: Any) -> None:
     assert c.status(1)["state"] == "active"
 
 
-@pytest.mark.parametrize("kind", ["replicated", "shared-store"])
-def test_failover_during_paged_transactions(kind: str, make_pair: Any) -> None:
+@pytest.mark.parametrize(
+    ("kind", "k", "enough"),
+    [(kind, k, enough) for kind in ("replicated", "shared-store") for k, enough in ((4, 300), (400, 8))],
+)
+def test_failover_during_paged_transactions(kind: str, k: int, enough: int, make_pair: Any) -> None:
     """Transactions of K messages over two paging addresses, kill -9 of the primary among them:
-    the backup has each transaction whole or not at all, and every confirmed one."""
-    k = 4
+    the backup has each transaction whole or not at all, and every confirmed one. Small ones are
+    paged at their commit (decision 0049), large ones as they arrive (0055: their files renamed
+    into pages by the commit, the renames replicated)."""
     outs = ("paged.ta", "paged.tb")
     c = make_pair(kind)
     for out in outs:
@@ -233,8 +237,10 @@ def test_failover_during_paged_transactions(kind: str, make_pair: Any) -> None:
 
     async def main() -> None:
         task = asyncio.create_task(work())
-        while len(committed) < 300:
+        deadline = time.monotonic() + 120
+        while len(committed) < enough and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        assert len(committed) >= enough, f"only {len(committed)} commits"
         await asyncio.get_running_loop().run_in_executor(None, c.primary.kill)
         await asyncio.wait_for(task, 30)
 
@@ -244,11 +250,10 @@ def test_failover_during_paged_transactions(kind: str, make_pair: Any) -> None:
     for out in outs:
         conn_texts = asyncio.run(_drain_texts(c.url_of(1), out))
         assert [x[:7] for x in conn_texts if x.startswith("m")] == [f"m{i:06d}" for i in range(300)]
-        tx_texts = [x for x in conn_texts if x.startswith("t")]
-        assert tx_texts == sorted(tx_texts), f"out of order in {out}"
-        for x in tx_texts:
-            t, i, _ = x[1:].split(":", 2)
-            parts.setdefault(int(t), []).append(int(i))
+        keys = [tuple(int(n) for n in x[1:].split(":", 2)[:2]) for x in conn_texts if x.startswith("t")]
+        assert keys == sorted(keys), f"out of order in {out}"
+        for t, i in keys:
+            parts.setdefault(t, []).append(i)
     for t, got in parts.items():
         assert sorted(got) == list(range(k)), f"transaction {t} is partial or twice: {got}"
     missing = sorted(committed - set(parts))
@@ -376,3 +381,49 @@ def test_failover_while_a_range_reader_reads_paged_messages(kind: str, make_pair
     assert acked == list(range(n))
     assert firsts_after_kill and all(first > lo for first, lo in firsts_after_kill), firsts_after_kill[:5]
     assert c.status(1)["state"] == "active"
+
+
+@pytest.mark.parametrize("kind", ["replicated", "shared-store"])
+def test_failover_with_a_transaction_paged_while_open(kind: str, make_pair: Any) -> None:
+    """Decision 0055: one transaction paged as it arrives and committed (confirmed), another
+    still open when the primary is killed: the backup delivers the first whole, in order, and
+    nothing of the second, and keeps none of its files."""
+    c = make_pair(kind)
+    backup_dir = Path(c.dirs[1] if kind == "replicated" else c.data)
+    asyncio.run(_send(c.url_of(0), "paged.open", 300))  # the address pages
+
+    async def main() -> None:
+        conns = []
+        for first, commit in ((1000, True), (5000, False)):
+            conn = await aio.connect(c.url_of(0))
+            conns.append(conn)
+            session = await conn.create_session(transacted=True)
+            prod = session.create_producer("paged.open")
+            for i in range(first, first + 2000):
+                await prod.send_async(f"m{i:06d}:" + BODY)
+            await prod.flush()
+            if commit:
+                await session.commit()
+        deadline = time.monotonic() + 10
+        while not _tx_files(backup_dir) and time.monotonic() < deadline:  # on the backup's disk too
+            await asyncio.sleep(0.05)
+        assert _tx_files(backup_dir), "the open transaction's sends were not paged (or not replicated)"
+        await asyncio.get_running_loop().run_in_executor(None, c.primary.kill)
+        for conn in conns:
+            try:
+                await conn.close()
+            except TandemError:
+                pass
+
+    asyncio.run(main())
+    c.wait_state(1, "active")
+    got = asyncio.run(_drain(c.url_of(1), "paged.open"))
+    assert got == list(range(300)) + list(range(1000, 3000))
+    left = _tx_files(backup_dir)
+    assert not left, f"the open transaction's files are still there: {left[:3]}"
+
+
+def _tx_files(data_dir: Path) -> list[str]:
+    """Files of open transactions (a<address>-t<tx>-<n>.page)."""
+    d = data_dir / "paging"
+    return [f.name for f in d.iterdir() if "-t" in f.name] if d.is_dir() else []

@@ -601,6 +601,42 @@ def test_disconnect_with_an_open_transaction_drops_its_sends(sb: BrokerProcess, 
     assert _reconnect_and_collect(port, clients, "/queue/opentx") == []
 
 
+def test_transactions_paged_while_open_commit_abort_and_disconnect(
+    broker_factory: Factory, clients: Callable[..., Client]
+) -> None:
+    """Decision 0055 through STOMP: two transactions of one connection paged as they arrive
+    (more than the address's max-size-bytes each): ABORT deletes one's files, COMMIT delivers
+    the other's messages in order, a disconnect drops a third's; no file of them is left."""
+    b = stomp_broker(
+        broker_factory,
+        address_settings={"pg.#": {"max-size-bytes": 16 * 1024, "address-full-policy": "PAGE"}},
+    )
+    port = b.ports["stomp"]
+    p = clients(port)
+    for i in range(100):  # the address pages
+        p.send("/queue/pg.q", f"m{i:04d}", wait=i == 99, persistent="true")
+    body = "x" * 1000
+    p.frame("BEGIN", transaction="keep")
+    p.frame("BEGIN", transaction="drop")
+    for i in range(100, 200):
+        p.send("/queue/pg.q", f"m{i:04d}" + body, wait=False, transaction="keep", persistent="true")
+        p.send("/queue/pg.q", f"d{i:04d}" + body, wait=i == 199, transaction="drop", persistent="true")
+    paging = Path(b.data_dir) / "paging"
+    assert len([f for f in paging.iterdir() if "-t" in f.name]) == 2  # one file per transaction
+    p.frame("ABORT", transaction="drop")
+    p.frame("COMMIT", transaction="keep")
+    q = clients(port)
+    q.frame("BEGIN", transaction="gone")
+    q.send("/queue/pg.q", "never" + body * 20, transaction="gone", persistent="true")
+    q.close()
+    got = [m.body[:5].decode() for m in native_drain(b.url, "pg.q", 200)]
+    assert got == [f"m{i:04d}" for i in range(200)]
+    deadline = time.monotonic() + 5
+    while [f for f in paging.iterdir() if "-t" in f.name] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [f.name for f in paging.iterdir() if "-t" in f.name]
+
+
 # ================================================================================== receipts
 
 

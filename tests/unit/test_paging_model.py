@@ -2,8 +2,9 @@
 
 A stateful property test: hypothesis sends messages to an anycast and a multicast address with a
 tiny memory limit and tiny page files (so they page, roll pages and stop paging again), in
-transactions too (committed, or cut by a crash after their page writes), consumes
-and acknowledges from their queues, reads ranges of a reader-only queue (the Spark source's) and
+transactions too (committed, or cut by a crash after their page writes; paged while open, then
+committed, rolled back or cut by a crash, with other sends in between), consumes and
+acknowledges from their queues, reads ranges of a reader-only queue (the Spark source's) and
 acknowledges up to a sequence there, browses queues, purges, and restarts the broker's store
 from its files.
 Range reads and browsers must return what the model holds, in order, whether it is in memory or
@@ -31,6 +32,7 @@ from tandem.core.ids import IdGenerator
 from tandem.core.message import Message, MessageData, RoutingType
 from tandem.core.postoffice import PostOffice
 from tandem.core.queue import Queue
+from tandem.core.session import Transaction
 from tandem.core.settings import SettingsRepository
 from tandem.journal import JournalSettings
 from tandem.server.broker import restore_state
@@ -86,6 +88,7 @@ class PagedStore(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="tandem-paging-"))
         self.loop = asyncio.new_event_loop()
         self.model: dict[str, list[int]] = {name: [] for name in QUEUES}
+        self.consumed_seq: dict[str, int] = {}  # queue -> sequence of the last message consumed
         self.storage: JournalStorage | None = None
         self.po = self._open(first=True)
 
@@ -174,11 +177,53 @@ class PagedStore(RuleBasedStateMachine):
                 pager.page(m, queues, tx)
         self._restart(committed)
 
+    @rule(
+        address=st.sampled_from(["work", "news"]),
+        n=st.integers(1, 30),
+        size=st.integers(1, 120),
+        between=st.integers(0, 3),
+        outcome=st.sampled_from(["commit", "rollback", "crash"]),
+    )
+    def transaction_paged_while_open(self, address: str, n: int, size: int, between: int, outcome: str) -> None:
+        """Decision 0055: a transaction's sends are paged as they arrive once its address pages
+        (or it would fill it); what others send meanwhile comes first; a commit appends it whole,
+        a rollback or a crash leaves nothing of it, not even its files."""
+        tx = Transaction()
+        messages = []
+        for i in range(n):
+            m = Message.create(self.po.ids.next(), MessageData(address, body=b"b" * size))
+            self.po.hold(tx, m, self.po.route(m))
+            messages.append(m)
+            assert tx.held <= 600 + 120, "an open transaction holds more than its address's limit"
+            if i == n // 2:
+                for _ in range(between):  # not in the transaction: delivered before it
+                    self.send(address, 1, size)
+        if outcome == "commit":
+            self.po.commit_transaction(tx.messages, tx.acks, None, tx.paged)
+            self.po.release(tx, discard=False)
+            for m in messages:
+                for qname, addr in QUEUES.items():
+                    if addr == address:
+                        self.model[qname].append(m.id)
+                if address == "news" and EXTRA in self.model:
+                    self.model[EXTRA].append(m.id)
+            self._quiet()
+        elif outcome == "rollback":
+            self.po.release(tx, discard=True)
+            self._quiet()
+        else:
+            self._restart(set(self.po.page_txs))
+        assert self.po.tx_held_bytes == 0
+        if outcome != "commit":
+            left = [f.name for f in (self.dir / "paging").iterdir() if "-t" in f.name]
+            assert not left, f"a transaction's files outlived it: {left}"
+
     @rule()
     def subscribe_or_unsubscribe(self) -> None:
         if EXTRA in self.model:
             self.po.delete_queue(EXTRA, force=True)
             del self.model[EXTRA]
+            self.consumed_seq.pop(EXTRA, None)
         else:
             self.po.create_queue(EXTRA, "news", RoutingType.MULTICAST)
             self.model[EXTRA] = []
@@ -202,6 +247,8 @@ class PagedStore(RuleBasedStateMachine):
             if ref is None:
                 break
             assert ref.message.id == self.model[queue].pop(0)
+            assert ref.seq > self.consumed_seq.get(queue, 0), "delivered out of sequence order"
+            self.consumed_seq[queue] = ref.seq
             q.delivering_count += 1
             q.acknowledge([ref])
         self._quiet()
@@ -289,6 +336,16 @@ class PagedStore(RuleBasedStateMachine):
             q = self.po.queue(name)
             assert contents(q) == expected, name
             assert q.message_count == len(expected), name
+
+    @invariant()
+    def sequences_follow_delivery_order(self) -> None:
+        """What a queue holds is in sequence order (a reload sorts by it; range reads bisect it):
+        a transaction paged while open takes its sequences at its commit."""
+        for name in self.model:
+            q = self.po.queue(name)
+            seqs = [r.seq for r in q.iter_refs()]
+            assert seqs == sorted(set(seqs)), name
+            assert not seqs or seqs[-1] <= q.last_seq, name
 
     @invariant()
     def memory_stays_bounded(self) -> None:

@@ -16,8 +16,9 @@ Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045):
 
 Order per queue holds across the boundary: while an address pages, nothing it receives enters
 memory, and a queue reads its pages in order. A transaction's paged records are not read past
-until its commit (PAGE_TX) is in the journal. The broker's own copies (dead letters, expiry) go
-to memory, counted against the limit.
+until its commit (PAGE_TX) is in the journal; an open transaction's sends are paged as they
+arrive, to files of its own that its commit makes pages (core/txpaging.py). The broker's own
+copies (dead letters, expiry) go to memory, counted against the limit.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class PageStore(Protocol):
     """The page files (store/pages.py)."""
 
     def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]], tx: int = 0) -> int: ...
+    def append_tx(self, address_id: int, tx: int, n: int, message: Message, refs: list[tuple[int, int]]) -> int: ...
+    def adopt_tx(self, address_id: int, tx: int, n: int, page: int) -> None: ...
+    def discard_tx(self, address_id: int, tx: int, n: int) -> None: ...
     def read(self, address_id: int, page: int, offset: int) -> tuple[list[PagedRecord], int]: ...
     def readable(self, address_id: int, page: int, offset: int) -> bool: ...
     def read_soon(
@@ -110,6 +114,9 @@ class AddressPager:
         self.tx_open: set[int] = set()
         self.tx_dead: set[int] = set()
         self.page_txs: dict[int, set[int]] = {}  # page -> committed transactions with records in it
+        # Transactions paged while open (decision 0055): their records hold 1, 2, ... per queue;
+        # queue id -> its first sequence, taken at the commit.
+        self.tx_seqs: dict[int, dict[int, int]] = {}
         self.tx_pages_added: Callable[[int], None] = lambda tx: None  # one more page holds records of `tx`
         self.on_tx_pages_gone: Callable[[int], None] = lambda tx: None  # one page of `tx` deleted
 
@@ -153,6 +160,37 @@ class AddressPager:
             waiters, self.waiters = self.waiters, []
             for w in waiters:
                 w()
+
+    def adopt_tx(self, tx: int, files: list[int], per_queue: dict[int, int]) -> list[tuple[int, int, int]]:
+        """An open transaction's files (`files`: records in each) become the next pages, read
+        once `tx_committed(tx)`; each queue's sequences for them are taken now. Returns (queue
+        id, first sequence, count) per queue (decision 0055)."""
+        if not self.active:
+            self.active = True
+            log.info("address paging", extra={"address": self.addr.name, "size_bytes": self.addr.size_bytes})
+        self.write_page = 0  # the page being written is closed: what comes next goes after these
+        self.tx_open.add(tx)
+        for n, count in enumerate(files, 1):
+            page = self.next_page
+            self.next_page += 1
+            self.store.adopt_tx(self.addr.id, tx, n, page)
+            self.pages.append(page)
+            self.counts[page] = count
+            self.page_txs[page] = {tx}
+            self.tx_pages_added(tx)
+        queues = {q.id: q for q in self.addr.queues.values()}
+        out: list[tuple[int, int, int]] = []
+        seqs = self.tx_seqs[tx] = {}
+        for qid, count in per_queue.items():
+            q = queues.get(qid)
+            if q is None or qid not in self.paged:
+                continue  # deleted since: its records are skipped
+            first = seqs[qid] = q.next_seqs(count)
+            out.append((qid, first, count))
+            self.paged[qid] += count
+            q.messages_added += count
+        self.messages_paged += sum(files)
+        return out
 
     def _open_page(self) -> None:
         page = self.next_page
@@ -252,6 +290,10 @@ class AddressPager:
                     break
             if not seq or (r.tx and r.tx in self.tx_dead):
                 continue  # not this queue's, or of a transaction that never committed
+            if r.tx:
+                firsts = self.tx_seqs.get(r.tx)
+                if firsts is not None:  # paged while open: 1, 2, ... from its commit's first
+                    seq += firsts.get(qid, 1) - 1
             m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
             if not m.durable and page <= self.loaded_upto:
                 continue  # a non-durable message does not outlive the broker that took it
@@ -493,6 +535,8 @@ class AddressPager:
     def _txs_gone(self, txs: list[int]) -> None:
         for tx in txs:
             self.on_tx_pages_gone(tx)
+            if tx in self.tx_seqs and not any(tx in held for held in self.page_txs.values()):
+                del self.tx_seqs[tx]
 
     def _remove(self, pages: list[int]) -> None:
         for p in pages:
@@ -500,12 +544,25 @@ class AddressPager:
 
     # -------------------------------------------------------------- reload
     def load(
-        self, pages: list[int], cursors: dict[int, tuple[int, int]], committed: set[int] | frozenset[int] = frozenset()
+        self,
+        pages: list[int],
+        cursors: dict[int, tuple[int, int]],
+        committed: set[int] | frozenset[int] = frozenset(),
+        tx_seqs: dict[int, list[tuple[int, int, int]]] | None = None,
     ) -> list[Message]:
         """Rebuild from the page files and the journaled cursors; `committed`: the page
-        transactions journaled (PAGE_TX). Returns the paged messages that carry a dedup id (the
-        caller makes sure the dedup cache knows them)."""
+        transactions journaled (PAGE_TX); `tx_seqs`: their sequences, for those paged while open.
+        Returns the paged messages that carry a dedup id (the caller makes sure the dedup cache
+        knows them)."""
         queues = {q.id: q for q in self.addr.queues.values()}
+        for tx, triples in (tx_seqs or {}).items():
+            mine = {qid: first for qid, first, _n in triples if qid in queues}
+            if mine:
+                self.tx_seqs[tx] = mine
+            for qid, first, n in triples:
+                q = queues.get(qid)
+                if q is not None:
+                    q.seqs_used(first + n - 1)
         first = pages[0] if pages else self.next_page
         for qid in queues:
             page, idx = cursors.get(qid, (first, 0))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     AddressDoesNotExist,
@@ -30,6 +30,10 @@ from .paging import AddressPager, PageStore
 from .queue import Queue, Scheduler, now_ms
 from .settings import AddressSettings, SettingsRepository
 from .storage import Storage
+from .txpaging import PagedTx
+
+if TYPE_CHECKING:
+    from .session import Transaction
 
 log = logging.getLogger("tandem.postoffice")
 
@@ -73,6 +77,7 @@ class PostOffice:
         self.queues_by_id: dict[int, Queue] = {}
         self.dedup: dict[str, DuplicateIdCache] = {}
         self.page_txs: dict[int, int] = {}  # page transaction -> pages holding records of it
+        self.tx_held_bytes = 0  # bytes of messages open transactions hold until their commit
 
     def settings_for(self, address: str) -> AddressSettings:
         return self.settings.match(address)
@@ -366,9 +371,12 @@ class PostOffice:
         return addr
 
     # ---------------------------------------------------------------- paging
-    def _pager_for(self, message: Message, queues: list[Queue], pending: int = 0) -> AddressPager | None:
+    def _pager_for(
+        self, message: Message, queues: list[Queue], pending: int = 0, pending_global: int = -1
+    ) -> AddressPager | None:
         """The address's pager if `message` is to be paged: a PAGE address that pages already or is
-        full (counting `pending` bytes more: a transaction's messages bound for memory before it)."""
+        full (counting `pending` bytes more: a transaction's messages bound for memory before it;
+        `pending_global`, if given, against the broker's limit instead)."""
         if not queues or self.pages is None:
             return None
         addr = queues[0].addr
@@ -382,8 +390,9 @@ class PostOffice:
         if not addr.full:
             limit = addr.settings.max_size_bytes
             lim = addr.limits
-            if not pending or not (
-                (limit >= 0 and addr.size_bytes + pending >= limit) or 0 <= lim.max_size <= lim.size + pending
+            pg = pending if pending_global < 0 else pending_global
+            if not (pending or pg) or not (
+                (limit >= 0 and addr.size_bytes + pending >= limit) or 0 <= lim.max_size <= lim.size + pg
             ):
                 return None
         if pager is None:
@@ -429,6 +438,7 @@ class PostOffice:
         listing: dict[int, list[int]],
         cursors: dict[int, tuple[int, int]],
         page_txs: set[int] | frozenset[int] = frozenset(),
+        page_tx_seqs: dict[int, list[tuple[int, int, int]]] | None = None,
     ) -> list[int]:
         """Reload: rebuild each address's paging state from its pages and the queues' cursors;
         `page_txs`: the committed page transactions (those with no page left are deleted).
@@ -452,7 +462,7 @@ class PostOffice:
                 continue
             pager = addr.pager = self._new_pager(addr, max(pages[-1] if pages else 0, floor.get(aid, 0)))
             ops: list[object] = []
-            for m in pager.load(pages, cursors, page_txs):
+            for m in pager.load(pages, cursors, page_txs, page_tx_seqs):
                 assert m.dedup_id is not None
                 cache = self.dedup_cache(m.address)
                 if m.dedup_id not in cache:  # its dedup record was still on its way when the broker stopped
@@ -548,9 +558,14 @@ class PostOffice:
             self.storage.store_dedup(address, None, 0, evicted, None)
 
     def commit_transaction(
-        self, messages: list[Message], acks: list[tuple[Queue, list[MessageRef]]], dedup_id: str | None
+        self,
+        messages: list[Message],
+        acks: list[tuple[Queue, list[MessageRef]]],
+        dedup_id: str | None,
+        paged_tx: PagedTx | None = None,
     ) -> bool:
         """Apply a transaction atomically; returns whether journal records were written.
+        `paged_tx`: what it paged while open (decision 0055).
 
         Raises DuplicateId (nothing applied) if a message repeats a dedup id.
         """
@@ -558,12 +573,13 @@ class PostOffice:
 
         seen: set[tuple[str, str]] = set()
         duplicates: list[tuple[str, str]] = []
-        for m in messages:
-            if m.dedup_id is not None:
-                key = (m.address, m.dedup_id)
-                if key in seen or m.dedup_id in self.dedup_cache(m.address):
-                    duplicates.append(key)
-                seen.add(key)
+        ids = [(m.address, m.dedup_id) for m in messages if m.dedup_id is not None]
+        if paged_tx is not None:
+            ids.extend((a, d) for a, d, _durable in paged_tx.dedup)
+        for key in ids:
+            if key in seen or key[1] in self.dedup_cache(key[0]):
+                duplicates.append(key)
+            seen.add(key)
         if duplicates:
             raise DuplicateId.of(duplicates)
         routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
@@ -582,12 +598,15 @@ class PostOffice:
                     pending[addr.id] = pending.get(addr.id, 0) + m.size * len(queues)  # as memory counts it
             if m.dedup_id is not None:
                 self.remember(self.dedup_cache(m.address), m.dedup_id, ops if m.durable else None)
+        if paged_tx is not None:
+            for address, did, durable in paged_tx.dedup:
+                self.remember(self.dedup_cache(address), did, ops if durable else None)
         for q, refs in acks:
             q.acknowledge(refs, ops)
         if dedup_id is not None:
             self.remember(self.dedup_cache(TX_CACHE), dedup_id, ops)
-        if paged:
-            return self._commit_paged(paged, ops, added)
+        if paged or (paged_tx is not None and paged_tx.runs):
+            return self._commit_paged(paged, ops, added, paged_tx)
         if ops:
             self.storage.commit(ops)
         for ref in added:
@@ -595,7 +614,11 @@ class PostOffice:
         return bool(ops)
 
     def _commit_paged(
-        self, paged: list[tuple[AddressPager, Message, list[Queue]]], ops: list[object], added: list[MessageRef]
+        self,
+        paged: list[tuple[AddressPager, Message, list[Queue]]],
+        ops: list[object],
+        added: list[MessageRef],
+        paged_tx: PagedTx | None = None,
     ) -> bool:
         """A transaction some of whose messages go to pages (decision 0049): they are written there
         now, marked with a page transaction id; the rest of the transaction (its journal records
@@ -603,22 +626,90 @@ class PostOffice:
         durable, and only then may its paged messages be read: a crash before leaves page records
         of a transaction the journal never committed, skipped at the restart."""
         assert self.pages is not None
-        tx = self.ids.next()
-        for pager, m, queues in paged:
-            self._page(pager, m, queues, tx)
-        self.storage.store_page_tx(tx, ops)
-        pagers = list({id(p): p for p, _m, _q in paged}.values())
-        self.pages.after_durable(partial(self._page_tx_durable, tx, ops, pagers, added))
+        txs: list[int] = []
+        pagers: list[AddressPager] = []
+        if paged_tx is not None and paged_tx.runs:  # paged while open: its files become pages first
+            pagers, seqs = paged_tx.commit()
+            self.storage.store_page_tx(paged_tx.tx, ops, seqs)
+            txs.append(paged_tx.tx)
+        if paged:  # a page transaction of its own: its records carry their sequences (0055's count 1, 2, ...)
+            tx = self.ids.next()
+            for pager, m, queues in paged:
+                self._page(pager, m, queues, tx)
+            self.storage.store_page_tx(tx, ops)
+            txs.append(tx)
+        pagers = list({id(p): p for p in [*pagers, *(p for p, _m, _q in paged)]}.values())
+        self.pages.after_durable(partial(self._page_tx_durable, txs, ops, pagers, added))
         return True
 
-    def _page_tx_durable(self, tx: int, ops: list[object], pagers: list[AddressPager], added: list[MessageRef]) -> None:
+    def _page_tx_durable(
+        self, txs: list[int], ops: list[object], pagers: list[AddressPager], added: list[MessageRef]
+    ) -> None:
         if ops:
             self.storage.commit(ops)
         for ref in added:
             if not ref.queue.deleted:
                 ref.queue.add(ref)
         for pager in pagers:
-            pager.tx_committed(tx)
+            for tx in txs:
+                pager.tx_committed(tx)
+
+    # ------------------------------------------------ open transactions (0055)
+    def hold(self, tx: Transaction, message: Message, queues: list[Queue]) -> None:
+        """A transacted send, routed to `queues`: held in the session until the commit, or paged
+        now when the address would be full counting what this transaction holds for it, or the
+        broker counting what every open transaction holds, or, if the address pages already,
+        once the transaction holds more for it than the address's `max-size-bytes` or
+        `page-size-bytes`, the smaller (less is paged at the commit, as decision 0049 does:
+        no file of its own per small transaction). Once a transaction pages to an address,
+        everything it sends there is paged, what it held for it first (its order)."""
+        size = message.size
+        addr = queues[0].addr if queues else None
+        if addr is not None and self.pages is not None:
+            paged = tx.paged
+            if paged is not None and paged.pages_to(addr.id) and message.large is None:
+                assert addr.pager is not None
+                paged.write(addr.pager, message, queues)
+                return
+            held = tx.held_by.get(addr.id, 0) + size * len(queues)
+            pager = self._pager_for(message, queues, held, self.tx_held_bytes + size)
+            if pager is not None and (pager.active or addr.full):
+                limit = addr.settings.max_size_bytes
+                small = addr.settings.page_size_bytes if limit < 0 else min(limit, addr.settings.page_size_bytes)
+                lim = addr.limits
+                if held <= small and not 0 <= lim.max_size <= lim.size + self.tx_held_bytes + size:
+                    pager = None  # held, paged at the commit
+            if pager is not None:
+                if paged is None:
+                    paged = tx.paged = PagedTx(self.ids.next())
+                keep: list[Message] = []
+                for m in tx.messages:  # what it held for this address goes first
+                    if m.address == addr.name and m.large is None:
+                        qs = self.route(m)
+                        if qs and qs[0].addr is addr:
+                            paged.write(pager, m, qs)
+                            tx.held -= m.size
+                            self.tx_held_bytes -= m.size
+                            continue
+                    keep.append(m)
+                tx.messages = keep
+                tx.held_by.pop(addr.id, None)
+                paged.write(pager, message, queues)
+                return
+            tx.held_by[addr.id] = held
+        tx.messages.append(message)
+        tx.held += size
+        self.tx_held_bytes += size
+
+    def release(self, tx: Transaction, discard: bool) -> None:
+        """A transaction is over: what it held no longer counts; rolled back (`discard`), what
+        it paged is deleted."""
+        self.tx_held_bytes -= tx.held
+        tx.held = 0
+        tx.held_by.clear()
+        if discard and tx.paged is not None:
+            tx.paged.discard()
+            tx.paged = None
 
     def transaction_seen(self, dedup_id: str) -> bool:
         return dedup_id in self.dedup_cache(TX_CACHE)
@@ -638,6 +729,7 @@ class PostOffice:
             "temporary_queues": sum(1 for q in self.queues.values() if q.temporary),
             "memory_bytes": lim.size,
             "memory_messages": lim.messages,
+            "transaction_bytes": self.tx_held_bytes,  # held by open transactions (not paged)
             "global_max_size": lim.max_size,
             "global_max_messages": lim.max_messages,
             # per address that holds anything in memory or has paged: bytes in memory, bytes paged, paging

@@ -127,6 +127,24 @@ class Queue:
             self.storage.store_queue_seq(self, self._seq_reserved)
         return n
 
+    def next_seqs(self, count: int) -> int:
+        """`count` consecutive sequence numbers (a paged transaction's, at its commit); the first."""
+        first = self._next_seq
+        if count <= 0:
+            return first
+        last = first + count - 1
+        self._next_seq = last + 1
+        if self.durable and last >= self._seq_reserved - SEQ_BLOCK // 2:
+            self._seq_reserved = last + SEQ_BLOCK
+            self.storage.store_queue_seq(self, self._seq_reserved)
+        return first
+
+    def seqs_used(self, last: int) -> None:
+        """Reload: sequences up to `last` are taken (a committed paged transaction's, whose
+        reservation may not have reached the disk before a crash)."""
+        if last >= self._next_seq:
+            self._next_seq = last + 1
+
     @property
     def last_seq(self) -> int:
         return self._next_seq - 1

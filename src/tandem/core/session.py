@@ -6,6 +6,8 @@ decide when to reply (after `Storage.after_durable` for anything journaled).
 In a transacted session sends and acknowledgements are held until commit,
 which applies them as one atomic journal record; rollback drops the sends
 and returns the acknowledged messages to their queues (delivery count + 1).
+Sends to an address that pages are paged as they arrive instead of held
+(decision 0055): a rollback deletes them.
 """
 
 from __future__ import annotations
@@ -31,21 +33,25 @@ from .message import Message, MessageRef
 if TYPE_CHECKING:
     from .postoffice import PostOffice
     from .queue import Queue
+    from .txpaging import PagedTx
 
 log = logging.getLogger("tandem.session")
 
 
 class Transaction:
-    __slots__ = ("acks", "failure", "messages")
+    __slots__ = ("acks", "failure", "held", "held_by", "messages", "paged")
 
     def __init__(self) -> None:
-        self.messages: list[Message] = []
+        self.messages: list[Message] = []  # held until the commit
         self.acks: list[tuple[Queue, list[MessageRef]]] = []
         self.failure: TandemError | None = None
+        self.held = 0  # bytes of `messages`
+        self.held_by: dict[int, int] = {}  # address id -> bytes held for it (counted as memory counts them)
+        self.paged: PagedTx | None = None  # sends paged as they arrived (decision 0055)
 
     @property
     def empty(self) -> bool:
-        return not self.messages and not self.acks and self.failure is None
+        return not self.messages and not self.acks and self.failure is None and self.paged is None
 
 
 class ServerSession:
@@ -99,11 +105,11 @@ class ServerSession:
         if tx is None:
             return self.postoffice.send(message)[1]
         try:
-            self.postoffice.route(message)  # errors now rather than at commit (no side effects)
+            queues = self.postoffice.route(message)  # errors now rather than at commit (no side effects)
         except TandemError as exc:
             tx.failure = tx.failure or exc
             raise
-        tx.messages.append(message)
+        self.postoffice.hold(tx, message, queues)
         return False
 
     # ------------------------------------------------------------ consumers
@@ -197,7 +203,9 @@ class ServerSession:
             self._undo(tx)
             return po.storage.persistent  # "already committed" holds only once that commit is on disk
         try:
-            return po.commit_transaction(tx.messages, tx.acks, dedup_id)
+            wrote = po.commit_transaction(tx.messages, tx.acks, dedup_id, tx.paged)
+            po.release(tx, discard=False)
+            return wrote
         except DuplicateId:
             self._undo(tx)
             raise
@@ -212,6 +220,7 @@ class ServerSession:
         self._undo(tx)
 
     def _undo(self, tx: Transaction) -> None:
+        self.postoffice.release(tx, discard=True)
         for q, refs in tx.acks:
             q.cancel(refs)
 

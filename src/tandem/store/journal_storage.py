@@ -44,6 +44,9 @@ from .records import (
 log = logging.getLogger("tandem.store")
 
 _dec_address = msgspec.msgpack.Decoder(AddressRecord)
+# A PAGE_TX record's body: empty, or (queue id, first sequence, count) per queue when its records
+# were written before the commit and so carry sequences relative to the commit's (decision 0055).
+_dec_tx_seqs = msgspec.msgpack.Decoder(list[tuple[int, int, int]])
 _dec_queue = msgspec.msgpack.Decoder(QueueRecord)
 _dec_message = msgspec.msgpack.Decoder(MessageRecord)
 _dec_ack = msgspec.msgpack.Decoder(AckRecord)
@@ -80,6 +83,7 @@ class LoadedState:
     queue_refs: dict[int, list[MessageRef]] | None = None  # a follower's references per queue id (warm backup)
     page_cursors: dict[int, tuple[int, int]] = field(default_factory=dict)  # queue id -> (page, index)
     page_txs: set[int] = field(default_factory=set)  # committed page transactions (PAGE_TX records)
+    page_tx_seqs: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # tx -> (queue, first, count)
 
 
 class JournalStorage:
@@ -130,6 +134,8 @@ class JournalStorage:
                 self._cursor_loaded(rid, lr.body, state)
             elif lr.user_type == RecordType.PAGE_TX:
                 state.page_txs.add(rid)
+                if lr.body:
+                    state.page_tx_seqs[rid] = _dec_tx_seqs.decode(lr.body)
         state.messages = self._iter_messages(live)
         return state
 
@@ -196,6 +202,8 @@ class JournalStorage:
                 self._cursor_loaded(rid, lr.body, state)
             elif lr.user_type == RecordType.PAGE_TX:
                 state.page_txs.add(rid)
+                if lr.body:
+                    state.page_tx_seqs[rid] = _dec_tx_seqs.decode(lr.body)
         self._leftovers = mlive  # the follower's message objects carry on; its records are freed later
         self._check_followed_large(mlive)
         return state
@@ -384,10 +392,11 @@ class JournalStorage:
         if old is not None:
             self.messages.delete(old)
 
-    def store_page_tx(self, tx: int, ops: list[object]) -> None:
+    def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:
         """The record that makes page transaction `tx`'s paged messages visible (decision 0049),
-        into the transaction's batch."""
-        ops.append(Op(ADD, RecordType.PAGE_TX, tx, b""))
+        into the transaction's batch; `seqs`: the sequences its records written before the commit
+        take, (queue id, first, count) per queue (decision 0055)."""
+        ops.append(Op(ADD, RecordType.PAGE_TX, tx, msgspec.msgpack.encode(seqs) if seqs else b""))
 
     def delete_page_tx(self, tx: int) -> None:
         """Its pages are all deleted: the record is no longer needed."""
@@ -587,7 +596,7 @@ class NullStorage:
     def delete_cursor(self, queue: Queue) -> None:
         pass
 
-    def store_page_tx(self, tx: int, ops: list[object]) -> None:
+    def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:
         pass
 
     def delete_page_tx(self, tx: int) -> None:

@@ -8,6 +8,12 @@ queues (each through its own cursor, journaled as PAGE_CURSOR records in the mes
 and deleted when every cursor is past it. After a restart nothing is appended to an existing
 page (a torn tail stays where it is and is never read past); new messages start a new page.
 
+An open transaction's sends to a paging address go to files of their own as they arrive,
+`a<address id>-t<page transaction>-<n>.page` (decision 0055): its commit renames them into the
+address's page sequence (their records keep the key they were written with, the page
+transaction: the file's header says which); a rollback deletes them, and a start deletes those
+left by a transaction that never committed.
+
 Writes are group-committed off the event loop as the journal's are: everything appended during
 one loop pass becomes one batch for the writer thread, which writes it, syncs it and reports
 back; `after_durable` callbacks run then (and, on a replicating primary, once the backup has the
@@ -38,11 +44,28 @@ from .records import MessageRecord, RecordType, encoder
 log = logging.getLogger("tandem.paging")
 
 _NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
+_TX_NAME = re.compile(r"^a\d{1,19}-t\d{1,19}-\d{6}\.page$")
 _dec_message = msgspec.msgpack.Decoder(MessageRecord)
 
 
 def page_name(address_id: int, page: int) -> str:
     return f"a{address_id}-{page:010d}.page"
+
+
+def tx_page_name(address_id: int, tx: int, n: int) -> str:
+    """File `n` of an open transaction's sends to an address (not a page until its commit)."""
+    return f"a{address_id}-t{tx}-{n:06d}.page"
+
+
+def is_tx_page_name(name: str) -> bool:
+    return _TX_NAME.match(name) is not None
+
+
+def page_key(data: bytes, page: int) -> int:
+    """The key a page's records carry: its header's (a page that was a transaction's file keeps
+    the page transaction's), else its number."""
+    key = jf.read_header_key(data[: jf.FILE_HEADER_SIZE])
+    return page if key is None else key
 
 
 def parse_page_name(name: str) -> tuple[int, int] | None:
@@ -65,8 +88,9 @@ def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tup
 
 @dataclass
 class _Batch:
-    creates: list[tuple[str, int]] = field(default_factory=list)  # (name, page)
+    creates: list[tuple[str, int]] = field(default_factory=list)  # (name, key)
     writes: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)  # name -> (offset, buffers)
+    renames: list[tuple[str, str]] = field(default_factory=list)  # a transaction's files made pages, after the writes
     unlinks: list[str] = field(default_factory=list)
     ends: dict[str, int] = field(default_factory=dict)  # name -> end of the data once written
     callbacks: list[Callable[[], None]] = field(default_factory=list)
@@ -86,6 +110,8 @@ class PageFiles:
         self.failed: BaseException | None = None
         self._end: dict[str, int] = {}  # name -> bytes appended (the loop's view)
         self._durable: dict[str, int] = {}  # name -> bytes written and synced
+        self._keys: dict[str, int] = {}  # name -> its records' key, where that is not its page number
+        self._renamed: dict[str, str] = {}  # old name -> new, until the batch that renames it is done
         self._pending: _Batch | None = None
         self._inflight: _Batch | None = None
         self._flush_scheduled = False
@@ -101,7 +127,7 @@ class PageFiles:
         """Page numbers per address id, in order; stray temporary files are removed (start-up)."""
         out: dict[int, list[int]] = {}
         for p in self.directory.iterdir():
-            if p.name.endswith(".tmp"):
+            if p.name.endswith(".tmp") or _TX_NAME.match(p.name):  # a transaction's that never committed
                 p.unlink(missing_ok=True)
                 continue
             parsed = parse_page_name(p.name)
@@ -115,7 +141,10 @@ class PageFiles:
         """Every valid record of an existing page (start-up); the page is closed for appends."""
         name = page_name(address_id, page)
         data = (self.directory / name).read_bytes()
-        records, end, reason = decode_page(data, page)
+        key = page_key(data, page)
+        if key != page:
+            self._keys[name] = key
+        records, end, reason = decode_page(data, key)
         if end < len(data) and reason != "unused space" and reason != "end of file":
             log.warning("page file %s: records end at %d of %d bytes (%s)", name, end, len(data), reason)
         self._end[name] = self._durable[name] = end
@@ -152,17 +181,41 @@ class PageFiles:
         page transaction it belongs to (0: none), visible only once that is journaled."""
         if self.failed is not None:
             raise self.failed
-        name = page_name(address_id, page)
+        return self._append(page_name(address_id, page), page, message, refs, tx)
+
+    def append_tx(self, address_id: int, tx: int, n: int, message: Message, refs: list[tuple[int, int]]) -> int:
+        """Queue one message of open page transaction `tx` for its file `n` (decision 0055)."""
+        return self._append(tx_page_name(address_id, tx, n), tx, message, refs, tx)
+
+    def adopt_tx(self, address_id: int, tx: int, n: int, page: int) -> None:
+        """File `n` of `tx` becomes page `page` of the address (a rename after its writes)."""
+        old, new = tx_page_name(address_id, tx, n), page_name(address_id, page)
+        for d in (self._end, self._durable):
+            if old in d:
+                d[new] = d.pop(old)
+        self._keys[new] = tx
+        self._renamed[old] = new
+        self._batch().renames.append((old, new))
+
+    def discard_tx(self, address_id: int, tx: int, n: int) -> None:
+        """File `n` of a transaction rolled back: deleted."""
+        name = tx_page_name(address_id, tx, n)
+        self._end.pop(name, None)
+        self._durable.pop(name, None)
+        if self.failed is None:
+            self._batch().unlinks.append(name)
+
+    def _append(self, name: str, key: int, message: Message, refs: list[tuple[int, int]], tx: int) -> int:
         raw = message.raw
         if type(raw) is not msgspec.Raw:
             raw = msgspec.Raw(raw)
         body = encoder.encode(MessageRecord(refs, raw, message.expiration or 0, tx=tx))
-        record = rec.encode(page, rec.ADD, RecordType.PAGED_MESSAGE, message.id, body)
+        record = rec.encode(key, rec.ADD, RecordType.PAGED_MESSAGE, message.id, body)
         b = self._batch()
         offset = self._end.get(name)
         if offset is None:
             offset = jf.FILE_HEADER_SIZE
-            b.creates.append((name, page))
+            b.creates.append((name, key))
             self._durable[name] = offset
         w = b.writes.get(name)
         if w is None:
@@ -177,6 +230,7 @@ class PageFiles:
         name = page_name(address_id, page)
         self._end.pop(name, None)
         self._durable.pop(name, None)
+        self._keys.pop(name, None)
         if self.failed is None:
             self._batch().unlinks.append(name)
 
@@ -234,8 +288,8 @@ class PageFiles:
                 return
 
     def _write(self, io: StoreIO, b: _Batch) -> None:
-        for name, page in b.creates:
-            io.create(name, jf.FILE_HEADER_SIZE, page)
+        for name, key in b.creates:
+            io.create(name, jf.FILE_HEADER_SIZE, key)
             self._fds[name] = io.open(name)
         for name, (offset, buffers) in b.writes.items():
             data = buffers[0] if len(buffers) == 1 else b"".join(buffers)
@@ -245,6 +299,13 @@ class PageFiles:
                 os.fdatasync(self._fds[name])
         if b.creates:
             io.sync_dir()
+        if b.renames:
+            for old, new in b.renames:
+                io.rename(old, new)
+                fd = self._fds.pop(old, None)
+                if fd is not None:
+                    self._fds[new] = fd
+            io.sync_dir()  # a commit's PAGE_TX waits for this batch: the renames are durable first
         for name in b.unlinks:
             fd = self._fds.pop(name, None)
             if fd is not None:
@@ -260,9 +321,13 @@ class PageFiles:
             self.failed = err
             self.on_failure(err)
             return
+        renamed = self._renamed
         for name, end in b.ends.items():
+            name = renamed.get(name, name)
             if name in self._durable:
                 self._durable[name] = end
+        for old, _new in b.renames:
+            renamed.pop(old, None)
         if b.callbacks:
             if b.position and self.tap is not None:
                 self.tap.after_acked(b.position, partial_run(b.callbacks))
@@ -282,7 +347,7 @@ class PageFiles:
         start = max(offset, jf.FILE_HEADER_SIZE)
         if end is None or end <= start:
             return [], start
-        return self._pread(name, page, start, end)
+        return self._pread(name, self._keys.get(name, page), start, end)
 
     def readable(self, address_id: int, page: int, offset: int) -> bool:
         """Whether the page has durable bytes past `offset` (what `read_soon` would read)."""
@@ -302,7 +367,7 @@ class PageFiles:
         start = max(offset, jf.FILE_HEADER_SIZE)
         end = self._durable.get(name, start)  # read on the loop: the thread reads no loop state
         loop = self._loop or asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, self._pread, name, page, start, end)
+        fut = loop.run_in_executor(None, self._pread, name, self._keys.get(name, page), start, end)
 
         def settle(f: asyncio.Future[tuple[list[PagedRecord], int]]) -> None:
             exc = f.exception()
@@ -314,7 +379,7 @@ class PageFiles:
 
         fut.add_done_callback(settle)
 
-    def _pread(self, name: str, page: int, start: int, end: int) -> tuple[list[PagedRecord], int]:
+    def _pread(self, name: str, key: int, start: int, end: int) -> tuple[list[PagedRecord], int]:
         if end <= start:
             return [], start
         fd = os.open(self.directory / name, os.O_RDONLY)
@@ -322,7 +387,7 @@ class PageFiles:
             data = os.pread(fd, end - start, start)
         finally:
             os.close(fd)
-        records, stop, _reason = decode_page(data, page, 0)
+        records, stop, _reason = decode_page(data, key, 0)
         return records, start + stop
 
     def paged_bytes(self, address_id: int) -> int:
