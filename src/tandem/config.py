@@ -59,6 +59,7 @@ class UserConfig(_Conf, frozen=True):
 
     name: str
     password: str
+    roles: list[str] = []
 
 
 class QueueConfig(_Conf, frozen=True):

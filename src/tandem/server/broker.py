@@ -39,7 +39,7 @@ from .admin import Admin
 from .memory import ConnectionChurn
 from .native import NativeConnection
 from .pacing import UploadPacer
-from .security import Authenticator
+from .security import Authenticator, Subject
 
 log = logging.getLogger("tandem.broker")
 
@@ -541,7 +541,7 @@ class Broker:
             raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
         return self.postoffice
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> bool:
+    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
         """With `security-enabled`, only configured users (the cluster user too, for announcements)."""
         return self.authenticator.check(username, password, peer)
 

@@ -15,6 +15,7 @@ from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
 from .pacing import UploadPacer
+from .security import Subject
 
 
 class Management(Protocol):
@@ -65,7 +66,9 @@ class BrokerContext(Protocol):
         """The post office, or NotActive for a server that is not serving."""
         ...
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> bool: ...
+    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
+        """Who logs in with these (security off: ANONYMOUS); None: refused."""
+        ...
 
     def topology(self) -> list[Any]:
         """The connectors of this node's live and backup servers, for clients to fail over."""

@@ -45,6 +45,7 @@ from .reattach import (
     take_lost_deliveries,
     trim_closed,
 )
+from .security import ANONYMOUS, Subject
 
 if TYPE_CHECKING:
     from ..core.queue import Queue
@@ -261,6 +262,7 @@ class NativeConnection(asyncio.Protocol):
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._writer: LinkWriter | None = None  # writes from threads (a backup's link), see write_from_threads
         self.username: str | None = None
+        self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from HELLO
         # Reattachment (server/reattach.py): on with a confirmation window from the client.
         self.window = -1
         self.connection_id = ""
@@ -632,8 +634,10 @@ class NativeConnection(asyncio.Protocol):
         if self.handshaken:
             raise ProtocolError("HELLO sent twice")
         p.check_version(pkt)
-        if not self.broker.authenticate(pkt.username, pkt.password, self.peer):
+        subject = self.broker.authenticate(pkt.username, pkt.password, self.peer)
+        if subject is None:
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+        self.subject = subject
         self.handshaken = True
         self.client_id = pkt.client_id
         self.username = pkt.username

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from dataclasses import dataclass
 
 from ..config import BrokerConfig
 from ..errors import clip
@@ -23,6 +24,18 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+@dataclass(frozen=True)
+class Subject:
+    """Who a connection is once logged in: what permission checks look at."""
+
+    user: str | None  # None: security is off (nobody logged in)
+    roles: frozenset[str] = frozenset()
+    cluster: bool = False  # the server-to-server pair (cluster-user), not an application user
+
+
+ANONYMOUS = Subject(None)
+
+
 class Authenticator:
     def __init__(self, config: BrokerConfig) -> None:
         self.enabled = config.security_enabled
@@ -31,22 +44,29 @@ class Authenticator:
         # The cluster pair too: a waiting server announces itself with it (ha/announcer.py).
         cluster = (_utf8(config.cluster_user), _utf8(config.cluster_password))
         self._pairs = [cluster, *((_utf8(u.name), _utf8(u.password)) for u in config.users)]
+        self._subjects = [
+            Subject(config.cluster_user, cluster=True),
+            *(Subject(u.name, frozenset(u.roles)) for u in config.users),
+        ]
 
-    def check(self, username: str | None, password: str | None, peer: str = "?") -> bool:
-        """True when security is off, or the pair is a configured user's or the cluster's.
+    def check(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
+        """ANONYMOUS when security is off; the subject of the configured user (or of the cluster
+        pair) whose name and password these are; None when they are nobody's.
 
         A refusal is logged at warning (never the password), at most one line per
         FAILED_LOGIN_LOG_PERIOD: a client guessing passwords cannot flood the log."""
         if not self.enabled:
-            return True
-        ok = False
+            return ANONYMOUS
+        found: Subject | None = None
         if username is not None:
             user, secret = _utf8(username), _utf8(password or "")
-            for name, expected in self._pairs:  # no early exit: every pair costs the same
-                ok |= hmac.compare_digest(name, user) & hmac.compare_digest(expected, secret)
-        if not ok:
+            for (name, expected), subject in zip(self._pairs, self._subjects, strict=True):
+                # no early exit: every pair costs the same
+                if hmac.compare_digest(name, user) & hmac.compare_digest(expected, secret) and found is None:
+                    found = subject
+        if found is None:
             self._failed(username, peer)
-        return ok
+        return found
 
     def _failed(self, username: str | None, peer: str) -> None:
         now = time.monotonic()

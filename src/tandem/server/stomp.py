@@ -27,6 +27,7 @@ from ..core.message import Message, MessageData, MessageRef, RoutingType
 from ..core.session import ServerSession, Transaction
 from ..errors import DuplicateId, TandemError, clip
 from ..protocol import stomp as st
+from .security import ANONYMOUS, Subject
 
 if TYPE_CHECKING:
     from ..store.large_messages import LargeUpload
@@ -177,6 +178,7 @@ class StompConnection(asyncio.Protocol):
         self.failing = False  # an ERROR is on its way: nothing more is read or handled
         self.writable = True
         self.handshaken = False  # for the broker's bookkeeping (native connections use it too)
+        self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from CONNECT
         self.peer = "?"
         self.client_id: str | None = None
         self.session: ServerSession | None = None
@@ -519,8 +521,10 @@ class StompConnection(asyncio.Protocol):
         self.version = version
         self.parser.version = version
         b = self.broker
-        if not b.authenticate(frame.get("login"), frame.get("passcode"), self.peer):
+        subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer)
+        if subject is None:
             raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+        self.subject = subject
         po = b.require_active()
         self.client_id = frame.get("client-id")
         cx, cy = 0, 0
