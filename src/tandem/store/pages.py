@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -295,24 +296,30 @@ class PageFiles:
         page: int,
         offset: int,
         done: Callable[[list[PagedRecord], int, BaseException | None], None],
+        limit: int = 0,
     ) -> None:
-        """`read`, in a worker thread (a page is up to `page-size-bytes`: not on the event loop);
+        """`read`, in a worker thread (a page is up to `page-size-bytes`: not on the event loop),
+        of at most `limit` bytes (0: all that is durable; a record bigger than that is read whole);
         `done(records, next offset, error)` runs on the loop."""
         name = page_name(address_id, page)
         start = max(offset, jf.FILE_HEADER_SIZE)
         end = self._durable.get(name, start)  # read on the loop: the thread reads no loop state
+        if limit > 0 and end - start > limit:
+            fut = (self._loop or asyncio.get_running_loop()).run_in_executor(
+                None, self._pread_chunk, name, page, start, end, limit
+            )
+            fut.add_done_callback(partial(_settle, done, start))
+            return
         loop = self._loop or asyncio.get_running_loop()
         fut = loop.run_in_executor(None, self._pread, name, page, start, end)
+        fut.add_done_callback(partial(_settle, done, start))
 
-        def settle(f: asyncio.Future[tuple[list[PagedRecord], int]]) -> None:
-            exc = f.exception()
-            if exc is not None:
-                done([], start, exc)
-            else:
-                records, nxt = f.result()
-                done(records, nxt, None)
-
-        fut.add_done_callback(settle)
+    def _pread_chunk(self, name: str, page: int, start: int, end: int, limit: int) -> tuple[list[PagedRecord], int]:
+        """The whole records within `limit` bytes from `start`; a first record longer than that whole."""
+        records, nxt = self._pread(name, page, start, start + limit)
+        if not records:
+            return self._pread(name, page, start, end)
+        return records, nxt
 
     def _pread(self, name: str, page: int, start: int, end: int) -> tuple[list[PagedRecord], int]:
         if end <= start:
@@ -328,6 +335,19 @@ class PageFiles:
     def paged_bytes(self, address_id: int) -> int:
         prefix = f"a{address_id}-"
         return sum(end - jf.FILE_HEADER_SIZE for name, end in self._end.items() if name.startswith(prefix))
+
+
+def _settle(
+    done: Callable[[list[PagedRecord], int, BaseException | None], None],
+    start: int,
+    f: asyncio.Future[tuple[list[PagedRecord], int]],
+) -> None:
+    exc = f.exception()
+    if exc is not None:
+        done([], start, exc)
+    else:
+        records, nxt = f.result()
+        done(records, nxt, None)
 
 
 def partial_run(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
