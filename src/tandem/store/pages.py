@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import crc32c
 import msgspec
 
 from ..core.message import Message
 from ..core.paging import PagedRecord
 from ..journal import files as jf
 from ..journal import records as rec
+from ..journal.records import _CRC_FROM
 from ..journal.storeio import StoreIO, Tap
 from .records import MessageRecord, RecordType, encoder
 
@@ -52,16 +54,38 @@ def parse_page_name(name: str) -> tuple[int, int] | None:
 
 
 def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tuple[list[PagedRecord], int, str]:
-    """The records of a page file's bytes from `start`: (records, where the valid ones end, why the scan stopped)."""
-    parsed: list[rec.Parsed] = []
-    end = rec.scan(data, start, page, parsed)
+    """The records of a page file's bytes from `start`: (records, where the valid ones end, why the scan stopped).
+
+    The common record (a whole, valid ADD PAGED_MESSAGE) is checked and decoded here, straight
+    from the buffer (its bytes copied once, so that no message keeps the read buffer alive); at
+    the first other one the journal's scan takes over, for its rules and its reason."""
     out: list[PagedRecord] = []
+    pos = start
+    end = len(data)
+    mv = memoryview(data)
+    unpack = rec.HEADER.unpack_from
+    crc = crc32c.crc32c
+    decode = _dec_message.decode
+    hs = rec.HEADER_SIZE
+    add = rec.ADD
+    paged = RecordType.PAGED_MESSAGE
+    while end - pos >= hs:
+        length, rcrc, key, kind, utype, rid = unpack(data, pos)
+        if kind != add or utype != paged or key != page or length < hs or length > end - pos:
+            break
+        if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
+            break
+        r = decode(mv[pos + hs : pos + length])
+        out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration, r.tx))
+        pos += length
+    parsed: list[rec.Parsed] = []
+    stop = rec.scan(data, pos, page, parsed)
     for _off, _len, kind, utype, rid, body in parsed:
         if kind != rec.ADD or utype != RecordType.PAGED_MESSAGE:
             continue
         r = _dec_message.decode(body)
         out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration, r.tx))
-    return out, end.offset, end.reason
+    return out, stop.offset, stop.reason
 
 
 @dataclass
