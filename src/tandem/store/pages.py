@@ -12,6 +12,9 @@ Writes are group-committed off the event loop as the journal's are: everything a
 one loop pass becomes one batch for the writer thread, which writes it, syncs it and reports
 back; `after_durable` callbacks run then (and, on a replicating primary, once the backup has the
 batch too: every change goes through a `StoreIO`, so the replication tap sees it).
+
+Reads for depaging are chunks (`read_soon` with a limit): the `pread` in a worker thread, the
+records decoded on the loop (docs/storage.md, "Reading back").
 """
 
 from __future__ import annotations
