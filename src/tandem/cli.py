@@ -51,6 +51,7 @@ def _json_or_table(rows: list[dict[str, Any]], columns: Sequence[str], as_json: 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import logs
     from .server.broker import Broker
+    from .server.memory import one_malloc_arena
 
     overrides: dict[str, Any] = {}
     if args.data:
@@ -81,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # the default 5 ms switch interval a busy event loop can hold it that long, and every
     # confirmation waits. 0.1 ms: see decision 0016 and docs/performance.md.
     sys.setswitchinterval(BROKER_SWITCH_INTERVAL)
+    one_malloc_arena()  # before the broker's threads: server/memory.py says why
     return asyncio.run(_run_broker(cfg, Broker, quiet=args.quiet))
 
 
