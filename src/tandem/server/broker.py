@@ -175,6 +175,8 @@ class Broker:
         self.admin = Admin(self)
         self.authenticator = Authenticator(config)
         self.authorizer = Authorizer(config.security_repository()) if config.security_enabled else None
+        if config.security_enabled and not config.security_settings:
+            log.warning("security-enabled with no security-settings: every operation of every user will be refused")
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
         self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark
