@@ -18,18 +18,25 @@ def password_of(user: str) -> str:
     return f"{user}-pw"
 
 
-def secured(directory: Path, users: Mapping[str, Iterable[str]], extra_toml: str = "") -> dict[str, Any]:
-    """broker_factory settings for a broker with security on and these users (name -> roles),
-    each with the password `password_of(name)`; `extra_toml` is appended (acceptors, settings).
-    `directory` is where a users file would go."""
-    lines = []
+def users_toml(users: Mapping[str, Iterable[str]]) -> str:
+    """The users (name -> roles), each with the password `password_of(name)`, as top-level TOML
+    (an inline array: it may go anywhere before the file's tables). The one place that says where
+    the tests' users come from."""
+    entries = []
     for name, roles in users.items():
         role_list = ", ".join(f'"{r}"' for r in roles)
-        lines.append(f'[[users]]\nname = "{name}"\npassword = "{password_of(name)}"\nroles = [{role_list}]\n')
+        entries.append(f'{{ name = "{name}", password = "{password_of(name)}", roles = [{role_list}] }}')
+    return f"users = [{', '.join(entries)}]\n"
+
+
+def secured(directory: Path, users: Mapping[str, Iterable[str]], extra_toml: str = "") -> dict[str, Any]:
+    """broker_factory settings for a broker with security on and these users (see `users_toml`);
+    `extra_toml` (acceptors, security-settings tables) is appended. `directory` is where a users
+    file would go."""
     return {
         "security_enabled": True,
         "cluster_password": CLUSTER_PASSWORD,
-        "extra_toml": "".join(lines) + extra_toml,
+        "extra_toml": users_toml(users) + extra_toml,
     }
 
 
