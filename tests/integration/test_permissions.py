@@ -286,19 +286,50 @@ def test_auto_creation_needs_the_create_permissions(broker_factory: Factory, tmp
 
 
 def test_a_denied_send_in_a_transaction_rolls_it_back(broker_factory: Factory, tmp_path: Path) -> None:
+    """Sent without asking for credit first (send_nowait), so the SEND itself is what is refused."""
     settings = '[security-settings."tx.ok.#"]\nsend = ["app"]\nconsume = ["app"]\n'
     decl = '[[addresses]]\nname = "tx.ok"\n[[addresses.queues]]\nname = "tx.ok"\n'
     decl += '[[addresses]]\nname = "tx.no"\n[[addresses.queues]]\nname = "tx.no"\n'
     b = broker_factory(**secured(tmp_path, {"app": ["app"]}, ACCEPTORS + decl + settings)).start()
-    with connect(b, "app") as conn:
-        s = conn.session(transacted=True)
-        s.create_producer("tx.ok").send(b"kept?")
-        with pytest.raises(tandem.TandemError) as sent:
-            s.create_producer("tx.no").send(b"denied")
-            s.commit()
-        assert "'send' on address 'tx.no'" in str(sent.value), sent.value
-        with conn.session() as r:
-            assert r.create_consumer("tx.ok").receive(timeout=0.5) is None
+
+    async def go() -> None:
+        conn = await aio.connect(url_for(b.url, "app"))
+        try:
+            s = await conn.create_session(transacted=True)
+            await s.create_producer("tx.ok").send(b"kept?")
+            denied = s.create_producer("tx.no").send_nowait(b"denied")
+            assert denied is not None
+            with pytest.raises(tandem.Unauthorized, match=r"'send' on address 'tx.no'"):
+                await denied
+            with pytest.raises(tandem.TransactionRolledBack, match=r"'send' on address 'tx.no'"):
+                await s.commit()
+            # the connection goes on, and nothing of the transaction was applied
+            r = await conn.create_session()
+            c = await r.create_consumer("tx.ok")
+            assert await c.receive(timeout=0.5) is None
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+
+
+def test_a_send_refused_on_the_send_path_leaves_the_connection_usable(pb: BrokerProcess) -> None:
+    """Without a credit request first (send_nowait) the broker's send path itself refuses it."""
+
+    async def go() -> None:
+        conn = await aio.connect(url_for(pb.url, "no"))
+        try:
+            s = await conn.create_session()
+            futs = [s.create_producer("p.send.a").send_nowait(f"m{i}".encode()) for i in range(3)]
+            for fut in futs:
+                assert fut is not None
+                with pytest.raises(tandem.Unauthorized, match=r"'send' on address 'p.send.a'"):
+                    await fut
+            assert (await conn.manage("broker.status"))["state"] == "active"
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
 
 
 def test_most_specific_wins_with_nothing_inherited(broker_factory: Factory, tmp_path: Path) -> None:
