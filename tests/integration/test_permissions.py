@@ -252,6 +252,24 @@ def test_range_reads_and_ack_up_to_need_consume(pb: BrokerProcess) -> None:
     assert b"ranged" in bodies and acked >= 1, (bodies, acked)
 
 
+def test_a_large_message_is_refused_before_its_body_is_stored(pb: BrokerProcess) -> None:
+    async def go() -> None:
+        conn = await aio.connect(url_for(pb.url, "no") + "&min_large_message_size=1024")
+        try:
+            s = await conn.create_session()
+            fut = s.create_producer("p.send.a").send_nowait(b"x" * 200_000)
+            assert fut is not None
+            with pytest.raises(tandem.Unauthorized, match=r"'send' on address 'p.send.a'"):
+                await fut
+            assert (await conn.manage("broker.status"))["state"] == "active"
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+    large = pb.data_dir / "large-messages"
+    assert not large.exists() or not [f for f in large.iterdir() if f.is_file()], list(large.iterdir())
+
+
 # ------------------------------------------------------------------------------ auto-creation
 
 
