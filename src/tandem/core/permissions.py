@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from enum import Enum
+from enum import StrEnum
 
 from ..errors import Unauthorized, clip
 from .settings import check_pattern, pattern_specificity, words_match
@@ -28,8 +28,9 @@ DENIALS_REMEMBERED = 10_000  # (user, permission, address) keys kept for that; p
 MANAGEMENT_ADDRESS = "tandem.management"  # what broker-wide management operations are checked on
 
 
-class Permission(Enum):
-    """A permission; its value is the config key (kebab-case), `artemis` Artemis's spelling."""
+class Permission(StrEnum):
+    """A permission; its value is the config key (kebab-case), `artemis` Artemis's spelling.
+    (A StrEnum: hashed and compared in C, as a str, on the send path.)"""
 
     SEND = "send"
     CONSUME = "consume"
@@ -152,17 +153,20 @@ class Authorizer:
 class Access:
     """One logged-in subject's view of the authorizer (what a session checks against)."""
 
-    __slots__ = ("authorizer", "roles", "user")
+    __slots__ = ("_cache", "authorizer", "roles", "user")
 
     def __init__(self, authorizer: Authorizer, user: str | None, roles: frozenset[str]) -> None:
         self.authorizer = authorizer
         self.user = user
         self.roles = roles
+        self._cache = authorizer._cache  # cleared in place, never replaced: read directly (send path)
 
     def check(self, permission: Permission, address: str) -> None:
-        a = self.authorizer
-        if permission not in a.granted(self.roles, address):
-            raise a.denied(self.user, permission.value, address)
+        granted = self._cache.get((self.roles, address))
+        if granted is None:
+            granted = self.authorizer.granted(self.roles, address)
+        if permission not in granted:
+            raise self.authorizer.denied(self.user, permission.value, address)
 
     def allowed(self, permission: Permission, address: str) -> bool:
         return permission in self.authorizer.granted(self.roles, address)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .txpaging import PagedTx
 
 log = logging.getLogger("tandem.session")
+_SEND = Permission.SEND  # (a module global: no class attribute lookup per message)
 
 
 class Transaction:
@@ -138,7 +139,7 @@ class ServerSession:
         if access is None:
             return
         address = message.address
-        access.check(Permission.SEND, address)
+        access.check(_SEND, address)
         po = self.postoffice
         if address not in po.addresses:
             s = po.settings_for(address)
