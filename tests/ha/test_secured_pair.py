@@ -1,8 +1,8 @@
-"""A secured replicated pair: the cluster user (no roles) is all the server links need.
+"""Secured pairs: the cluster user (no roles) is all the server links need.
 
-The backup logs in with the cluster pair, checks for a live server, replicates, and takes over
-when its primary is killed; application users keep their permissions on the new server, and
-the cluster pair may do nothing an application user does.
+A replicated backup logs in with the cluster pair, replicates, and takes over when its primary
+is killed; a shared-store backup announces itself with it. Application users keep their
+permissions on the new server, and the cluster pair may do nothing an application user does.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 import tandem
 import tandem.aio as aio
+from ha_pair import Cluster
 from replicated_pair import ReplicatedPair
 from secured import CLUSTER_PASSWORD, url_for, users_toml
 
@@ -73,3 +74,26 @@ def test_a_secured_pair_replicates_and_fails_over_with_the_cluster_user_alone(tm
                 s.create_consumer("orders.eu")
     finally:
         p.kill_all()
+
+
+class SecuredCluster(Cluster):
+    def url_of(self, i: int) -> str:
+        return url_for(super().url_of(i), "ops")
+
+
+def test_a_secured_shared_store_backup_announces_itself_and_takes_over(tmp_path: Any) -> None:
+    c = SecuredCluster(tmp_path, security_enabled=True, cluster_password=CLUSTER_PASSWORD)
+    for b in c.servers:  # top-level keys: before the file's tables
+        b.config_path.write_text(users_toml(USERS) + PERMS + b.config_path.read_text())
+    try:
+        c.start_all()  # waits until the primary knows its backup: cluster.announce was accepted
+        with tandem.connect(url_for(c.url_of(0).split("?")[0], "app")) as conn, conn.session() as s:
+            s.create_producer("orders.us").send(b"before", durable=True)
+        c.primary.kill()
+        c.wait_state(1, "active")
+        with tandem.connect(url_for(f"tcp://127.0.0.1:{c.ports[1]}", "app")) as conn, conn.session() as s:
+            m = s.create_consumer("orders.us").receive(timeout=10)
+            assert m is not None and m.body == b"before"
+            m.ack()
+    finally:
+        c.kill_all()
