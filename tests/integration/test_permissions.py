@@ -304,7 +304,8 @@ def test_auto_creation_needs_the_create_permissions(broker_factory: Factory, tmp
 
 
 def test_a_denied_send_in_a_transaction_rolls_it_back(broker_factory: Factory, tmp_path: Path) -> None:
-    """Sent without asking for credit first (send_nowait), so the SEND itself is what is refused."""
+    """Sent without asking for credit first (send_nowait), the SEND itself is refused; with a
+    credit request first (send), the request is. Either way the commit rolls back."""
     settings = '[security-settings."tx.ok.#"]\nsend = ["app"]\nconsume = ["app"]\n'
     decl = '[[addresses]]\nname = "tx.ok"\n[[addresses.queues]]\nname = "tx.ok"\n'
     decl += '[[addresses]]\nname = "tx.no"\n[[addresses.queues]]\nname = "tx.no"\n'
@@ -321,7 +322,13 @@ def test_a_denied_send_in_a_transaction_rolls_it_back(broker_factory: Factory, t
                 await denied
             with pytest.raises(tandem.TransactionRolledBack, match=r"'send' on address 'tx.no'"):
                 await s.commit()
-            # the connection goes on, and nothing of the transaction was applied
+            # A producer that asks for credit first is refused at that request: the same outcome.
+            await s.create_producer("tx.ok").send(b"kept this time?")
+            with pytest.raises(tandem.Unauthorized, match=r"'send' on address 'tx.no'"):
+                await s.create_producer("tx.no").send(b"denied")
+            with pytest.raises(tandem.TransactionRolledBack, match=r"'send' on address 'tx.no'"):
+                await s.commit()
+            # the connection goes on, and nothing of either transaction was applied
             r = await conn.create_session()
             c = await r.create_consumer("tx.ok")
             assert await c.receive(timeout=0.5) is None

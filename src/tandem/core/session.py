@@ -149,6 +149,18 @@ class ServerSession:
                 if rt == RoutingType.ANYCAST and s.auto_create_queues:
                     access.check(Permission.CREATE_DURABLE_QUEUE, address)
 
+    def authorize_producer(self, address: str) -> None:
+        """A producer asks for credit on `address`: `send`. Refused in a transaction, it rolls the
+        transaction back at commit, as a refused send does (the SEND never comes)."""
+        if self.access is None:
+            return
+        try:
+            self.access.check(_SEND, address)
+        except TandemError as exc:
+            if self.tx is not None:
+                self.tx.failure = self.tx.failure or exc
+            raise
+
     def authorize_queue(self, name: str, address: str, durable: bool) -> None:
         """Creating queue `name` on `address` (a subscription's, or a consumer's auto-created one)."""
         access = self.access

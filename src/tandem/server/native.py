@@ -841,15 +841,14 @@ class NativeConnection(asyncio.Protocol):
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_request_credits(self, pkt: p.RequestCredits) -> None:
-        self._session(pkt.channel)
+        session = self._session(pkt.channel)
         channel, cmd = pkt.channel, pkt.cmd
 
         def grant(amount: int) -> None:
             self.send(p.Response(channel, cmd, amount))
 
         po = self.broker.require_active()
-        if self.access is not None:  # a producer asks: it needs `send`
-            self.access.check(Permission.SEND, pkt.address)
+        session.core.authorize_producer(pkt.address)  # a producer asks: it needs `send`
         addr = po.addresses.get(pkt.address)
         if addr is None:
             s = po.settings_for(pkt.address)
