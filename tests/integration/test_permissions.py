@@ -543,3 +543,32 @@ def test_stomp_unsubscribing_a_durable_subscription_needs_delete_durable_queue(
         names = {q["name"] for q in conn.manage("queue.stat")}
         assert "reader-client.daily" in names, names  # the refused UNSUBSCRIBE kept it
         assert "owner-client.daily" not in names, names  # deleted by the owner's UNSUBSCRIBE
+
+
+def test_stomp_auto_creation_needs_the_create_permissions(broker_factory: Factory, tmp_path: Path) -> None:
+    users = {"sender": ["sender"], "reader": ["reader"], "maker": ["maker"], "admin": ["admin"]}
+    b = broker_factory(**secured(tmp_path, users, ACCEPTORS + AUTO)).start()
+    for user, op, needed in (
+        ("sender", lambda c: c.send("/queue/auto.orders", b"x", headers={"receipt": "r"}), "create-address"),
+        ("reader", lambda c: c.subscribe("/queue/auto.jobs", id="s", headers={"receipt": "r"}), "create-durable-queue"),
+    ):
+        conn, listener = stomp_client(b, user)
+        try:
+            op(conn)
+            err = listener.wait("ERROR")
+            assert err.headers.get("code") == "UNAUTHORIZED", err.headers
+            assert f"'{needed}' on address 'auto." in err.headers.get("message", ""), err.headers
+        finally:
+            conn.disconnect() if conn.is_connected() else None
+    with tandem.connect(url_for(b.url, "admin")) as nconn:
+        names = {a["name"] for a in nconn.manage("address.list")}
+        assert not names & {"auto.orders", "auto.jobs"}, names  # nothing was made silently
+    conn, listener = stomp_client(b, "maker")
+    try:
+        conn.subscribe("/queue/auto.jobs", id="s", headers={"receipt": "r1"})
+        conn.send("/queue/auto.jobs", b"made", headers={"receipt": "r2"})
+        msg = listener.wait("MESSAGE")
+        assert msg.body == b"made"
+        assert not [k for k, _ in listener.frames if k == "ERROR"]
+    finally:
+        conn.disconnect()
