@@ -16,6 +16,7 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .core.address import MemoryLimits
+    from .core.permissions import SecurityRepository
     from .core.settings import SettingsRepository
 
 KiB = 1024
@@ -204,6 +205,9 @@ class BrokerConfig(_Conf, frozen=True):
     # Who may connect.
     security_enabled: bool = False
     users: list[UserConfig] = []
+    # Per-address permissions (Artemis's security-settings): pattern -> permission -> roles; see
+    # core/permissions.py. Checked only with security-enabled.
+    security_settings: dict[str, dict[str, list[str]]] = {}
 
     # STOMP: credit per subscription (messages) when SUBSCRIBE has no prefetch-count header.
     stomp_prefetch_count: int = 256
@@ -300,6 +304,7 @@ class BrokerConfig(_Conf, frozen=True):
                 check_pattern(pattern)
             except ValueError as exc:
                 raise ValueError(f"address-settings: {exc}") from None
+        self.security_repository()  # unknown permissions and bad patterns stop start-up
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
         _check_positive(self, "lock_check_period", minimum=1)
@@ -387,6 +392,14 @@ class BrokerConfig(_Conf, frozen=True):
         from .core.settings import SettingsRepository
 
         return SettingsRepository({p: s.values() for p, s in self.address_settings.items()})
+
+    def security_repository(self) -> SecurityRepository:
+        from .core.permissions import SecurityRepository
+
+        try:
+            return SecurityRepository(self.security_settings)
+        except ValueError as exc:
+            raise ValueError(f"security-settings: {exc}") from None
 
     def acceptor(self, protocol: str) -> AcceptorConfig | None:
         for acc in self.acceptors:

@@ -394,7 +394,7 @@ def test_errors_do_not_send_a_huge_name_back(plain: BrokerProcess, wires: Callab
 def test_failed_logins_are_logged_at_warning_and_rate_limited(
     broker_factory: Factory, wires: Callable[[int, bool], Wire]
 ) -> None:
-    users = '[[users]]\nname = "app"\npassword = "secret"\n'
+    users = '[[users]]\nname = "app"\npassword = "secret"\nroles = ["ops"]\n[security-settings."#"]\nview = ["ops"]\n'
     b = broker_factory(
         security_enabled=True, cluster_password="pair-secret", log_level="warning", extra_toml=users + ACCEPTORS
     ).start()

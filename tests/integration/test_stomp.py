@@ -1308,7 +1308,11 @@ def test_prefetch_count_holds_after_an_aborted_transactional_ack(
 # ================================================================================== security
 
 
-SECURE = '[[users]]\nname = "app"\npassword = "secret"\n'
+SECURE = (
+    '[[users]]\nname = "app"\npassword = "secret"\nroles = ["app"]\n'
+    '[security-settings."#"]\nsend = ["app"]\nconsume = ["app"]\ncreate-address = ["app"]\n'
+    'create-durable-queue = ["app"]\n'
+)
 
 
 def test_login_is_checked_when_security_is_enabled(

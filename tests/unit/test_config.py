@@ -83,6 +83,10 @@ url = "127.0.0.1:7000"
 name = "peer"
 url = "127.0.0.1:7002"
 
+[security-settings."orders.#"]
+send = ["app"]
+createDurableQueue = ["app", "ops"]
+
 [address-settings."#"]
 dead-letter-address = "DLQ"
 max-delivery-attempts = 3
@@ -178,6 +182,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         "acceptors",
         "addresses",
         "address-settings",
+        "security-settings",
         "connectors",
         "users",
         "ha",
@@ -251,6 +256,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         cluster_password="pw",
         security_enabled=True,
         users=[UserConfig("app", "secret")],
+        security_settings={"orders.#": {"send": ["app"], "createDurableQueue": ["app", "ops"]}},
         stomp_prefetch_count=10,
         network_check_list=["10.0.0.1", "gateway.local:22", "[::1]:61616"],
         network_check_period=2000,

@@ -12,6 +12,7 @@ import msgspec
 
 from ..core.message import RoutingType
 from ..errors import InvalidArgument, QueueDoesNotExist, Unauthorized
+from .authorization import authorize_management
 from .security import is_cluster_pair
 
 if TYPE_CHECKING:
@@ -78,6 +79,9 @@ class Admin:
             bound = inspect.signature(fn).bind(conn=conn, reply=reply, **checked)
         except TypeError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
+        access = getattr(conn, "access", None)  # None: security off, or not over a connection
+        if access is not None:
+            authorize_management(access, self.broker.require_active, op, checked)
         fn(*bound.args, **bound.kwargs)
 
     def _after_bindings(self, reply: Reply, result: Any) -> None:

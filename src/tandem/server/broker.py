@@ -27,6 +27,7 @@ from .. import __version__
 from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
+from ..core.permissions import Authorizer
 from ..core.postoffice import PostOffice
 from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
 from ..ha.activation import make_activation
@@ -173,6 +174,9 @@ class Broker:
         self.postoffice: PostOffice
         self.admin = Admin(self)
         self.authenticator = Authenticator(config)
+        self.authorizer = Authorizer(config.security_repository()) if config.security_enabled else None
+        if config.security_enabled and not config.security_settings:
+            log.warning("security-enabled with no security-settings: every operation of every user will be refused")
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
         self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..config import BrokerConfig
+from ..core.permissions import Authorizer
 from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
@@ -64,6 +65,11 @@ class BrokerContext(Protocol):
 
     def require_active(self) -> PostOffice:
         """The post office, or NotActive for a server that is not serving."""
+        ...
+
+    @property
+    def authorizer(self) -> Authorizer | None:
+        """Decides permissions (core/permissions.py); None when security is off."""
         ...
 
     def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:

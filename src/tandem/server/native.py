@@ -20,6 +20,7 @@ import msgspec
 from ..config import HANDSHAKE_FRAME_LIMIT
 from ..core.consumer import Consumer
 from ..core.message import MessageRef
+from ..core.permissions import Access, Permission
 from ..core.session import ServerSession
 from ..errors import (
     DuplicateId,
@@ -35,6 +36,7 @@ from ..errors import (
 )
 from ..protocol import native as p
 from . import large
+from .authorization import access_for
 from .link_writer import LinkWriter
 from .reattach import (
     CLOSED_REPLIES_KEPT,
@@ -263,6 +265,7 @@ class NativeConnection(asyncio.Protocol):
         self._writer: LinkWriter | None = None  # writes from threads (a backup's link), see write_from_threads
         self.username: str | None = None
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from HELLO
+        self.access: Access | None = None  # what the subject may do (None: security off), decision 0060
         # Reattachment (server/reattach.py): on with a confirmation window from the client.
         self.window = -1
         self.connection_id = ""
@@ -638,6 +641,7 @@ class NativeConnection(asyncio.Protocol):
         if subject is None:
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
         self.subject = subject
+        self.access = access_for(self.broker.authorizer, subject)
         self.handshaken = True
         self.client_id = pkt.client_id
         self.username = pkt.username
@@ -673,7 +677,7 @@ class NativeConnection(asyncio.Protocol):
         if pkt.channel in self.sessions or pkt.channel <= 0:
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
         b = self.broker
-        core = ServerSession(b.require_active(), self, pkt.name, pkt.transacted)
+        core = ServerSession(b.require_active(), self, pkt.name, pkt.transacted, access=self.access)
         kind = NativeSession
         if self.window > 0:
             kind = TrackedSession
@@ -837,13 +841,14 @@ class NativeConnection(asyncio.Protocol):
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_request_credits(self, pkt: p.RequestCredits) -> None:
-        self._session(pkt.channel)
+        session = self._session(pkt.channel)
         channel, cmd = pkt.channel, pkt.cmd
 
         def grant(amount: int) -> None:
             self.send(p.Response(channel, cmd, amount))
 
         po = self.broker.require_active()
+        session.core.authorize_producer(pkt.address)  # a producer asks: it needs `send`
         addr = po.addresses.get(pkt.address)
         if addr is None:
             s = po.settings_for(pkt.address)
@@ -855,6 +860,8 @@ class NativeConnection(asyncio.Protocol):
     def on_read_range(self, pkt: p.ReadRange) -> None:
         s = self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
+        if self.access is not None:  # a range reader (Spark's source) consumes
+            self.access.check(Permission.CONSUME, q.address)
         q.read_range_soon(pkt.start, pkt.end, pkt.limit, partial(self._range_read, pkt, q, s))
 
     def _range_read(self, pkt: p.ReadRange, q: Queue, s: NativeSession, refs: list[MessageRef], first: int) -> None:
@@ -894,6 +901,8 @@ class NativeConnection(asyncio.Protocol):
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
+        if self.access is not None:
+            self.access.check(Permission.CONSUME, q.address)
         channel, cmd = pkt.channel, pkt.cmd
 
         def acked(n: int) -> None:

@@ -24,9 +24,11 @@ import msgspec
 from ..config import HANDSHAKE_FRAME_LIMIT
 from ..core.consumer import Consumer
 from ..core.message import Message, MessageData, MessageRef, RoutingType
+from ..core.permissions import Access, Permission
 from ..core.session import ServerSession, Transaction
-from ..errors import DuplicateId, TandemError, clip
+from ..errors import DuplicateId, TandemError, Unauthorized, clip
 from ..protocol import stomp as st
+from .authorization import access_for
 from .security import ANONYMOUS, Subject
 
 if TYPE_CHECKING:
@@ -179,6 +181,7 @@ class StompConnection(asyncio.Protocol):
         self.writable = True
         self.handshaken = False  # for the broker's bookkeeping (native connections use it too)
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from CONNECT
+        self.access: Access | None = None  # what the subject may do (None: security off), decision 0060
         self.peer = "?"
         self.client_id: str | None = None
         self.session: ServerSession | None = None
@@ -353,7 +356,9 @@ class StompConnection(asyncio.Protocol):
                 handlers[command](self, frame)
             except TandemError as exc:
                 # DuplicateId says the originals are stored: it waits until they are durable.
-                self.error(exc.message, frame.get("receipt"), after_disk=isinstance(exc, DuplicateId))
+                self.error(
+                    exc.message, frame.get("receipt"), after_disk=isinstance(exc, DuplicateId), code=_code_of(exc)
+                )
             except Exception as exc:
                 log.exception("error handling STOMP %s from %s", command, self.peer)
                 self.error(f"internal error: {exc!r}", frame.get("receipt"))
@@ -382,8 +387,10 @@ class StompConnection(asyncio.Protocol):
             self.transport.write(st.encode("ERROR", headers, message.encode(), self.version))
         self.close()
 
-    def error(self, message: str, receipt: str | None = None, after_disk: bool = False) -> None:
-        """Send ERROR and close this connection only.
+    def error(
+        self, message: str, receipt: str | None = None, after_disk: bool = False, code: str | None = None
+    ) -> None:
+        """Send ERROR and close this connection only (a `code` header when given: UNAUTHORIZED).
 
         Receipts owed for earlier frames go first (as on DISCONNECT): a client that sent good
         frames before a bad one learns which of them the broker kept.
@@ -398,6 +405,8 @@ class StompConnection(asyncio.Protocol):
         headers = [("message", clip(message.replace("\n", " "), 500)), ("content-type", "text/plain")]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
+        if code is not None:
+            headers.append(("code", code))
         frame = st.encode("ERROR", headers, message.encode(), self.version)
         if self._receipts:
             self._flush_receipts()
@@ -525,6 +534,7 @@ class StompConnection(asyncio.Protocol):
         if subject is None:
             raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
         self.subject = subject
+        self.access = access_for(b.authorizer, subject)
         po = b.require_active()
         self.client_id = frame.get("client-id")
         cx, cy = 0, 0
@@ -540,7 +550,7 @@ class StompConnection(asyncio.Protocol):
         if cx > 0:
             self.ttl_ms = max(cx * 2, 500)  # tolerate one late beat
         self.send_beat_ms = max(cy, 100) if cy > 0 else 0
-        self.session = ServerSession(po, self, "stomp")
+        self.session = ServerSession(po, self, "stomp", access=self.access)
         self.connected = True
         self.handshaken = True
         headers = [
@@ -645,6 +655,7 @@ class StompConnection(asyncio.Protocol):
         assert session is not None
         message = Message.create(session.postoffice.ids.next(), data)
         if frame.streamed:  # its body follows in pieces (BODY_PART), straight to its file
+            session.authorize_send(message)  # before the body fills a file (and again when routed)
             large = getattr(self.broker.storage, "large", None)
             if large is None:
                 raise st.StompError("this broker does not take large messages (no data directory)")
@@ -700,7 +711,7 @@ class StompConnection(asyncio.Protocol):
         try:
             self._sent(up.frame, up.message, up.tx)
         except TandemError as e:
-            self.error(e.message, up.frame.get("receipt"), after_disk=isinstance(e, DuplicateId))
+            self.error(e.message, up.frame.get("receipt"), after_disk=isinstance(e, DuplicateId), code=_code_of(e))
             return
         except Exception as e:
             log.exception("error routing a STOMP large message from %s", self.peer)
@@ -780,16 +791,21 @@ class StompConnection(asyncio.Protocol):
         durable_name = frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
         selector = frame.get("selector")
         if rt == RoutingType.MULTICAST or (rt == RoutingType.ANY and _is_multicast(po, address)):
+            if self.access is not None:  # before its queue is made (create_consumer checks again)
+                self.access.check(Permission.CONSUME, address)
             if durable_name:
                 if not self.client_id:
                     raise st.StompError("a durable subscription needs a client-id on CONNECT")
                 qname = f"{self.client_id}.{durable_name}"
+                if qname not in po.queues:
+                    self.session.authorize_queue(qname, address, durable=True)
                 po.create_queue(
                     qname, address, RoutingType.MULTICAST, durable=True, filter_text=selector, exists_ok=True
                 )
                 sub.durable_queue = qname
             else:
                 qname = f"{address}.stomp.{id(self):x}.{sid}"
+                self.session.authorize_queue(qname, address, durable=False)
                 po.create_queue(
                     qname, address, RoutingType.MULTICAST, durable=False, filter_text=selector, temporary=True
                 )
@@ -812,19 +828,23 @@ class StompConnection(asyncio.Protocol):
     def on_unsubscribe(self, frame: st.Frame) -> None:
         assert self.session is not None
         sid = frame.get("id") or (frame.get("destination") if self.version == "1.0" else None)
-        sub = self.subscriptions.pop(sid or "", None)
+        sub = self.subscriptions.get(sid or "")
         if sub is None:
             raise st.StompError(f"no subscription with id {sid!r}")
+        po = self.session.postoffice
+        ends = sub.durable_queue is not None and (
+            frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
+        )
+        if ends and self.access is not None and sub.durable_queue in po.queues:
+            self.access.check(Permission.DELETE_DURABLE_QUEUE, po.queues[sub.durable_queue].address)
+        del self.subscriptions[sid or ""]
         if sub.consumer is not None:
             self._ack_prefixes.pop(str(sub.consumer.id), None)
             self.session.close_consumer(sub.consumer.id)
-        po = self.session.postoffice
         if sub.temporary is not None:
             self.temp_queues.discard(sub.temporary)
             po.delete_queue(sub.temporary, force=True)
-        elif sub.durable_queue is not None and (
-            frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
-        ):
+        elif sub.durable_queue is not None and ends:
             po.delete_queue(sub.durable_queue, force=True)  # unsubscribing by name ends the durable subscription
         self._receipt(frame)
 
@@ -955,6 +975,11 @@ _HANDLERS: dict[str, Callable[[StompConnection, st.Frame], None]] = {
 }
 _HANDLERS[st.BODY_PART] = StompConnection.on_body_part
 _HANDLERS[st.BODY_END] = StompConnection.on_body_end
+
+
+def _code_of(exc: TandemError) -> str | None:
+    """The ERROR frame's `code` header: a denied operation says UNAUTHORIZED."""
+    return exc.code.name if isinstance(exc, Unauthorized) else None
 
 
 def _is_multicast(po: Any, address: str) -> bool:
