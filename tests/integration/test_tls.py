@@ -281,7 +281,6 @@ def test_cli_takes_tls_urls_and_writes_dev_certificates(broker_factory: Factory,
     for name in ("ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem"):
         assert (tmp_path / "dev" / name).stat().st_size > 0
     assert (tmp_path / "dev" / "server-key.pem").stat().st_mode & 0o077 == 0  # keys readable by the owner only
-    c = DevCerts(*(tmp_path / "dev" / n for n in DevCerts.__dataclass_fields__)) if False else None  # noqa: F841
     dev = tmp_path / "dev"
     b = broker_factory(
         extra_toml=acceptor(
