@@ -74,7 +74,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"--{option.replace('_', '-')} {exc}") from None
         others = [a for a in cfg.acceptors if a.protocol != protocol]
-        cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
+        # The file's first acceptor of that protocol keeps its TLS settings; only its address changes.
+        base = next((a for a in cfg.acceptors if a.protocol == protocol), None)
+        acc = AcceptorConfig(protocol, protocol, value)
+        if base is not None:
+            acc = msgspec.structs.replace(base, name=protocol, bind=value)
+        cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with

@@ -299,3 +299,23 @@ def test_cli_takes_tls_urls_and_writes_dev_certificates(broker_factory: Factory,
     assert r.returncode == 0, r.stderr
     r = cli("consumer", "--url", url, "--destination", "cli.tls", "--count", "3")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_ca_dropped_from_the_trust_store_is_refused_after_reload(
+    broker_factory: Factory, certs: DevCerts, other: DevCerts, tmp_path: Path
+) -> None:
+    """The reload swaps the whole context: a CA removed from the trust store no longer lets clients in."""
+    store = tmp_path / "clients-ca.pem"
+    store.write_bytes(certs.ca.read_bytes() + other.ca.read_bytes())
+    b = broker_factory(
+        connection_check_period=200, extra_toml=acceptor(certs, trust_store_path=str(store), need_client_auth=True)
+    ).start()
+    mine = tls_url(b, certs.ca, cert=certs.client, key=certs.client_key)
+    theirs = tls_url(b, certs.ca, cert=other.client, key=other.client_key)
+    assert _connects(mine) and _connects(theirs)
+    tmp = tmp_path / "clients-ca.pem.tmp"
+    tmp.write_bytes(certs.ca.read_bytes())
+    os.replace(tmp, store)
+    _wait_for(lambda: not _connects(theirs))
+    assert _connects(mine)
+    assert "TLS certificate reloaded" in b.log_text()

@@ -105,3 +105,13 @@ def test_topology_entries_carry_tls() -> None:
     assert split_server("127.0.0.1:5") == ("127.0.0.1", 5, False)
     assert split_server("tcps://[::1]:5") == ("::1", 5, True)
     assert split_server("nonsense") is None
+
+
+def test_spark_options_pass_tls_through() -> None:
+    from tandem.spark.options import ReadOptions
+
+    opts = ReadOptions.parse(
+        {"url": "tcps://h:61617", "queue": "q", "ca": "/x/ca.pem", "CERT": "c.pem", "key": "k.pem"}
+    )
+    assert opts.url == "tcps://h:61617"
+    assert opts.client == {"ca": "/x/ca.pem", "cert": "c.pem", "key": "k.pem"}

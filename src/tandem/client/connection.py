@@ -404,6 +404,11 @@ class AsyncConnection:
                 proto.transport.abort()
             if tls and not isinstance(exc, asyncio.CancelledError):
                 await _let_tls_close()
+                if isinstance(exc, ConnectionLost) and proto.hello.done() and proto.hello.exception():
+                    raise ConnectionLost(
+                        f"{host}:{port} closed the TLS connection before answering: it may want a client "
+                        f"certificate (cert=, key=) from a CA it trusts ({exc})"
+                    ) from None
             raise
         self._proto = proto
         self.generation += 1
