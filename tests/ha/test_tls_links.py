@@ -65,3 +65,31 @@ def test_shared_store_pair_over_tls_fails_over(tmp_path: Path, certs: DevCerts) 
         assert c.status(1)["state"] == "active"
     finally:
         c.kill_all()
+
+
+def test_a_plain_client_follows_a_tcps_topology_with_tls(tmp_path: Path, certs: DevCerts) -> None:
+    """A pair moving to TLS: the primary's acceptor is still plain, the backup's needs TLS with a
+    client certificate. A client on the primary's tcp:// URL fails over to the backup with TLS,
+    because the topology says tcps:// for it."""
+    from ha_pair import tls_lines
+
+    c = Cluster(tmp_path, tls=certs)
+    acceptor_tls = tls_lines(certs)[0]
+    p0, p1 = c.ports
+    for i, b in enumerate(c.servers):
+        text = b.config_path.read_text().replace(f'url = "tcps://127.0.0.1:{p0}"', f'url = "tcp://127.0.0.1:{p0}"')
+        if i == 0:
+            text = text.replace(f'bind = "127.0.0.1:{p0}"\n{acceptor_tls}', f'bind = "127.0.0.1:{p0}"\n')
+        b.config_path.write_text(text)
+    schemes = ["tcp", "tcps"]
+    c.url_of = lambda i: f"{schemes[i]}://127.0.0.1:{c.ports[i]}{c.query}"  # type: ignore[method-assign]
+    try:
+        c.start_all()
+        (node,) = topology(c.url_of(0))
+        assert node["live"] == f"127.0.0.1:{p0}" and node["backup"] == f"tcps://127.0.0.1:{p1}"
+        total = 600
+        consumed, _ = exactly_once_across_a_kill(c.url_of(0), c.primary.kill, total)
+        check_exactly_once(consumed, total)
+        assert c.status(1)["state"] == "active"
+    finally:
+        c.kill_all()
