@@ -75,7 +75,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"--{option.replace('_', '-')} {exc}") from None
         others = [a for a in cfg.acceptors if a.protocol != protocol]
-        cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
+        # The file's first acceptor of that protocol keeps its TLS settings; only its address changes.
+        base = next((a for a in cfg.acceptors if a.protocol == protocol), None)
+        acc = AcceptorConfig(protocol, protocol, value)
+        if base is not None:
+            acc = msgspec.structs.replace(base, name=protocol, bind=value)
+        cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with
@@ -94,9 +99,11 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(broker.stop()))
+    loop.add_signal_handler(signal.SIGHUP, lambda: broker.reload_tls(force=True))  # TLS files (server/tls.py)
     if not quiet:
-        native = next(iter(broker.bound.values()))
-        url = f"tcp://{native[0]}:{native[1]}"
+        first = next(iter(broker.bound))
+        native = broker.bound[first]
+        url = f"{'tcps' if first in broker.tls else 'tcp'}://{native[0]}:{native[1]}"
         role = broker.activation.role if broker.activation is not None else "live-only"
         print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role})")
         for name, (host, port) in broker.bound.items():
@@ -363,6 +370,16 @@ def cmd_data(args: argparse.Namespace) -> int:
     return datatool.compact_data(args.dir, out=sys.stdout)
 
 
+def cmd_certs(args: argparse.Namespace) -> int:
+    from .certs import write_dev_certs
+
+    files = write_dev_certs(args.out)
+    print(f"wrote a throwaway CA and certificates to {files.ca.parent} (NOT for production: see docs/security.md):")
+    for path in (files.ca, files.server, files.server_key, files.client, files.client_key, files.ca_key):
+        print(f"  {path}")
+    return 0
+
+
 def cmd_perf(args: argparse.Namespace) -> int:
     from . import perf
 
@@ -498,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--root", default="/tandem", help="as [ha.coordinator] root (default /tandem)")
         x.add_argument("--connect-timeout", type=int, default=8000, metavar="MS", help="default 8000")
     d.set_defaults(func=cmd_data)
+
+    ce = sub.add_parser("certs", help="TLS certificates for trials")
+    ces = ce.add_subparsers(dest="action", required=True)
+    cd = ces.add_parser("dev", help="a throwaway CA, a server (127.0.0.1, localhost) and a client certificate")
+    cd.add_argument("--out", required=True, help="directory to write ca.pem, server.pem, client.pem and keys into")
+    ce.set_defaults(func=cmd_certs)
 
     from . import perf
     from .chaos import run as chaos

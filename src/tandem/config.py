@@ -30,6 +30,7 @@ DEFAULT_CLUSTER_USER = "tandem.cluster"
 DEFAULT_CLUSTER_PASSWORD = "change me"  # refused with security-enabled: everyone knows it
 
 RoutingTypeName = Literal["anycast", "multicast"]
+TLS_PROTOCOLS = ("TLSv1.2", "TLSv1.3")  # older ones are broken: not offered
 
 
 class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="kebab"):
@@ -42,11 +43,28 @@ class AcceptorConfig(_Conf, frozen=True):
     name: str = "native"
     protocol: Literal["native", "stomp"] = "native"
     bind: str | None = None  # None → the protocol's default port on 127.0.0.1 (61616 native, 61613 STOMP)
+    # TLS (server/tls.py, docs/security.md "TLS"): PEM files, reloaded when they change or on SIGHUP.
+    ssl_enabled: bool = False
+    cert_path: str | None = None
+    key_path: str | None = None
+    trust_store_path: str | None = None  # CAs for client certificates (asked for, checked if sent)
+    need_client_auth: bool = False  # a client without a certificate from trust-store-path is refused
+    enabled_protocols: list[str] = msgspec.field(default_factory=lambda: list(TLS_PROTOCOLS))
+    enabled_cipher_suites: list[str] = []  # OpenSSL names, TLS 1.2 only ([]: Python's defaults)
 
     def __post_init__(self) -> None:
         if self.bind is None:
             port = DEFAULT_STOMP_PORT if self.protocol == "stomp" else DEFAULT_NATIVE_PORT
             msgspec.structs.force_setattr(self, "bind", f"127.0.0.1:{port}")
+        if self.ssl_enabled and not (self.cert_path and self.key_path):
+            raise ValueError(f"acceptor {self.name!r}: `ssl-enabled` needs `cert-path` and `key-path`")
+        if self.need_client_auth and not (self.ssl_enabled and self.trust_store_path):
+            raise ValueError(f"acceptor {self.name!r}: `need-client-auth` needs `ssl-enabled` and `trust-store-path`")
+        bad = [p for p in self.enabled_protocols if p not in TLS_PROTOCOLS]
+        if bad or not self.enabled_protocols:
+            raise ValueError(
+                f"acceptor {self.name!r}: `enabled-protocols` takes {', '.join(TLS_PROTOCOLS)} (got {bad or '[]'})"
+            )
 
     @property
     def host_port(self) -> str:
@@ -138,7 +156,25 @@ class ConnectorConfig(_Conf, frozen=True):
     """Where to reach a server: this one (`connector-ref`) or a peer (`static-connectors`)."""
 
     name: str
-    url: str  # host:port
+    url: str  # host:port (or tcp://host:port); tcps://host:port: TLS
+    # For this server's own links to the connector (announcements, replication); never told to clients.
+    trust_store_path: str | None = None  # CAs to check the peer's certificate with (None: the system's)
+    cert_path: str | None = None  # this server's certificate, for a peer that needs client auth
+    key_path: str | None = None
+    verify_host: bool = True  # the peer's certificate must name the connector's host
+
+    def link_options(self) -> dict[str, object]:
+        """Client options for a server link to this connector (client/options.py)."""
+        _, _, tls = split_connector(self.url)
+        if not tls:
+            return {}
+        return {
+            "ssl": True,
+            "ca": self.trust_store_path,
+            "cert": self.cert_path,
+            "key": self.key_path,
+            "verify_host": self.verify_host,
+        }
 
 
 HaPolicyName = Literal[
@@ -189,6 +225,31 @@ class CoordinatorConfig(_Conf, frozen=True):
             raise ValueError(f"`root` must be a ZooKeeper path like /tandem (no trailing slash), got {self.root!r}")
 
 
+class CertUserMapping(_Conf, frozen=True):
+    """`[[cert-user-mapping]]`: a verified client certificate whose subject matches logs in as `user`
+    without a password. `cn` matches the common name exactly; `subject` is a regular expression
+    that must match the whole RFC 4514 subject (e.g. `CN=app-1,O=Example`)."""
+
+    user: str
+    cn: str | None = None
+    subject: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cn is None) == (self.subject is None):
+            raise ValueError(f"cert-user-mapping for {self.user!r}: set one of `cn` or `subject`")
+        if self.subject is not None:
+            try:
+                re.compile(self.subject)
+            except re.error as exc:
+                raise ValueError(f"cert-user-mapping for {self.user!r}: bad `subject` regex: {exc}") from None
+
+    def matches(self, cn: str | None, subject: str) -> bool:
+        if self.cn is not None:
+            return cn == self.cn
+        assert self.subject is not None
+        return re.fullmatch(self.subject, subject) is not None
+
+
 class HaConfig(_Conf, frozen=True):
     """The `[ha]` table; the policy itself is the top-level `ha-policy`."""
 
@@ -208,6 +269,7 @@ class BrokerConfig(_Conf, frozen=True):
     # Per-address permissions (Artemis's security-settings): pattern -> permission -> roles; see
     # core/permissions.py. Checked only with security-enabled.
     security_settings: dict[str, dict[str, list[str]]] = {}
+    cert_user_mapping: list[CertUserMapping] = []  # mutual TLS: certificate subject -> user (first match)
 
     # STOMP: credit per subscription (messages) when SUBSCRIBE has no prefetch-count header.
     stomp_prefetch_count: int = 256
@@ -336,7 +398,7 @@ class BrokerConfig(_Conf, frozen=True):
         known = {c.name for c in self.connectors}
         for c in self.connectors:
             try:
-                parse_host_port(c.url)
+                split_connector(c.url)
             except ValueError as exc:
                 raise ValueError(f"connector {c.name!r}: `url` {exc}") from None
         for ref in [*([self.connector_ref] if self.connector_ref else []), *self.static_connectors]:
@@ -369,10 +431,23 @@ class BrokerConfig(_Conf, frozen=True):
         return self.connection_ttl_override if self.connection_ttl_override > 0 else self.connection_ttl
 
     def connector_url(self, name: str) -> str:
+        """host:port, or tcps://host:port for a TLS connector (the form topologies carry)."""
+        host, port, tls = split_connector(self.connector(name).url)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return f"tcps://{where}" if tls else where
+
+    def connector(self, name: str) -> ConnectorConfig:
         for c in self.connectors:
             if c.name == name:
-                return c.url
+                return c
         raise KeyError(name)
+
+    def link_options(self, url: str) -> dict[str, object]:
+        """TLS client options for a server link to `url` (a connector_url): its connector's."""
+        for c in self.connectors:
+            if self.connector_url(c.name) == url:
+                return c.link_options()
+        return {}
 
     @property
     def effective_global_max_size(self) -> int:
@@ -427,6 +502,18 @@ def parse_host_port(text: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range in {text!r}")
     return (m.group("v6") or m.group("host")), port
+
+
+def split_connector(text: str) -> tuple[str, int, bool]:
+    """`host:port`, `tcp://host:port` or `tcps://host:port` (TLS) → host, port, TLS."""
+    t = text.strip()
+    tls = t.startswith("tcps://")
+    if tls:
+        t = t[len("tcps://") :]
+    elif t.startswith("tcp://"):
+        t = t[len("tcp://") :]
+    host, port = parse_host_port(t)
+    return host, port, tls
 
 
 def parse_check_target(text: str) -> tuple[str, int | None]:

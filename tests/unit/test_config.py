@@ -13,6 +13,7 @@ from tandem.config import (
     AddressConfig,
     AddressSettingsConfig,
     BrokerConfig,
+    CertUserMapping,
     ConnectorConfig,
     CoordinatorConfig,
     HaConfig,
@@ -74,6 +75,10 @@ retry-replication-wait = 500
 [[users]]
 name = "app"
 password = "secret"
+
+[[cert-user-mapping]]
+user = "app"
+cn = "app-client"
 
 [[connectors]]
 name = "me"
@@ -174,6 +179,17 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
     assert load_config(str(write(tmp_path, "# only a comment\n"))) == BrokerConfig()
 
 
+TLS_KEYS = {
+    "ssl-enabled",
+    "cert-path",
+    "key-path",
+    "trust-store-path",
+    "need-client-auth",
+    "enabled-protocols",
+    "enabled-cipher-suites",
+}
+
+
 def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None:
     """A file using every key of every config struct loads, and each value lands in its field."""
     cfg = load_config(write(tmp_path, FULL))
@@ -185,11 +201,12 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         "security-settings",
         "connectors",
         "users",
+        "cert-user-mapping",
         "ha",
     }
     assert kebab_names(HaConfig) == {"coordinator"}
     assert kebab_names(CoordinatorConfig) <= top
-    assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind"}
+    assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind", *TLS_KEYS}  # TLS: tests/unit/test_tls_config.py
     assert kebab_names(AddressConfig) == {"name", "routing-type", "queues"}
     assert kebab_names(QueueConfig) == {"name", "durable", "filter", "max-consumers"}
 
@@ -257,6 +274,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         security_enabled=True,
         users=[UserConfig("app", "secret")],
         security_settings={"orders.#": {"send": ["app"], "createDurableQueue": ["app", "ops"]}},
+        cert_user_mapping=[CertUserMapping("app", cn="app-client")],
         stomp_prefetch_count=10,
         network_check_list=["10.0.0.1", "gateway.local:22", "[::1]:61616"],
         network_check_period=2000,

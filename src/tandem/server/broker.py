@@ -17,6 +17,7 @@ import asyncio
 import errno
 import gc
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from functools import partial
@@ -41,6 +42,7 @@ from .memory import ConnectionChurn
 from .native import NativeConnection
 from .pacing import UploadPacer
 from .security import Authenticator, Subject
+from .tls import AcceptorTls
 
 log = logging.getLogger("tandem.broker")
 
@@ -182,6 +184,7 @@ class Broker:
         self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
+        self.tls: dict[str, AcceptorTls] = {}  # acceptor name -> its TLS contexts (ssl-enabled ones)
         self.started_at = 0.0
         self.activated_at = 0.0
         self.load_seconds = 0.0
@@ -519,8 +522,16 @@ class Broker:
                 factory: Callable[[], asyncio.Protocol] = partial(StompConnection, self, acc.name)
             else:
                 factory = partial(NativeConnection, self, acc.name)
+            ssl_args: dict[str, Any] = {}
+            if acc.ssl_enabled:
+                try:
+                    self.tls[acc.name] = tls = AcceptorTls(acc)
+                except (OSError, ssl.SSLError) as exc:
+                    raise IllegalState(f"acceptor {acc.name!r}: cannot load its TLS files: {exc}") from None
+                # The TLS handshake comes before connection_made: it has its own deadline.
+                ssl_args = {"ssl": tls.listening, "ssl_handshake_timeout": self.config.handshake_timeout / 1000}
             try:
-                server = await loop.create_server(factory, host, port, reuse_address=True)
+                server = await loop.create_server(factory, host, port, reuse_address=True, **ssl_args)
             except OSError as exc:
                 raise IllegalState(f"acceptor {acc.name!r} cannot listen on {host}:{port}: {exc.strerror}") from None
             self.servers.append(server)
@@ -545,9 +556,20 @@ class Broker:
             raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
         return self.postoffice
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
-        """With `security-enabled`, only configured users (the cluster user too, for announcements)."""
+    def authenticate(
+        self, username: str | None, password: str | None, peer: str = "?", cert_user: str | None = None
+    ) -> Subject | None:
+        """With `security-enabled`, only configured users (the cluster user too, for announcements).
+        `cert_user`: the user a verified client certificate maps to (cert-user-mapping); a login
+        without a password and with no other user name is that user's."""
+        if cert_user is not None and self.authenticator.enabled and not password and username in (None, "", cert_user):
+            return self.authenticator.subject_for(cert_user)
         return self.authenticator.check(username, password, peer)
+
+    def reload_tls(self, force: bool = False) -> None:
+        """New TLS contexts for new connections (server/tls.py): on SIGHUP (`force`) and when files change."""
+        for tls in self.tls.values():
+            tls.reload(force)
 
     def own_connector(self) -> str:
         cfg = self.config
@@ -556,7 +578,7 @@ class Broker:
         for acc in cfg.acceptors:
             if acc.protocol == "native" and acc.name in self.bound:
                 host, port = self.bound[acc.name]
-                return f"{host}:{port}"
+                return f"tcps://{host}:{port}" if acc.ssl_enabled else f"{host}:{port}"
         return ""
 
     def topology(self) -> list[Any]:
@@ -639,6 +661,7 @@ class Broker:
             await asyncio.sleep(min(period, scan_every) if scan_every > 0 else period)
             now = loop.time()
             self._check_alive(now)
+            self.reload_tls()
             if churn.observe(len(self.connections)):
                 await churn.release(len(self.connections))
             if not self.active:

@@ -72,8 +72,11 @@ class BrokerContext(Protocol):
         """Decides permissions (core/permissions.py); None when security is off."""
         ...
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
-        """Who logs in with these (security off: ANONYMOUS); None: refused."""
+    def authenticate(
+        self, username: str | None, password: str | None, peer: str = "?", cert_user: str | None = None
+    ) -> Subject | None:
+        """Who logs in with these (or with a client certificate mapped to `cert_user`;
+        security off: ANONYMOUS); None: refused."""
         ...
 
     def topology(self) -> list[Any]:

@@ -48,6 +48,7 @@ from .reattach import (
     trim_closed,
 )
 from .security import ANONYMOUS, Subject
+from .tls import cert_user
 
 if TYPE_CHECKING:
     from ..core.queue import Queue
@@ -250,6 +251,7 @@ class NativeConnection(asyncio.Protocol):
         self.closed = False
         self.writable = True
         self.peer = "?"
+        self.cert_user: str | None = None  # the user a verified client certificate maps to
         self.client_id: str | None = None
         self.temp_queues: set[str] = set()
         self._out: list[bytes | bytearray] = []
@@ -283,6 +285,7 @@ class NativeConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.cert_user = cert_user(self.broker.config, transport)  # mutual TLS (server/tls.py)
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         self.broker.connections.add(self)
 
@@ -346,7 +349,7 @@ class NativeConnection(asyncio.Protocol):
                 return None
             self._flush()
             sock = t.get_extra_info("socket")
-            if t.get_write_buffer_size() or sock is None:
+            if t.get_write_buffer_size() or sock is None or t.get_extra_info("ssl_object") is not None:
                 return None
             self._writer = LinkWriter(
                 sock.fileno(), self.loop, HIGH_WATER, LOW_WATER, self.pause_writing, self.resume_writing, self._failed
@@ -637,7 +640,7 @@ class NativeConnection(asyncio.Protocol):
         if self.handshaken:
             raise ProtocolError("HELLO sent twice")
         p.check_version(pkt)
-        subject = self.broker.authenticate(pkt.username, pkt.password, self.peer)
+        subject = self.broker.authenticate(pkt.username, pkt.password, self.peer, self.cert_user)
         if subject is None:
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
         self.subject = subject

@@ -68,6 +68,12 @@ class Authenticator:
             self._failed(username, peer)
         return found
 
+    def subject_for(self, user: str) -> Subject | None:
+        """A configured user's subject, no password asked (a verified certificate mapped to it)."""
+        if not self.enabled:
+            return ANONYMOUS
+        return next((s for s in self._subjects if s.user == user and not s.cluster), None)
+
     def _failed(self, username: str | None, peer: str) -> None:
         now = time.monotonic()
         if now - self._logged_at < FAILED_LOGIN_LOG_PERIOD:

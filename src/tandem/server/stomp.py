@@ -30,6 +30,7 @@ from ..errors import DuplicateId, TandemError, Unauthorized, clip
 from ..protocol import stomp as st
 from .authorization import access_for
 from .security import ANONYMOUS, Subject
+from .tls import cert_user
 
 if TYPE_CHECKING:
     from ..store.large_messages import LargeUpload
@@ -183,6 +184,7 @@ class StompConnection(asyncio.Protocol):
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from CONNECT
         self.access: Access | None = None  # what the subject may do (None: security off), decision 0060
         self.peer = "?"
+        self.cert_user: str | None = None  # the user a verified client certificate maps to
         self.client_id: str | None = None
         self.session: ServerSession | None = None
         self.subscriptions: dict[str, Subscription] = {}
@@ -217,6 +219,7 @@ class StompConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.cert_user = cert_user(self.broker.config, transport)  # mutual TLS (server/tls.py)
         self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
         self.broker.connections.add(self)
 
@@ -530,7 +533,7 @@ class StompConnection(asyncio.Protocol):
         self.version = version
         self.parser.version = version
         b = self.broker
-        subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer)
+        subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer, self.cert_user)
         if subject is None:
             raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
         self.subject = subject
