@@ -152,10 +152,12 @@ def test_need_client_auth_refuses_clients_without_a_trusted_certificate(
 
 
 MAPPED = (
-    '[[users]]\nname = "app"\npassword = "secret"\n'
-    '[[users]]\nname = "ops"\npassword = "ops-secret"\n'
+    '[[users]]\nname = "app"\npassword = "secret"\nroles = ["app"]\n'
+    '[[users]]\nname = "ops"\npassword = "ops-secret"\nroles = ["ops"]\n'
     '[[cert-user-mapping]]\nuser = "app"\ncn = "tandem-client"\n'
     '[[cert-user-mapping]]\nuser = "ops"\nsubject = "CN=ops-[0-9]+,O=Tandem dev"\n'
+    '[security-settings."#"]\nsend = ["app"]\nconsume = ["app"]\ncreate-address = ["app"]\n'
+    'create-durable-queue = ["app"]\nview = ["ops"]\n'
 )
 
 
