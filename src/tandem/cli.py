@@ -74,7 +74,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"--{option.replace('_', '-')} {exc}") from None
         others = [a for a in cfg.acceptors if a.protocol != protocol]
-        cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
+        try:
+            cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
+        except ValueError as exc:  # e.g. a network address with security off (config.check_network_exposure)
+            raise ConfigError(f"--{option.replace('_', '-')} {value}: {exc}") from None
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with

@@ -6,6 +6,7 @@ Unknown or ill-typed keys stop start-up with a message naming the key and file.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -41,11 +42,16 @@ class AcceptorConfig(_Conf, frozen=True):
     name: str = "native"
     protocol: Literal["native", "stomp"] = "native"
     bind: str | None = None  # None → the protocol's default port on 127.0.0.1 (61616 native, 61613 STOMP)
+    # Open connections at most (Artemis's `connectionsAllowed`); None → derived from the file-descriptor
+    # limit (server/limits.py, docs/security.md "Safe defaults and connection limits").
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         if self.bind is None:
             port = DEFAULT_STOMP_PORT if self.protocol == "stomp" else DEFAULT_NATIVE_PORT
             msgspec.structs.force_setattr(self, "bind", f"127.0.0.1:{port}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"acceptor {self.name!r}: `max-connections` must be >= 1, got {self.max_connections}")
 
     @property
     def host_port(self) -> str:
@@ -204,6 +210,18 @@ class BrokerConfig(_Conf, frozen=True):
     # Who may connect.
     security_enabled: bool = False
     users: list[UserConfig] = []
+    # Safe defaults (docs/security.md, decision 0062): an acceptor on a non-loopback address with
+    # security off stops start-up unless this is true.
+    allow_insecure_network: bool = False
+    max_connections_per_user: int = -1  # logged-in connections of one user (security on); -1: no limit
+    max_connections_per_peer: int = -1  # connections from one client IP address; -1: no limit
+    # Per connection, across its consumers: deliveries not acknowledged yet; once over, it gets no more
+    # until it acknowledges (-1: no limit).
+    max_unacked_messages: int = 100_000
+    max_unacked_bytes: int = 100 * MiB
+    # A connection that takes none of its pending output (4 MiB queued) for this long is cut (ms).
+    slow_client_timeout: int = 30_000
+    audit_log: bool = False  # one line per login, creation, deletion, purge, management operation
 
     # STOMP: credit per subscription (messages) when SUBSCRIBE has no prefetch-count header.
     stomp_prefetch_count: int = 256
@@ -318,6 +336,11 @@ class BrokerConfig(_Conf, frozen=True):
                 "set `cluster-user` and `cluster-password` to a pair of your own (the same on both servers of a pair)"
             )
         _check_positive(self, "stomp_prefetch_count", minimum=0)
+        _check_positive(self, "max_connections_per_user", minimum=-1)
+        _check_positive(self, "max_connections_per_peer", minimum=-1)
+        _check_positive(self, "max_unacked_messages", minimum=-1)
+        _check_positive(self, "max_unacked_bytes", minimum=-1)
+        _check_positive(self, "slow_client_timeout", minimum=100)
         _check_positive(self, "initial_replication_sync_timeout", minimum=100)
         _check_positive(self, "call_timeout", minimum=100)
         _check_positive(self, "retry_replication_wait", minimum=10)
@@ -345,6 +368,7 @@ class BrokerConfig(_Conf, frozen=True):
                 parse_host_port(acc.host_port)
             except ValueError as exc:
                 raise ValueError(f"acceptor {acc.name!r}: `bind` {exc}") from None
+        check_network_exposure(self)
 
     # Derived values -------------------------------------------------------
     @property
@@ -393,6 +417,33 @@ class BrokerConfig(_Conf, frozen=True):
             if acc.protocol == protocol:
                 return acc
         return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind host reaches only this machine: a loopback IP or `localhost`. Any other
+    name counts as a network address (what it resolves to can change)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_network_exposure(cfg: BrokerConfig) -> None:
+    """With security off, every acceptor must be on loopback unless `allow-insecure-network`:
+    anyone who reaches the port could do everything, management included (decision 0062)."""
+    if cfg.security_enabled or cfg.allow_insecure_network:
+        return
+    for acc in cfg.acceptors:
+        host, _ = parse_host_port(acc.host_port)
+        if not is_loopback_host(host):
+            raise ValueError(
+                f"acceptor {acc.name!r} binds {acc.host_port}, a network address, and `security-enabled` is "
+                "false: anyone who reaches it could send, consume, delete queues and stop the broker. Turn "
+                "security on (`security-enabled = true`), bind a loopback address (127.0.0.1, ::1), or set "
+                "`allow-insecure-network = true` to accept the risk"
+            )
 
 
 def _check_positive(cfg: BrokerConfig, attr: str, minimum: int) -> None:

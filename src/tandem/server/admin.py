@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..core.message import RoutingType
-from ..errors import InvalidArgument, QueueDoesNotExist, Unauthorized
+from ..errors import InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
+from .audit import audit
 from .security import is_cluster_pair
 
 if TYPE_CHECKING:
@@ -78,7 +79,16 @@ class Admin:
             bound = inspect.signature(fn).bind(conn=conn, reply=reply, **checked)
         except TypeError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
-        fn(*bound.args, **bound.kwargs)
+        subject = getattr(conn, "subject", None)
+        peer = getattr(conn, "peer", "local")
+        target = checked.get("name") or checked.get("dedup_id")
+        try:
+            fn(*bound.args, **bound.kwargs)
+        except TandemError as exc:
+            # A permission denial is "not allowed"; any other failure was allowed and failed.
+            audit(op, subject, peer, target, not isinstance(exc, Unauthorized), error=exc.code.name)
+            raise
+        audit(op, subject, peer, target, True)
 
     def _after_bindings(self, reply: Reply, result: Any) -> None:
         self.broker.storage.after_bindings_durable(lambda: reply(result))

@@ -35,7 +35,9 @@ from ..journal import Journal, JournalSettings
 from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
+from . import audit
 from .admin import Admin
+from .limits import ConnectionLimits
 from .memory import ConnectionChurn
 from .native import NativeConnection
 from .pacing import UploadPacer
@@ -173,6 +175,8 @@ class Broker:
         self.postoffice: PostOffice
         self.admin = Admin(self)
         self.authenticator = Authenticator(config)
+        self.limits = ConnectionLimits(config)
+        audit.configure(config.audit_log)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
         self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark
@@ -593,6 +597,7 @@ class Broker:
             "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
             "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
+            "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
         }
         if self.activation is not None:

@@ -14,6 +14,7 @@ from ..config import BrokerConfig
 from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
+from .limits import ConnectionLimits
 from .pacing import UploadPacer
 from .security import Subject
 
@@ -44,6 +45,11 @@ class BrokerContext(Protocol):
     @property
     def pacer(self) -> UploadPacer:
         """Large uploads wait while a backup link is over its high-water mark (server/pacing.py)."""
+        ...
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """Connection counts and limits (server/limits.py): each connection is admitted, counted, released."""
         ...
 
     @property

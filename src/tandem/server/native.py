@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from ..config import HANDSHAKE_FRAME_LIMIT
-from ..core.consumer import Consumer
+from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import MessageRef
 from ..core.session import ServerSession
 from ..errors import (
@@ -35,6 +35,8 @@ from ..errors import (
 )
 from ..protocol import native as p
 from . import large
+from .audit import audit
+from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .link_writer import LinkWriter
 from .reattach import (
     CLOSED_REPLIES_KEPT,
@@ -270,6 +272,13 @@ class NativeConnection(asyncio.Protocol):
         self.detached = False  # socket gone, sessions kept until the TTL expires
         self.top_channel = 0  # the highest session channel created: a lower one not in `replay` was forgotten
         self.successor: NativeConnection | None = None  # the connection that reattached our sessions
+        cfg = broker.config
+        # Limits (server/limits.py, decision 0062): unacknowledged deliveries across its consumers,
+        # output a client does not read.
+        self.delivery_account = DeliveryAccount(cfg.max_unacked_messages, cfg.max_unacked_bytes, self._room)
+        self.output_watch = OutputWatch(cfg.slow_client_timeout / 1000)
+        self.counted: tuple[str, str] | None = None  # (acceptor, peer host) in the broker's connection counts
+        self.counted_user: str | None = None
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -281,10 +290,28 @@ class NativeConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        refused = self.broker.limits.admit(self)
+        if refused is not None:
+            # ERROR at once; what the client sends meanwhile (its HELLO) is read and dropped, so the
+            # close does not reset the connection before the client has read why.
+            log.info("refused connection from %s: %s", self.peer, refused.message)
+            self.closed = True
+            transport.write(_encode(p.error_packet(refused.code, wire_text(refused))))
+            self.loop.call_later(REFUSED_LINGER, transport.close)
+            self.loop.call_later(2 * REFUSED_LINGER, transport.abort)
+            return
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown(detach=True)
+
+    def _room(self) -> None:
+        """(DeliveryAccount) acknowledgements made room under the unacked limit: deliver again."""
+        if self.closed:
+            return
+        for s in list(self.sessions.values()):
+            for c in s.core.consumers.values():
+                c.queue.deliver_soon()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -570,6 +597,7 @@ class NativeConnection(asyncio.Protocol):
             self._writer.close()  # writes what is queued, then lets its descriptor go
         if self.transport is not None:
             self.transport.close()
+            abort_later(self.loop, self.transport, self.broker.config.slow_client_timeout / 1000)
         self._teardown()
 
     def _teardown(self, detach: bool = False) -> None:
@@ -580,6 +608,7 @@ class NativeConnection(asyncio.Protocol):
                 self._release()  # closed for good (broker stopping): no reattach any more
             return
         self.closed = True
+        self.broker.limits.release(self)
         if self._writer is not None:
             self._writer.close()
         if self.replica is not None:  # a backup's link gone: no upload waits for it any more
@@ -636,7 +665,10 @@ class NativeConnection(asyncio.Protocol):
         p.check_version(pkt)
         subject = self.broker.authenticate(pkt.username, pkt.password, self.peer)
         if subject is None:
+            audit("login", None, self.peer, None, False, user=pkt.username, protocol="native")
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+        self.broker.limits.login(self, subject.user, subject.cluster)
+        audit("login", subject, self.peer, None, True, protocol="native")
         self.subject = subject
         self.handshaken = True
         self.client_id = pkt.client_id
@@ -983,6 +1015,15 @@ class NativeConnection(asyncio.Protocol):
         ttl = self.ttl_ms / 1000
         ping_every = max(ttl / 4, 0.05)
         cfg = self.broker.config
+        t = self.transport
+        if (
+            self.replica is None  # a backup's link has its own deadline (call-timeout)
+            and self._writer is None
+            and t is not None
+            and self.output_watch.stuck(now, self.writable, t.get_write_buffer_size())
+        ):
+            self._cut_slow(t)
+            return
         if self.paced or self.holding:  # we do not read it (a full backup link, a body's sync): not its silence
             self._not_reading_since(now)
         if now - self.last_received > ttl:
@@ -999,6 +1040,18 @@ class NativeConnection(asyncio.Protocol):
             )
         elif self.handshaken and now - self.last_sent > ping_every:
             self.send(p.Ping())
+
+    def _cut_slow(self, t: asyncio.Transport) -> None:
+        """It reads none of its pending output: cut now, without waiting for the buffer to drain."""
+        log.warning(
+            "closing connection from %s: it has read none of its %d pending bytes for %d ms (slow-client-timeout)",
+            self.peer,
+            t.get_write_buffer_size(),
+            self.broker.config.slow_client_timeout,
+        )
+        self.broker.limits.refused["slow-client"] += 1
+        t.abort()
+        self._teardown()
 
 
 _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {

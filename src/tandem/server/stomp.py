@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from ..config import HANDSHAKE_FRAME_LIMIT
-from ..core.consumer import Consumer
+from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import Message, MessageData, MessageRef, RoutingType
 from ..core.session import ServerSession, Transaction
 from ..errors import DuplicateId, TandemError, clip
 from ..protocol import stomp as st
+from .audit import audit
+from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .security import ANONYMOUS, Subject
 
 if TYPE_CHECKING:
@@ -205,6 +207,13 @@ class StompConnection(asyncio.Protocol):
         self._ack_prefixes: dict[str, Subscription] = {}  # "CID" of the 1.2 ack ids "CID.MID" -> subscription
         self.stream: BodyStream | None = None  # a large body going out: nothing else is written meanwhile
         self.upload: LargeSend | None = None  # a large SEND's body coming in
+        cfg = broker.config
+        # Limits (server/limits.py, decision 0062): unacknowledged deliveries across its
+        # subscriptions, output a client does not read.
+        self.delivery_account = DeliveryAccount(cfg.max_unacked_messages, cfg.max_unacked_bytes, self._room)
+        self.output_watch = OutputWatch(cfg.slow_client_timeout / 1000)
+        self.counted: tuple[str, str] | None = None  # (acceptor, peer host) in the broker's connection counts
+        self.counted_user: str | None = None
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -215,10 +224,30 @@ class StompConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        refused = self.broker.limits.admit(self)
+        if refused is not None:
+            # ERROR at once; what the client sends meanwhile (its CONNECT) is read and dropped, so
+            # the close does not reset the connection before the client has read why.
+            log.info("refused STOMP connection from %s: %s", self.peer, refused.message)
+            self.closed = True
+            message = clip(refused.message, 500)
+            headers = [("message", message), ("code", refused.code.name), ("content-type", "text/plain")]
+            self.transport.write(st.encode("ERROR", headers, message.encode(), "1.0"))
+            self.loop.call_later(REFUSED_LINGER, self.transport.close)
+            self.loop.call_later(2 * REFUSED_LINGER, self.transport.abort)
+            return
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown()
+
+    def _room(self) -> None:
+        """(DeliveryAccount) acknowledgements made room under the unacked limit: deliver again."""
+        if self.closed:
+            return
+        for sub in self.subscriptions.values():
+            if sub.consumer is not None:
+                sub.consumer.queue.deliver_soon()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -419,12 +448,14 @@ class StompConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+            abort_later(self.loop, self.transport, self.broker.config.slow_client_timeout / 1000)
         self._teardown()
 
     def _teardown(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self.broker.limits.release(self)
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.stop()
@@ -460,6 +491,19 @@ class StompConnection(asyncio.Protocol):
             self.last_received = now  # we stopped reading, not the client: its beats wait unread
             if self.partial_since is not None:
                 self.partial_since = now
+        t = self.transport
+        if t is not None and self.output_watch.stuck(now, self.writable or self.failing, t.get_write_buffer_size()):
+            log.warning(
+                "closing STOMP connection from %s: it has read none of its %d pending bytes for %d ms "
+                "(slow-client-timeout)",
+                self.peer,
+                t.get_write_buffer_size(),
+                self.broker.config.slow_client_timeout,
+            )
+            self.broker.limits.refused["slow-client"] += 1
+            t.abort()
+            self._teardown()
+            return
         cfg = self.broker.config
         frame_ms = max(self.ttl_ms, cfg.effective_ttl_ms)  # the connection's TTL, or the broker's if longer
         if now - self.last_received > self.ttl_ms / 1000:
@@ -523,7 +567,10 @@ class StompConnection(asyncio.Protocol):
         b = self.broker
         subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer)
         if subject is None:
+            audit("login", None, self.peer, None, False, user=frame.get("login"), protocol="stomp")
             raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+        b.limits.login(self, subject.user, subject.cluster)
+        audit("login", subject, self.peer, None, True, protocol="stomp")
         self.subject = subject
         po = b.require_active()
         self.client_id = frame.get("client-id")
