@@ -45,6 +45,8 @@ from .security import Authenticator, Subject
 
 log = logging.getLogger("tandem.broker")
 
+ACCEPT_BACKLOG = 4096
+
 
 def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: LoadedState) -> int:
     """Build the post office's addresses, queues, messages and paging state from what the store loaded;
@@ -520,7 +522,9 @@ class Broker:
             else:
                 factory = partial(NativeConnection, self, acc.name)
             try:
-                server = await loop.create_server(factory, host, port, reuse_address=True)
+                # A deep accept queue: a burst of connections (clients reconnecting after a failover)
+                # waits there instead of retrying its SYN a second later (the kernel caps it at somaxconn).
+                server = await loop.create_server(factory, host, port, reuse_address=True, backlog=ACCEPT_BACKLOG)
             except OSError as exc:
                 raise IllegalState(f"acceptor {acc.name!r} cannot listen on {host}:{port}: {exc.strerror}") from None
             self.servers.append(server)

@@ -665,7 +665,7 @@ class NativeConnection(asyncio.Protocol):
         p.check_version(pkt)
         subject = self.broker.authenticate(pkt.username, pkt.password, self.peer)
         if subject is None:
-            audit("login", None, self.peer, None, False, user=pkt.username, protocol="native")
+            audit("login", None, self.peer, None, False, login=pkt.username, protocol="native")
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
         self.broker.limits.login(self, subject.user, subject.cluster)
         audit("login", subject, self.peer, None, True, protocol="native")

@@ -567,7 +567,7 @@ class StompConnection(asyncio.Protocol):
         b = self.broker
         subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer)
         if subject is None:
-            audit("login", None, self.peer, None, False, user=frame.get("login"), protocol="stomp")
+            audit("login", None, self.peer, None, False, login=frame.get("login"), protocol="stomp")
             raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
         b.limits.login(self, subject.user, subject.cluster)
         audit("login", subject, self.peer, None, True, protocol="stomp")
