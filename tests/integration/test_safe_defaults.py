@@ -513,8 +513,12 @@ def test_audit_log_lines_for_logins_and_management(broker_factory: Factory, wire
     bad = wires(b.ports["native"])
     bad.send(p.MAGIC + p.encode(p.Hello(p.PROTOCOL_VERSION, username="eve x\nuser=app", password="guess")))
     assert bad.closed_with_error().code == ErrorCode.UNAUTHORIZED
-    wires(b.ports["stomp"], True).connect(login="app", passcode="secret")
+    stomp = wires(b.ports["stomp"], True)
+    stomp.connect(login="app", passcode="secret")
+    stomp.send(b"SUBSCRIBE\nid:1\ndestination:/queue/audit.stomp\nreceipt:r1\n\n\0")
+    assert stomp.next().command == "RECEIPT"
     with tandem.connect(url) as conn:  # (the lines above are written by now)
+        conn.session().create_consumer("audit.native")  # auto-created
         conn.manage("broker.status")
     lines = audit_lines(b)
 
@@ -536,6 +540,8 @@ def test_audit_log_lines_for_logins_and_management(broker_factory: Factory, wire
     ]:
         one(f"event={event} ", f"target={target} ", "user=app", "allowed=yes")
     one("event=queue.purge", "target=audit.none", "error=QUEUE_DOES_NOT_EXIST")
+    one("event=queue.create", "target=audit.stomp", "by=subscribe", "user=app")
+    one("event=queue.create", "target=audit.native", "by=consumer", "user=app")
     failed = one("event=login", "allowed=no")
     assert "user=- " in failed and 'login="eve x\\x0auser=app"' in failed, failed
     assert "guess" not in b.log_text() and "secret" not in b.log_text()
@@ -551,3 +557,50 @@ def test_audit_log_is_off_by_default(broker_factory: Factory) -> None:
         assert conn.manage("broker.status")["state"] == "active"
     assert "tandem.audit" not in b.log_text()
     assert "broker active" in b.log_text()  # (the log is there, at info)
+
+
+@pytest.mark.timeout(60)
+def test_the_unacked_limit_survives_a_reattach(broker_factory: Factory) -> None:
+    """A reattached connection takes over its predecessor's count: at the limit before the link
+    failed, its acknowledgements afterwards still make room (deliveries go on)."""
+    import asyncio
+
+    import tandem.aio as aio
+    from client_io import send_confirmed
+    from tandem.testing import AsyncFaultProxy, free_port
+
+    port = free_port()
+    b = broker_factory(
+        max_unacked_messages=10, connection_check_period=100, connector_ref="via-proxy",
+        extra_toml=f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{port}"\n',
+    ).start()  # fmt: skip
+    events: list[Any] = []
+
+    async def main() -> None:
+        await send_confirmed(b.url, "safe.ra", "ra-", 30)
+        async with AsyncFaultProxy(b.port, port=port) as proxy:
+            conn = await aio.connect(
+                proxy.url, connection_ttl=10_000, confirmation_window_size=1024, auto_dedup=False,
+                reconnect_attempts=-1, client_failure_check_period=500, connect_timeout=500, retry_interval=100,
+            )  # fmt: skip
+            conn.add_failure_listener(lambda kind, cause: events.append(kind))
+            session = await conn.create_session(ack_mode="client")
+            consumer = await session.create_consumer("safe.ra", window=-1)
+            first = [await consumer.receive(5) for _ in range(10)]
+            assert all(m is not None for m in first)
+            assert await consumer.receive(0.5) is None  # at the limit
+            await proxy.blackhole()
+            await asyncio.sleep(1.5)
+            await proxy.heal()
+            deadline = time.monotonic() + 15
+            while not events:
+                assert time.monotonic() < deadline, "no reattach"
+                await asyncio.sleep(0.05)
+            assert events == [aio.FailureEvent.REATTACHED], events
+            await first[-1].ack()  # type: ignore[union-attr]  # the ten (cumulative)
+            more = [await consumer.receive(5) for _ in range(10)]
+            assert all(m is not None for m in more), "no delivery after the acknowledgement"
+            assert [m.text for m in more] == [f"ra-{i}" for i in range(10, 20)]  # type: ignore[union-attr]
+            await conn.close()
+
+    asyncio.run(main())

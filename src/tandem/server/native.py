@@ -36,6 +36,7 @@ from ..errors import (
 from ..protocol import native as p
 from . import large
 from .audit import audit
+from .audit import enabled as audit_enabled
 from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .link_writer import LinkWriter
 from .reattach import (
@@ -762,6 +763,9 @@ class NativeConnection(asyncio.Protocol):
         self.replay = old_replay = old.replay
         old_replay.setdefault(0, ChannelReplay())
         self.sessions = old.sessions
+        # Its consumers keep counting against the account they were created with: ours now.
+        self.delivery_account = old.delivery_account
+        self.delivery_account.on_room = self._room
         self.temp_queues |= old.temp_queues
         for s in self.sessions.values():
             s.conn = self
@@ -821,8 +825,12 @@ class NativeConnection(asyncio.Protocol):
 
     def on_create_consumer(self, pkt: p.CreateConsumer) -> None:
         s = self._session(pkt.channel)
+        queues = s.core.postoffice.queues
+        before = len(queues) if audit_enabled() else -1
         c = s.core.create_consumer(pkt.consumer_id, pkt.queue, s, pkt.window, pkt.filter, pkt.browse_only)
         q = c.queue
+        if before >= 0 and len(queues) > before:  # auto-created for this consumer
+            audit("queue.create", self.subject, self.peer, q.name, True, by="consumer", protocol="native")
         result = {"window": c.window, "queue": q.name, "address": q.address}
         self._reply_after_bindings(pkt.channel, pkt.cmd, result)
 

@@ -28,6 +28,7 @@ from ..core.session import ServerSession, Transaction
 from ..errors import DuplicateId, TandemError, clip
 from ..protocol import stomp as st
 from .audit import audit
+from .audit import enabled as audit_enabled
 from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .security import ANONYMOUS, Subject
 
@@ -823,6 +824,7 @@ class StompConnection(asyncio.Protocol):
         except ValueError:
             raise st.StompError(f"prefetch-count must be a number, got {prefetch_text!r}") from None
         po = self.session.postoffice
+        queues_before = set(po.queues) if audit_enabled() else None
         sub = Subscription(self, sid, destination or address, ack, prefetch)
         durable_name = frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
         selector = frame.get("selector")
@@ -851,6 +853,9 @@ class StompConnection(asyncio.Protocol):
         consumer = self.session.create_consumer(cid, qname, sub, window, selector)
         if prefetch > 0:
             consumer.add_credits(prefetch)
+        if queues_before is not None:
+            for name in po.queues.keys() - queues_before:  # created by this SUBSCRIBE
+                audit("queue.create", self.subject, self.peer, name, True, by="subscribe", protocol="stomp")
         sub.consumer = consumer
         self.subscriptions[sid] = sub
         self._ack_prefixes[str(cid)] = sub
