@@ -604,3 +604,47 @@ def test_the_unacked_limit_survives_a_reattach(broker_factory: Factory) -> None:
             await conn.close()
 
     asyncio.run(main())
+
+
+def test_stomp_unacknowledged_messages_are_bounded_too(broker_factory: Factory, wires: Callable[..., Wire]) -> None:
+    """A STOMP subscription without prefetch (no flow control) in client ack mode: the same limit."""
+    b = broker_factory(max_unacked_messages=20, extra_toml=ACCEPTORS).start()
+    _send(b.url, "safe.stomp", 60)
+    s = wires(b.ports["stomp"], True)
+    s.connect()
+    s.send(b"SUBSCRIBE\nid:1\ndestination:/queue/safe.stomp\nack:client\nprefetch-count:0\n\n\0")
+    s.read(1.0)
+    got = [f for f in s.got if f.command == "MESSAGE"]
+    assert len(got) == 20
+    s.got.clear()
+    s.send(f"ACK\nid:{got[4].headers['ack']}\n\n\0".encode())  # client mode: the first five
+    s.read(1.0)
+    assert len([f for f in s.got if f.command == "MESSAGE"]) == 5
+
+
+def test_a_stomp_client_that_stops_reading_is_cut_and_its_messages_return(broker_factory: Factory) -> None:
+    n, size = 600, 50_000
+    b = broker_factory(
+        max_unacked_messages=-1, max_unacked_bytes=-1, slow_client_timeout=1000, extra_toml=ACCEPTORS
+    ).start()
+    _send(b.url, "safe.slowstomp", n, size=size)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", b.ports["stomp"]))
+    try:
+        sock.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\0")
+        assert sock.recv(4096).startswith(b"CONNECTED")
+        sock.sendall(b"SUBSCRIBE\nid:1\ndestination:/queue/safe.slowstomp\nack:client\nprefetch-count:0\n\n\0")
+        # and read nothing more
+        wait_until(lambda: status(b)["connection_limits"]["refused"].get("slow-client") == 1, "the cut", 20)
+    finally:
+        sock.close()
+    with tandem.connect(b.url) as conn:
+        c = conn.session().create_consumer("safe.slowstomp")
+        bodies = set()
+        for _ in range(n):
+            m = c.receive(timeout=5)
+            assert m is not None, f"only {len(bodies)} of {n} came back"
+            bodies.add(m.body[:8])
+        assert len(bodies) == n
