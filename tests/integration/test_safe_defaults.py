@@ -510,6 +510,8 @@ def test_audit_log_lines_for_logins_and_management(broker_factory: Factory, wire
         with pytest.raises(tandem.TandemError):
             conn.manage("queue.purge", name="audit.none")
         conn.manage("broker.status")
+        with pytest.raises(tandem.InvalidArgument):
+            conn.manage("queue.explode", name="audit.q")
     bad = wires(b.ports["native"])
     bad.send(p.MAGIC + p.encode(p.Hello(p.PROTOCOL_VERSION, username="eve x\nuser=app", password="guess")))
     assert bad.closed_with_error().code == ErrorCode.UNAUTHORIZED
@@ -540,6 +542,7 @@ def test_audit_log_lines_for_logins_and_management(broker_factory: Factory, wire
     ]:
         one(f"event={event} ", f"target={target} ", "user=app", "allowed=yes")
     one("event=queue.purge", "target=audit.none", "error=QUEUE_DOES_NOT_EXIST")
+    one("event=queue.explode", "target=audit.q", "error=INVALID_ARGUMENT")
     one("event=queue.create", "target=audit.stomp", "by=subscribe", "user=app")
     one("event=queue.create", "target=audit.native", "by=consumer", "user=app")
     failed = one("event=login", "allowed=no")

@@ -62,6 +62,19 @@ class Admin:
         return sorted(self._ops)
 
     def handle(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
+        """Run `op`; every attempt, known or not, goes to the audit log (server/audit.py)."""
+        subject = getattr(conn, "subject", None)
+        peer = getattr(conn, "peer", "local")
+        target = args.get("name", args.get("dedup_id"))
+        try:
+            self._run(op, args, conn, reply)
+        except TandemError as exc:
+            # A permission denial is "not allowed"; any other failure was allowed and failed.
+            audit(op, subject, peer, target, not isinstance(exc, Unauthorized), error=exc.code.name)
+            raise
+        audit(op, subject, peer, target, True)
+
+    def _run(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
         fn = self._ops.get(op)
         if fn is None:
             raise InvalidArgument(f"unknown management operation {op!r}; known: {', '.join(self.ops)}")
@@ -79,16 +92,7 @@ class Admin:
             bound = inspect.signature(fn).bind(conn=conn, reply=reply, **checked)
         except TypeError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
-        subject = getattr(conn, "subject", None)
-        peer = getattr(conn, "peer", "local")
-        target = checked.get("name") or checked.get("dedup_id")
-        try:
-            fn(*bound.args, **bound.kwargs)
-        except TandemError as exc:
-            # A permission denial is "not allowed"; any other failure was allowed and failed.
-            audit(op, subject, peer, target, not isinstance(exc, Unauthorized), error=exc.code.name)
-            raise
-        audit(op, subject, peer, target, True)
+        fn(*bound.args, **bound.kwargs)
 
     def _after_bindings(self, reply: Reply, result: Any) -> None:
         self.broker.storage.after_bindings_durable(lambda: reply(result))

@@ -39,10 +39,10 @@ def audit(event: str, subject: Any, peer: str, target: str | None, allowed: bool
         return
     user = getattr(subject, "user", None)
     parts = [
-        f"user={_value(user if user is not None else '-')}",
+        f"user={'-' if user is None else _value(user)}",  # a user named "-" is written quoted
         f"peer={_value(peer)}",
         f"event={_value(event)}",
-        f"target={_value(target if target is not None else '-')}",
+        f"target={'-' if target is None else _value(target)}",
         f"allowed={'yes' if allowed else 'no'}",
     ]
     parts += [f"{k}={_value(v)}" for k, v in details.items() if v is not None]
@@ -53,7 +53,7 @@ def _value(v: Any) -> str:
     text = str(v)
     if len(text) > 200:
         text = text[:200] + "..."
-    if text and all(c.isprintable() and c not in ' "=\\' for c in text):
+    if text and text != "-" and all(c.isprintable() and c not in ' "=\\' for c in text):
         return text
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped)
