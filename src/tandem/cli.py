@@ -80,7 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         acc = AcceptorConfig(protocol, protocol, value)
         if base is not None:
             acc = msgspec.structs.replace(base, name=protocol, bind=value)
-        cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
+        try:
+            cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
+        except ValueError as exc:  # e.g. a network address with security off (config.check_network_exposure)
+            raise ConfigError(f"--{option.replace('_', '-')} {value}: {exc}") from None
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with

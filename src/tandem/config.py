@@ -6,6 +6,7 @@ Unknown or ill-typed keys stop start-up with a message naming the key and file.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -51,6 +52,9 @@ class AcceptorConfig(_Conf, frozen=True):
     need_client_auth: bool = False  # a client without a certificate from trust-store-path is refused
     enabled_protocols: list[str] = msgspec.field(default_factory=lambda: list(TLS_PROTOCOLS))
     enabled_cipher_suites: list[str] = []  # OpenSSL names, TLS 1.2 only ([]: Python's defaults)
+    # Open connections at most (Artemis's `connectionsAllowed`); None → derived from the file-descriptor
+    # limit (server/limits.py, docs/security.md "Safe defaults and connection limits").
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         if self.bind is None:
@@ -65,6 +69,8 @@ class AcceptorConfig(_Conf, frozen=True):
             raise ValueError(
                 f"acceptor {self.name!r}: `enabled-protocols` takes {', '.join(TLS_PROTOCOLS)} (got {bad or '[]'})"
             )
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"acceptor {self.name!r}: `max-connections` must be >= 1, got {self.max_connections}")
 
     @property
     def host_port(self) -> str:
@@ -270,6 +276,18 @@ class BrokerConfig(_Conf, frozen=True):
     # core/permissions.py. Checked only with security-enabled.
     security_settings: dict[str, dict[str, list[str]]] = {}
     cert_user_mapping: list[CertUserMapping] = []  # mutual TLS: certificate subject -> user (first match)
+    # Safe defaults (docs/security.md, decision 0062): an acceptor on a non-loopback address with
+    # security off stops start-up unless this is true.
+    allow_insecure_network: bool = False
+    max_connections_per_user: int = -1  # logged-in connections of one user (security on); -1: no limit
+    max_connections_per_peer: int = -1  # connections from one client IP address; -1: no limit
+    # Per connection, across its consumers: deliveries not acknowledged yet; once over, it gets no more
+    # until it acknowledges (-1: no limit).
+    max_unacked_messages: int = 100_000
+    max_unacked_bytes: int = 100 * MiB
+    # A connection that takes none of its pending output (4 MiB queued) for this long is cut (ms).
+    slow_client_timeout: int = 30_000
+    audit_log: bool = False  # one line per login, creation, deletion, purge, management operation
 
     # STOMP: credit per subscription (messages) when SUBSCRIBE has no prefetch-count header.
     stomp_prefetch_count: int = 256
@@ -385,6 +403,11 @@ class BrokerConfig(_Conf, frozen=True):
                 "set `cluster-user` and `cluster-password` to a pair of your own (the same on both servers of a pair)"
             )
         _check_positive(self, "stomp_prefetch_count", minimum=0)
+        _check_positive(self, "max_connections_per_user", minimum=-1)
+        _check_positive(self, "max_connections_per_peer", minimum=-1)
+        _check_positive(self, "max_unacked_messages", minimum=-1)
+        _check_positive(self, "max_unacked_bytes", minimum=-1)
+        _check_positive(self, "slow_client_timeout", minimum=100)
         _check_positive(self, "initial_replication_sync_timeout", minimum=100)
         _check_positive(self, "call_timeout", minimum=100)
         _check_positive(self, "retry_replication_wait", minimum=10)
@@ -412,6 +435,7 @@ class BrokerConfig(_Conf, frozen=True):
                 parse_host_port(acc.host_port)
             except ValueError as exc:
                 raise ValueError(f"acceptor {acc.name!r}: `bind` {exc}") from None
+        check_network_exposure(self)
 
     # Derived values -------------------------------------------------------
     @property
@@ -481,6 +505,33 @@ class BrokerConfig(_Conf, frozen=True):
             if acc.protocol == protocol:
                 return acc
         return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind host reaches only this machine: a loopback IP or `localhost`. Any other
+    name counts as a network address (what it resolves to can change)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_network_exposure(cfg: BrokerConfig) -> None:
+    """With security off, every acceptor must be on loopback unless `allow-insecure-network`:
+    anyone who reaches the port could do everything, management included (decision 0062)."""
+    if cfg.security_enabled or cfg.allow_insecure_network:
+        return
+    for acc in cfg.acceptors:
+        host, _ = parse_host_port(acc.host_port)
+        if not is_loopback_host(host):
+            raise ValueError(
+                f"acceptor {acc.name!r} binds {acc.host_port}, a network address, and `security-enabled` is "
+                "false: anyone who reaches it could send, consume, delete queues and stop the broker. Turn "
+                "security on (`security-enabled = true`), bind a loopback address (127.0.0.1, ::1), or set "
+                "`allow-insecure-network = true` to accept the risk"
+            )
 
 
 def _check_positive(cfg: BrokerConfig, attr: str, minimum: int) -> None:

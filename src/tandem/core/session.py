@@ -195,6 +195,7 @@ class ServerSession:
         if not browse_only and q.max_consumers >= 0 and len(q.consumers) >= q.max_consumers:
             raise IllegalState(f"queue {queue_name!r} already has its maximum of {q.max_consumers} consumer(s)")
         c = Consumer(cid, q, sink, window, filt, browse_only, owner=self)
+        c.account = getattr(self.owner, "delivery_account", None)  # the connection's unacked limit
         if window > 0:
             c.credits = window
         self.consumers[cid] = c

@@ -37,7 +37,9 @@ from ..journal import Journal, JournalSettings
 from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
+from . import audit
 from .admin import Admin
+from .limits import ConnectionLimits
 from .memory import ConnectionChurn
 from .native import NativeConnection
 from .pacing import UploadPacer
@@ -45,6 +47,8 @@ from .security import Authenticator, Subject
 from .tls import AcceptorTls
 
 log = logging.getLogger("tandem.broker")
+
+ACCEPT_BACKLOG = 4096
 
 
 def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: LoadedState) -> int:
@@ -179,6 +183,8 @@ class Broker:
         self.authorizer = Authorizer(config.security_repository()) if config.security_enabled else None
         if config.security_enabled and not config.security_settings:
             log.warning("security-enabled with no security-settings: every operation of every user will be refused")
+        self.limits = ConnectionLimits(config)
+        audit.configure(config.audit_log)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
         self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark
@@ -531,7 +537,11 @@ class Broker:
                 # The TLS handshake comes before connection_made: it has its own deadline.
                 ssl_args = {"ssl": tls.listening, "ssl_handshake_timeout": self.config.handshake_timeout / 1000}
             try:
-                server = await loop.create_server(factory, host, port, reuse_address=True, **ssl_args)
+                # A deep accept queue: a burst of connections (clients reconnecting after a failover)
+                # waits there instead of retrying its SYN a second later (the kernel caps it at somaxconn).
+                server = await loop.create_server(
+                    factory, host, port, reuse_address=True, backlog=ACCEPT_BACKLOG, **ssl_args
+                )
             except OSError as exc:
                 raise IllegalState(f"acceptor {acc.name!r} cannot listen on {host}:{port}: {exc.strerror}") from None
             self.servers.append(server)
@@ -619,6 +629,7 @@ class Broker:
             "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
             "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
+            "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
         }
         if self.activation is not None:

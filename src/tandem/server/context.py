@@ -15,6 +15,7 @@ from ..core.permissions import Authorizer
 from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
+from .limits import ConnectionLimits
 from .pacing import UploadPacer
 from .security import Subject
 
@@ -45,6 +46,11 @@ class BrokerContext(Protocol):
     @property
     def pacer(self) -> UploadPacer:
         """Large uploads wait while a backup link is over its high-water mark (server/pacing.py)."""
+        ...
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """Connection counts and limits (server/limits.py): each connection is admitted, counted, released."""
         ...
 
     @property

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from ..config import HANDSHAKE_FRAME_LIMIT
-from ..core.consumer import Consumer
+from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import MessageRef
 from ..core.permissions import Access, Permission
 from ..core.session import ServerSession
@@ -36,7 +36,10 @@ from ..errors import (
 )
 from ..protocol import native as p
 from . import large
+from .audit import audit
+from .audit import enabled as audit_enabled
 from .authorization import access_for
+from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .link_writer import LinkWriter
 from .reattach import (
     CLOSED_REPLIES_KEPT,
@@ -275,6 +278,13 @@ class NativeConnection(asyncio.Protocol):
         self.detached = False  # socket gone, sessions kept until the TTL expires
         self.top_channel = 0  # the highest session channel created: a lower one not in `replay` was forgotten
         self.successor: NativeConnection | None = None  # the connection that reattached our sessions
+        cfg = broker.config
+        # Limits (server/limits.py, decision 0062): unacknowledged deliveries across its consumers,
+        # output a client does not read.
+        self.delivery_account = DeliveryAccount(cfg.max_unacked_messages, cfg.max_unacked_bytes, self._room)
+        self.output_watch = OutputWatch(cfg.slow_client_timeout / 1000)
+        self.counted: tuple[str, str] | None = None  # (acceptor, peer host) in the broker's connection counts
+        self.counted_user: str | None = None
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -287,10 +297,28 @@ class NativeConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.cert_user = cert_user(self.broker.config, transport)  # mutual TLS (server/tls.py)
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        refused = self.broker.limits.admit(self)
+        if refused is not None:
+            # ERROR at once; what the client sends meanwhile (its HELLO) is read and dropped, so the
+            # close does not reset the connection before the client has read why.
+            log.info("refused connection from %s: %s", self.peer, refused.message)
+            self.closed = True
+            transport.write(_encode(p.error_packet(refused.code, wire_text(refused))))
+            self.loop.call_later(REFUSED_LINGER, transport.close)
+            self.loop.call_later(2 * REFUSED_LINGER, transport.abort)
+            return
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown(detach=True)
+
+    def _room(self) -> None:
+        """(DeliveryAccount) acknowledgements made room under the unacked limit: deliver again."""
+        if self.closed:
+            return
+        for s in list(self.sessions.values()):
+            for c in s.core.consumers.values():
+                c.queue.deliver_soon()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -576,6 +604,7 @@ class NativeConnection(asyncio.Protocol):
             self._writer.close()  # writes what is queued, then lets its descriptor go
         if self.transport is not None:
             self.transport.close()
+            abort_later(self.loop, self.transport, self.broker.config.slow_client_timeout / 1000)
         self._teardown()
 
     def _teardown(self, detach: bool = False) -> None:
@@ -586,6 +615,7 @@ class NativeConnection(asyncio.Protocol):
                 self._release()  # closed for good (broker stopping): no reattach any more
             return
         self.closed = True
+        self.broker.limits.release(self)
         if self._writer is not None:
             self._writer.close()
         if self.replica is not None:  # a backup's link gone: no upload waits for it any more
@@ -642,7 +672,10 @@ class NativeConnection(asyncio.Protocol):
         p.check_version(pkt)
         subject = self.broker.authenticate(pkt.username, pkt.password, self.peer, self.cert_user)
         if subject is None:
+            audit("login", None, self.peer, None, False, login=pkt.username, protocol="native")
             raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+        self.broker.limits.login(self, subject.user, subject.cluster)
+        audit("login", subject, self.peer, None, True, protocol="native")
         self.subject = subject
         self.access = access_for(self.broker.authorizer, subject)
         self.handshaken = True
@@ -737,6 +770,9 @@ class NativeConnection(asyncio.Protocol):
         self.replay = old_replay = old.replay
         old_replay.setdefault(0, ChannelReplay())
         self.sessions = old.sessions
+        # Its consumers keep counting against the account they were created with: ours now.
+        self.delivery_account = old.delivery_account
+        self.delivery_account.on_room = self._room
         self.temp_queues |= old.temp_queues
         for s in self.sessions.values():
             s.conn = self
@@ -796,8 +832,12 @@ class NativeConnection(asyncio.Protocol):
 
     def on_create_consumer(self, pkt: p.CreateConsumer) -> None:
         s = self._session(pkt.channel)
+        queues = s.core.postoffice.queues
+        before = len(queues) if audit_enabled() else -1
         c = s.core.create_consumer(pkt.consumer_id, pkt.queue, s, pkt.window, pkt.filter, pkt.browse_only)
         q = c.queue
+        if before >= 0 and len(queues) > before:  # auto-created for this consumer
+            audit("queue.create", self.subject, self.peer, q.name, True, by="consumer", protocol="native")
         result = {"window": c.window, "queue": q.name, "address": q.address}
         self._reply_after_bindings(pkt.channel, pkt.cmd, result)
 
@@ -995,6 +1035,15 @@ class NativeConnection(asyncio.Protocol):
         ttl = self.ttl_ms / 1000
         ping_every = max(ttl / 4, 0.05)
         cfg = self.broker.config
+        t = self.transport
+        if (
+            self.replica is None  # a backup's link has its own deadline (call-timeout)
+            and self._writer is None
+            and t is not None
+            and self.output_watch.stuck(now, self.writable, t.get_write_buffer_size())
+        ):
+            self._cut_slow(t)
+            return
         if self.paced or self.holding:  # we do not read it (a full backup link, a body's sync): not its silence
             self._not_reading_since(now)
         if now - self.last_received > ttl:
@@ -1011,6 +1060,18 @@ class NativeConnection(asyncio.Protocol):
             )
         elif self.handshaken and now - self.last_sent > ping_every:
             self.send(p.Ping())
+
+    def _cut_slow(self, t: asyncio.Transport) -> None:
+        """It reads none of its pending output: cut now, without waiting for the buffer to drain."""
+        log.warning(
+            "closing connection from %s: it has read none of its %d pending bytes for %d ms (slow-client-timeout)",
+            self.peer,
+            t.get_write_buffer_size(),
+            self.broker.config.slow_client_timeout,
+        )
+        self.broker.limits.refused["slow-client"] += 1
+        t.abort()
+        self._teardown()
 
 
 _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {

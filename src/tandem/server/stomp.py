@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from ..config import HANDSHAKE_FRAME_LIMIT
-from ..core.consumer import Consumer
+from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import Message, MessageData, MessageRef, RoutingType
 from ..core.permissions import Access, Permission
 from ..core.session import ServerSession, Transaction
 from ..errors import DuplicateId, TandemError, Unauthorized, clip
 from ..protocol import stomp as st
+from .audit import audit
+from .audit import enabled as audit_enabled
 from .authorization import access_for
+from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .security import ANONYMOUS, Subject
 from .tls import cert_user
 
@@ -210,6 +213,13 @@ class StompConnection(asyncio.Protocol):
         self._ack_prefixes: dict[str, Subscription] = {}  # "CID" of the 1.2 ack ids "CID.MID" -> subscription
         self.stream: BodyStream | None = None  # a large body going out: nothing else is written meanwhile
         self.upload: LargeSend | None = None  # a large SEND's body coming in
+        cfg = broker.config
+        # Limits (server/limits.py, decision 0062): unacknowledged deliveries across its
+        # subscriptions, output a client does not read.
+        self.delivery_account = DeliveryAccount(cfg.max_unacked_messages, cfg.max_unacked_bytes, self._room)
+        self.output_watch = OutputWatch(cfg.slow_client_timeout / 1000)
+        self.counted: tuple[str, str] | None = None  # (acceptor, peer host) in the broker's connection counts
+        self.counted_user: str | None = None
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -221,10 +231,30 @@ class StompConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.cert_user = cert_user(self.broker.config, transport)  # mutual TLS (server/tls.py)
         self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        refused = self.broker.limits.admit(self)
+        if refused is not None:
+            # ERROR at once; what the client sends meanwhile (its CONNECT) is read and dropped, so
+            # the close does not reset the connection before the client has read why.
+            log.info("refused STOMP connection from %s: %s", self.peer, refused.message)
+            self.closed = True
+            message = clip(refused.message, 500)
+            headers = [("message", message), ("code", refused.code.name), ("content-type", "text/plain")]
+            self.transport.write(st.encode("ERROR", headers, message.encode(), "1.0"))
+            self.loop.call_later(REFUSED_LINGER, self.transport.close)
+            self.loop.call_later(2 * REFUSED_LINGER, self.transport.abort)
+            return
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown()
+
+    def _room(self) -> None:
+        """(DeliveryAccount) acknowledgements made room under the unacked limit: deliver again."""
+        if self.closed:
+            return
+        for sub in self.subscriptions.values():
+            if sub.consumer is not None:
+                sub.consumer.queue.deliver_soon()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -431,12 +461,14 @@ class StompConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+            abort_later(self.loop, self.transport, self.broker.config.slow_client_timeout / 1000)
         self._teardown()
 
     def _teardown(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self.broker.limits.release(self)
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.stop()
@@ -472,6 +504,19 @@ class StompConnection(asyncio.Protocol):
             self.last_received = now  # we stopped reading, not the client: its beats wait unread
             if self.partial_since is not None:
                 self.partial_since = now
+        t = self.transport
+        if t is not None and self.output_watch.stuck(now, self.writable or self.failing, t.get_write_buffer_size()):
+            log.warning(
+                "closing STOMP connection from %s: it has read none of its %d pending bytes for %d ms "
+                "(slow-client-timeout)",
+                self.peer,
+                t.get_write_buffer_size(),
+                self.broker.config.slow_client_timeout,
+            )
+            self.broker.limits.refused["slow-client"] += 1
+            t.abort()
+            self._teardown()
+            return
         cfg = self.broker.config
         frame_ms = max(self.ttl_ms, cfg.effective_ttl_ms)  # the connection's TTL, or the broker's if longer
         if now - self.last_received > self.ttl_ms / 1000:
@@ -535,7 +580,10 @@ class StompConnection(asyncio.Protocol):
         b = self.broker
         subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer, self.cert_user)
         if subject is None:
+            audit("login", None, self.peer, None, False, login=frame.get("login"), protocol="stomp")
             raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+        b.limits.login(self, subject.user, subject.cluster)
+        audit("login", subject, self.peer, None, True, protocol="stomp")
         self.subject = subject
         self.access = access_for(b.authorizer, subject)
         po = b.require_active()
@@ -790,6 +838,7 @@ class StompConnection(asyncio.Protocol):
         except ValueError:
             raise st.StompError(f"prefetch-count must be a number, got {prefetch_text!r}") from None
         po = self.session.postoffice
+        queues_before = set(po.queues) if audit_enabled() else None
         sub = Subscription(self, sid, destination or address, ack, prefetch)
         durable_name = frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
         selector = frame.get("selector")
@@ -823,6 +872,9 @@ class StompConnection(asyncio.Protocol):
         consumer = self.session.create_consumer(cid, qname, sub, window, selector)
         if prefetch > 0:
             consumer.add_credits(prefetch)
+        if queues_before is not None:
+            for name in po.queues.keys() - queues_before:  # created by this SUBSCRIBE
+                audit("queue.create", self.subject, self.peer, name, True, by="subscribe", protocol="stomp")
         sub.consumer = consumer
         self.subscriptions[sid] = sub
         self._ack_prefixes[str(cid)] = sub
