@@ -192,7 +192,10 @@ def test_max_connections_per_acceptor(broker_factory: Factory, wires: Callable[.
 
 def test_max_connections_per_user(broker_factory: Factory, wires: Callable[..., Wire]) -> None:
     """Counted from the login, per user (native and STOMP together); other users are not held."""
-    users = '[[users]]\nname = "app"\npassword = "secret"\n[[users]]\nname = "ops"\npassword = "other"\n'
+    users = (
+        '[[users]]\nname = "app"\npassword = "secret"\nroles = ["all"]\n'
+        '[[users]]\nname = "ops"\npassword = "other"\nroles = ["all"]\n' + ALLOW_ALL
+    )
     b = broker_factory(
         security_enabled=True, cluster_password="pair", max_connections_per_user=2, extra_toml=users + ACCEPTORS
     ).start()
@@ -486,7 +489,16 @@ def test_a_connection_closed_with_unread_output_lets_its_socket_go(broker_factor
 
 
 # ======================================================================== the audit log
-AUDIT_USERS = '[[users]]\nname = "app"\npassword = "secret"\n'
+# Every permission on every address for the role `all` (decision 0060: a secured broker
+# allows nothing that no security-settings table grants).
+ALLOW_ALL = '[security-settings."#"]\n' + "".join(
+    f'{p} = ["all"]\n'
+    for p in (
+        "send", "consume", "browse", "create-address", "delete-address", "create-durable-queue",
+        "delete-durable-queue", "create-non-durable-queue", "delete-non-durable-queue", "manage",
+    )
+)  # fmt: skip
+AUDIT_USERS = '[[users]]\nname = "app"\npassword = "secret"\nroles = ["all"]\n' + ALLOW_ALL
 
 
 def audit_lines(b: BrokerProcess) -> list[str]:
