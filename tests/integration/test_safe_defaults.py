@@ -663,3 +663,23 @@ def test_a_stomp_client_that_stops_reading_is_cut_and_its_messages_return(broker
             assert m is not None, f"only {len(bodies)} of {n} came back"
             bodies.add(m.body[:8])
         assert len(bodies) == n
+
+
+def test_audit_log_has_a_line_for_each_permission_denied(broker_factory: Factory) -> None:
+    """Who was refused what, on which address, from where (decision 0060's denials, audited)."""
+    users = (
+        '[[users]]\nname = "reader"\npassword = "secret"\nroles = ["reader"]\n'
+        '[security-settings."#"]\nconsume = ["reader"]\ncreate-address = ["reader"]\n'
+        'create-durable-queue = ["reader"]\n'
+    )
+    b = broker_factory(
+        security_enabled=True, cluster_password="pair", audit_log=True, log_level="warning", extra_toml=users
+    ).start()
+    with tandem.connect(f"{b.url}?username=reader&password=secret") as conn:
+        with pytest.raises(tandem.Unauthorized):
+            conn.session().create_producer("audit.denied").send("no")
+    lines = [line for line in audit_lines(b) if "event=denied" in line]
+    assert lines, "\n".join(audit_lines(b))
+    line = lines[0]
+    assert "user=reader" in line and "permission=send" in line and "target=audit.denied" in line, line
+    assert "allowed=no" in line and "peer=127.0.0.1:" in line, line

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 
 from ..errors import Unauthorized, clip
@@ -103,6 +103,8 @@ class Authorizer:
         self.repository = repository
         self._cache: dict[tuple[frozenset[str], str], frozenset[Permission]] = {}
         self._denied_at: dict[tuple[str | None, str, str], float] = {}
+        # Told of every denial (user, peer, permission, address): the server's audit log.
+        self.on_denied: Callable[[str | None, str, str, str], None] | None = None
 
     def reload(self, repository: SecurityRepository) -> None:
         """New security-settings: every cached decision goes."""
@@ -153,12 +155,13 @@ class Authorizer:
 class Access:
     """One logged-in subject's view of the authorizer (what a session checks against)."""
 
-    __slots__ = ("_cache", "authorizer", "roles", "user")
+    __slots__ = ("_cache", "authorizer", "peer", "roles", "user")
 
-    def __init__(self, authorizer: Authorizer, user: str | None, roles: frozenset[str]) -> None:
+    def __init__(self, authorizer: Authorizer, user: str | None, roles: frozenset[str], peer: str = "?") -> None:
         self.authorizer = authorizer
         self.user = user
         self.roles = roles
+        self.peer = peer
         self._cache = authorizer._cache  # cleared in place, never replaced: read directly (send path)
 
     def check(self, permission: Permission, address: str) -> None:
@@ -166,7 +169,13 @@ class Access:
         if granted is None:
             granted = self.authorizer.granted(self.roles, address)
         if permission not in granted:
-            raise self.authorizer.denied(self.user, permission.value, address)
+            raise self._denied(permission.value, address)
+
+    def _denied(self, permission: str, address: str) -> Unauthorized:
+        hook = self.authorizer.on_denied
+        if hook is not None:
+            hook(self.user, self.peer, permission, address)
+        return self.authorizer.denied(self.user, permission, address)
 
     def allowed(self, permission: Permission, address: str) -> bool:
         return permission in self.authorizer.granted(self.roles, address)
@@ -177,4 +186,4 @@ class Access:
         if Permission.MANAGE in granted or (Permission.EDIT if mutating else Permission.VIEW) in granted:
             return
         what = "manage' or 'edit" if mutating else "manage' or 'view"
-        raise self.authorizer.denied(self.user, what, address)
+        raise self._denied(what, address)

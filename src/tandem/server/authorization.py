@@ -14,12 +14,12 @@ from ..core.postoffice import PostOffice
 from .security import Subject
 
 
-def access_for(authorizer: Authorizer | None, subject: Subject) -> Access | None:
+def access_for(authorizer: Authorizer | None, subject: Subject, peer: str = "?") -> Access | None:
     """None when security is off. The cluster subject (server-to-server links) holds no role: it
     may announce itself and replicate (each checks the cluster pair on its own), nothing else."""
     if authorizer is None:
         return None
-    return Access(authorizer, subject.user, frozenset() if subject.cluster else subject.roles)
+    return Access(authorizer, subject.user, frozenset() if subject.cluster else subject.roles, peer)
 
 
 # Read-only management operations need `view` (or `manage`), the others `edit` (or `manage`).

@@ -172,6 +172,10 @@ def _compile_filter(text: str) -> Any:
     return compile_selector(text)
 
 
+def _audit_denied(user: str | None, peer: str, permission: str, address: str) -> None:
+    audit.audit("denied", Subject(user), peer, address, False, permission=permission)
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, node_manager: NodeManager | None = None) -> None:
         self.config = config
@@ -181,6 +185,8 @@ class Broker:
         self.admin = Admin(self)
         self.authenticator = Authenticator(config)
         self.authorizer = Authorizer(config.security_repository()) if config.security_enabled else None
+        if self.authorizer is not None:
+            self.authorizer.on_denied = _audit_denied
         if config.security_enabled and not config.security_settings:
             log.warning("security-enabled with no security-settings: every operation of every user will be refused")
         self.limits = ConnectionLimits(config)

@@ -677,7 +677,7 @@ class NativeConnection(asyncio.Protocol):
         self.broker.limits.login(self, subject.user, subject.cluster)
         audit("login", subject, self.peer, None, True, protocol="native")
         self.subject = subject
-        self.access = access_for(self.broker.authorizer, subject)
+        self.access = access_for(self.broker.authorizer, subject, self.peer)
         self.handshaken = True
         self.client_id = pkt.client_id
         self.username = pkt.username

@@ -585,7 +585,7 @@ class StompConnection(asyncio.Protocol):
         b.limits.login(self, subject.user, subject.cluster)
         audit("login", subject, self.peer, None, True, protocol="stomp")
         self.subject = subject
-        self.access = access_for(b.authorizer, subject)
+        self.access = access_for(b.authorizer, subject, self.peer)
         po = b.require_active()
         self.client_id = frame.get("client-id")
         cx, cy = 0, 0
