@@ -193,6 +193,7 @@ class Broker:
         self._follow_task: asyncio.Task[None] | None = None
         self._follower: Any = None
         self._housekeeper: asyncio.Task[None] | None = None
+        self._users_watch: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
 
@@ -231,6 +232,8 @@ class Broker:
             raise
         self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
+        if cfg.security_enabled:
+            self._users_watch = asyncio.create_task(self._watch_users(), name="users-file")
 
     async def _run_activation(self) -> None:
         assert self.activation is not None
@@ -303,7 +306,7 @@ class Broker:
             await self._stopped.wait()
             return
         self._stopping = True
-        for task in (self._activation_task, self._housekeeper):
+        for task in (self._activation_task, self._housekeeper, self._users_watch):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 try:
@@ -330,6 +333,7 @@ class Broker:
                 await asyncio.wait_for(server.wait_closed(), 5)
             except TimeoutError:
                 pass
+        self.authenticator.close()
         self.ha_state = "stopped"
         self._stopped.set()
 
@@ -541,9 +545,24 @@ class Broker:
             raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
         return self.postoffice
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
-        """With `security-enabled`, only configured users (the cluster user too, for announcements)."""
-        return self.authenticator.check(username, password, peer)
+    async def authenticate(
+        self, username: str | None, password: str | None, peer: str = "?", protocol: str = "native"
+    ) -> Subject | None:
+        """With `security-enabled`, only the users of the users file (and the cluster pair, for
+        announcements); the hash is checked off the loop (server/security.py)."""
+        return await self.authenticator.check(username, password, peer, protocol)
+
+    def reload_users(self) -> None:
+        """(SIGHUP) read the users file again now."""
+        self.authenticator.reload(force=True)
+
+    async def _watch_users(self) -> None:
+        """Pick up changes to the users file every `security-invalidation-interval`."""
+        period = self.config.security_invalidation_interval / 1000
+        while True:
+            await asyncio.sleep(period)
+            self.authenticator.reload()
+            self.authenticator.housekeeping()
 
     def own_connector(self) -> str:
         cfg = self.config

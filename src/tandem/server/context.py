@@ -15,7 +15,7 @@ from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
 from .pacing import UploadPacer
-from .security import Subject
+from .security import Authenticator, Subject
 
 
 class Management(Protocol):
@@ -27,6 +27,11 @@ class Management(Protocol):
 class BrokerContext(Protocol):
     @property
     def config(self) -> BrokerConfig: ...
+
+    @property
+    def authenticator(self) -> Authenticator:
+        """Who may log in (server/security.py); `enabled` False: everyone, at once."""
+        ...
 
     @property
     def node_id(self) -> str: ...
@@ -66,8 +71,11 @@ class BrokerContext(Protocol):
         """The post office, or NotActive for a server that is not serving."""
         ...
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
-        """Who logs in with these (security off: ANONYMOUS); None: refused."""
+    async def authenticate(
+        self, username: str | None, password: str | None, peer: str = "?", protocol: str = "native"
+    ) -> Subject | None:
+        """Who logs in with these (security off: ANONYMOUS); None: refused. Slow on purpose
+        (a password hash): the caller handles nothing more of the connection meanwhile."""
         ...
 
     def topology(self) -> list[Any]:

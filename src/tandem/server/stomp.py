@@ -179,6 +179,7 @@ class StompConnection(asyncio.Protocol):
         self.writable = True
         self.handshaken = False  # for the broker's bookkeeping (native connections use it too)
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from CONNECT
+        self._login: asyncio.Task[Subject | None] | None = None  # CONNECT's password check ("login" held)
         self.peer = "?"
         self.client_id: str | None = None
         self.session: ServerSession | None = None
@@ -333,7 +334,7 @@ class StompConnection(asyncio.Protocol):
         held = self._held
         handlers = _HANDLERS
         budget = FRAMES_PER_PASS
-        while backlog and "full" not in held and "sealing" not in held:
+        while backlog and "full" not in held and "sealing" not in held and "login" not in held:
             if self.closed or self.failing:
                 return
             if not budget:
@@ -425,6 +426,8 @@ class StompConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._login is not None:
+            self._login.cancel()
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.stop()
@@ -513,7 +516,7 @@ class StompConnection(asyncio.Protocol):
             self.write_all(receipts)
 
     def on_connect(self, frame: st.Frame) -> None:
-        if self.connected:
+        if self.connected or self._login is not None:
             raise st.StompError("already connected")
         version = st.negotiate(frame.get("accept-version"))
         if version is None:
@@ -521,9 +524,36 @@ class StompConnection(asyncio.Protocol):
         self.version = version
         self.parser.version = version
         b = self.broker
-        subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer)
-        if subject is None:
-            raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+        if not b.authenticator.enabled:
+            self._accept_connect(frame, version, ANONYMOUS)
+            return
+        # The passcode's hash is checked off the loop: the frames after CONNECT wait in the backlog.
+        self._hold("login")
+        check = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer, "stomp")
+        self._login = self.loop.create_task(check)
+        self._login.add_done_callback(lambda task: self._checked(frame, version, task))
+
+    def _checked(self, frame: st.Frame, version: str, task: asyncio.Task[Subject | None]) -> None:
+        self._login = None
+        if self.closed or self.failing or task.cancelled():
+            return
+        try:
+            subject = task.result()
+            if subject is None:
+                raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+            self._accept_connect(frame, version, subject)
+        except TandemError as exc:
+            self.error(exc.message, frame.get("receipt"))
+            return
+        except Exception as exc:
+            log.exception("error checking the login of %s", self.peer)
+            self.error(f"internal error: {exc!r}", frame.get("receipt"))
+            return
+        self._release("login")
+        self._run_backlog()
+
+    def _accept_connect(self, frame: st.Frame, version: str, subject: Subject) -> None:
+        b = self.broker
         self.subject = subject
         po = b.require_active()
         self.client_id = frame.get("client-id")
