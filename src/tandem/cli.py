@@ -428,14 +428,19 @@ def cmd_user(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     if args.action in ("add", "passwd"):
-        with editing(path) as users:  # the lock first: no edit of another command is lost
+
+        def check(users: dict[str, User]) -> None:
             if args.action == "add" and name in users:
                 raise InvalidArgument(f"user {name!r} exists in {path}: `tandem user passwd` or `tandem user roles`")
             if args.action == "passwd" and name not in users:
                 raise InvalidArgument(f"no user {name!r} in {path}")
-            hashed = parse_hash(hash_password(read_new_password(name)))
-            roles = _roles(args.roles) if args.action == "add" else users[name].roles
-            users[name] = User(name, hashed, roles)
+
+        check(read_users(path) if path.exists() else {})  # before asking for the password
+        roles = _roles(args.roles) if args.action == "add" else frozenset()
+        hashed = parse_hash(hash_password(read_new_password(name)))
+        with editing(path) as users:  # read again under the lock: no edit of another command is lost
+            check(users)
+            users[name] = User(name, hashed, roles if args.action == "add" else users[name].roles)
         print(f"{'added' if args.action == 'add' else 'new password for'} user {name!r} in {path}")
         return 0
     with editing(path) as users:

@@ -37,6 +37,7 @@ SCHEME = "scrypt"
 DEFAULT_N, DEFAULT_R, DEFAULT_P = 16384, 8, 1
 # A file may ask for more, up to these: a check that needed gigabytes would stop the broker.
 MAX_N, MAX_R, MAX_P = 1 << 20, 32, 16
+MAX_MEMORY = 128 << 20  # bytes one check may take (128 * r * n): eight times the default
 SALT_BYTES = 16
 HASH_BYTES = 32
 MAX_NAME = 256
@@ -85,6 +86,8 @@ def _check_costs(n: int, r: int, p: int) -> None:
         raise ValueError(f"scrypt n must be a power of two between 2 and {MAX_N}, got {n}")
     if not 1 <= r <= MAX_R or not 1 <= p <= MAX_P:
         raise ValueError(f"scrypt r must be 1..{MAX_R} and p 1..{MAX_P}, got r={r}, p={p}")
+    if 128 * r * n > MAX_MEMORY:
+        raise ValueError(f"scrypt n={n}, r={r} would take {128 * r * n >> 20} MiB per check, over {MAX_MEMORY >> 20}")
 
 
 def parse_hash(text: str) -> PasswordHash:
