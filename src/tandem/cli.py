@@ -419,9 +419,16 @@ def cmd_user(args: argparse.Namespace) -> int:
 
     path = _users_path(args)
     if args.action == "list":
-        users = read_users(path) if path.exists() else {}
-        rows = [{"name": n, "roles": ",".join(sorted(users[n].roles))} for n in sorted(users)]
-        _json_or_table(rows, ["name", "roles"], args.json)
+        users = read_users(path, lenient=True) if path.exists() else {}
+        rows = [
+            {
+                "name": n,
+                "roles": ",".join(sorted(users[n].roles)),
+                "password": "scrypt" if users[n].password is not None else "NOT A HASH: tandem user passwd",
+            }
+            for n in sorted(users)
+        ]
+        _json_or_table(rows, ["name", "roles", "password"], args.json)
         return 0
     try:
         name = check_name(args.name)
@@ -435,7 +442,7 @@ def cmd_user(args: argparse.Namespace) -> int:
             if args.action == "passwd" and name not in users:
                 raise InvalidArgument(f"no user {name!r} in {path}")
 
-        check(read_users(path) if path.exists() else {})  # before asking for the password
+        check(read_users(path, lenient=True) if path.exists() else {})  # before asking for the password
         roles = _roles(args.roles) if args.action == "add" else frozenset()
         hashed = parse_hash(hash_password(read_new_password(name)))
         with editing(path) as users:  # read again under the lock: no edit of another command is lost
@@ -449,7 +456,7 @@ def cmd_user(args: argparse.Namespace) -> int:
         if args.action == "rm":
             del users[name]
         else:
-            users[name] = User(name, users[name].password, _roles(args.roles))
+            users[name] = User(name, users[name].password, _roles(args.roles), users[name].unusable)
     print(f"{'removed' if args.action == 'rm' else 'new roles for'} user {name!r} in {path}")
     return 0
 

@@ -118,8 +118,9 @@ def check_role(role: str) -> str:
 @dataclass(frozen=True)
 class User:
     name: str
-    password: PasswordHash
+    password: PasswordHash | None  # None: only when read with `lenient` (`unusable` holds the text)
     roles: frozenset[str]
+    unusable: str = ""  # what the file has instead of a hash (`tandem user` keeps it until `passwd`)
 
 
 class _UserEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -131,8 +132,11 @@ class _UsersFile(msgspec.Struct, forbid_unknown_fields=True):
     users: dict[str, _UserEntry] = {}
 
 
-def parse_users(data: bytes, where: str) -> dict[str, User]:
-    """The users of a users file's bytes; ConfigError naming the file (and the user) otherwise."""
+def parse_users(data: bytes, where: str, lenient: bool = False) -> dict[str, User]:
+    """The users of a users file's bytes; ConfigError naming the file (and the user) otherwise.
+
+    `lenient` (for `tandem user`, which must be able to fix them): a password that is not a
+    usable hash gives a User without one instead of an error."""
     try:
         raw = msgspec.toml.decode(data, type=_UsersFile)
     except msgspec.ValidationError as exc:
@@ -146,6 +150,12 @@ def parse_users(data: bytes, where: str) -> dict[str, User]:
             roles = frozenset(check_role(r) for r in entry.roles)
         except ValueError as exc:
             raise ConfigError(f"users file {where}: user {name!r}: {exc}") from None
+        if lenient:
+            try:
+                out[name] = User(name, parse_hash(entry.password), roles)
+            except ValueError:
+                out[name] = User(name, None, roles, entry.password)
+            continue
         if not entry.password:
             raise ConfigError(
                 f"users file {where}: user {name!r} has no password: set one with `tandem user passwd {name} "
@@ -163,12 +173,12 @@ def parse_users(data: bytes, where: str) -> dict[str, User]:
     return out
 
 
-def read_users(path: Path) -> dict[str, User]:
+def read_users(path: Path, lenient: bool = False) -> dict[str, User]:
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read users file {path}: {exc.strerror}") from None
-    return parse_users(data, str(path))
+    return parse_users(data, str(path), lenient)
 
 
 def render_users(users: dict[str, User]) -> str:
@@ -177,7 +187,8 @@ def render_users(users: dict[str, User]) -> str:
     for name in sorted(users):
         u = users[name]
         lines.append(f"[users.{json.dumps(name, ensure_ascii=False)}]")
-        lines.append(f"password = {json.dumps(str(u.password))}")
+        password = str(u.password) if u.password is not None else u.unusable
+        lines.append(f"password = {json.dumps(password, ensure_ascii=False)}")
         lines.append(f"roles = [{', '.join(json.dumps(r, ensure_ascii=False) for r in sorted(u.roles))}]")
         lines.append("")
     return "\n".join(lines)
@@ -207,7 +218,7 @@ def editing(path: Path) -> Iterator[dict[str, User]]:
     lock = path.with_name(f".{path.name}.lock")
     with open(lock, "a") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
-        users = read_users(path) if path.exists() else {}
+        users = read_users(path, lenient=True) if path.exists() else {}
         yield users
         write_users(path, users)
 

@@ -196,7 +196,7 @@ class Authenticator:
 
     async def _verify(self, username: str, password: str) -> Subject | None:
         user = self._users.get(username)
-        expected = user.password if user is not None else self._dummy
+        expected = user.password if user is not None and user.password is not None else self._dummy
         if self._pool is None:
             self._pool = ThreadPoolExecutor(LOGIN_THREADS, thread_name_prefix="tandem-login")
         ok = await asyncio.get_running_loop().run_in_executor(self._pool, expected.matches, password)
