@@ -156,6 +156,23 @@ def test_a_peers_failed_logins_slow_its_next_ones_and_nobody_elses(tmp_path: Pat
     auth.close()
 
 
+def test_a_login_is_remembered_until_the_users_file_changes(tmp_path: Path) -> None:
+    auth = authenticator(tmp_path, {"app": ("pw", ["a"])})
+    path = tmp_path / "users.toml"
+
+    async def main() -> None:
+        assert await auth.check("app", "pw", "10.0.0.1:1") == Subject("app", frozenset({"a"}))
+        new = u.User("app", u.parse_hash(u.hash_password("new", n=1024)), frozenset({"b"}))
+        u.write_users(path, {"app": new})
+        assert await auth.check("app", "pw", "10.0.0.9:1") is not None, "not read again before the interval"
+        assert auth.reload()
+        assert await auth.check("app", "pw", "10.0.0.9:2") is None, "a reload forgets what was remembered"
+        assert await auth.check("app", "new", "10.0.0.1:2") == Subject("app", frozenset({"b"}))
+
+    asyncio.run(main())
+    auth.close()
+
+
 def test_peer_host_drops_the_port() -> None:
     assert peer_host("10.0.0.1:5555") == "10.0.0.1"
     assert peer_host("::1:5555") == "::1"

@@ -11,9 +11,11 @@ logins go on meanwhile (decision 0059).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import os
+import secrets
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +29,10 @@ from ..users import PasswordHash, User, hash_password, parse_hash, read_users
 log = logging.getLogger("tandem.security")
 
 FAILED_LOGIN_LOG_PERIOD = 10.0  # s: at most one warning line per period about failed logins
-LOGIN_THREADS = 2  # hash checks at once, for all peers together
+# Hash checks at once, for all peers together: at least one core stays the event loop's.
+LOGIN_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))
 PEER_PARALLEL = 2  # of which one peer may have this many at once
+CACHE_SIZE = 1000  # successful logins remembered (Artemis's authentication-cache-size)
 PEER_MEMORY = 60.0  # s: a peer's failures are forgotten after this long without one
 MAX_PEERS = 10_000  # peers remembered at once; past it, the idle ones are forgotten
 
@@ -80,6 +84,12 @@ class Authenticator:
         self._peers: dict[str, _Peer] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._users: dict[str, User] = {}
+        # Successful logins for `security-invalidation-interval`, keyed by a keyed hash of the
+        # name and password (the key never leaves this process): a storm of reconnections after
+        # a failover costs a microsecond each, not a scrypt check each. Cleared on every reload.
+        self._cache: dict[bytes, tuple[Subject, float]] = {}
+        self._cache_key = secrets.token_bytes(32)
+        self._cache_for = config.security_invalidation_interval / 1000
         self._stamp: tuple[int, int, int] | None = None
         # Unknown names are checked against this, so a refusal takes as long whether the name exists or not.
         self._dummy: PasswordHash = parse_hash(hash_password("", n=2, r=1, p=1))
@@ -101,6 +111,7 @@ class Authenticator:
                 "the cluster pair is for server-to-server links; give the application user another name"
             )
         self._users = users
+        self._cache.clear()
         self._stamp = self._file_stamp()
         mode = os.stat(self.path).st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -132,6 +143,7 @@ class Authenticator:
         if stamp is None:
             log.warning("users file %s is gone: only the cluster pair can log in until it is back", self.path)
             self._users, self._stamp = {}, None
+            self._cache.clear()
             return True
         try:
             self._load()
@@ -163,6 +175,12 @@ class Authenticator:
             return None
         if self._is_cluster_pair(username, password or ""):
             return self._cluster_subject
+        key = hmac.new(self._cache_key, _utf8(username) + b"\0" + _utf8(password or ""), hashlib.sha256).digest()
+        cached = self._cache.get(key)
+        if cached is not None:
+            if time.monotonic() < cached[1]:
+                return cached[0]
+            del self._cache[key]
         host = peer_host(peer)
         state = self._peers.get(host)
         if state is None:
@@ -188,6 +206,10 @@ class Authenticator:
             state.busy -= 1
             if not state.busy and not state.failures and self._peers.get(host) is state:
                 del self._peers[host]
+        if subject is not None:
+            if len(self._cache) >= CACHE_SIZE:
+                del self._cache[next(iter(self._cache))]  # the oldest
+            self._cache[key] = (subject, time.monotonic() + self._cache_for)
         return subject
 
     def _is_cluster_pair(self, username: str, password: str) -> bool:
