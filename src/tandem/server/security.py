@@ -175,7 +175,8 @@ class Authenticator:
             return None
         if self._is_cluster_pair(username, password or ""):
             return self._cluster_subject
-        key = hmac.new(self._cache_key, _utf8(username) + b"\0" + _utf8(password or ""), hashlib.sha256).digest()
+        name = _utf8(username)  # length first: no (name, password) pair reads as another
+        key = hmac.new(self._cache_key, b"%d:%b%b" % (len(name), name, _utf8(password or "")), hashlib.sha256).digest()
         cached = self._cache.get(key)
         if cached is not None:
             if time.monotonic() < cached[1]:
