@@ -647,7 +647,10 @@ class NativeConnection(asyncio.Protocol):
 
     def _checked(self, pkt: p.Hello, task: asyncio.Task[Subject | None]) -> None:
         self._login = None
-        if self.closed or task.cancelled():
+        if task.cancelled():
+            return
+        task.exception()  # retrieved even when closed: asyncio would report it as never retrieved
+        if self.closed:
             return
         try:
             subject = task.result()

@@ -83,6 +83,7 @@ class Authenticator:
         self._not_logged = 0  # failed logins since the last line
         self._peers: dict[str, _Peer] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
         self._users: dict[str, User] = {}
         # Successful logins for `security-invalidation-interval`, keyed by a keyed hash of the
         # name and password (the key never leaves this process): a storm of reconnections after
@@ -220,6 +221,8 @@ class Authenticator:
     async def _verify(self, username: str, password: str) -> Subject | None:
         user = self._users.get(username)
         expected = user.password if user is not None and user.password is not None else self._dummy
+        if self._closed:
+            return None  # the broker stopped
         if self._pool is None:
             self._pool = ThreadPoolExecutor(LOGIN_THREADS, thread_name_prefix="tandem-login")
         ok = await asyncio.get_running_loop().run_in_executor(self._pool, expected.matches, password)
@@ -255,6 +258,7 @@ class Authenticator:
 
     def close(self) -> None:
         """The broker stops: checks not begun are dropped."""
+        self._closed = True
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -535,7 +535,10 @@ class StompConnection(asyncio.Protocol):
 
     def _checked(self, frame: st.Frame, version: str, task: asyncio.Task[Subject | None]) -> None:
         self._login = None
-        if self.closed or self.failing or task.cancelled():
+        if task.cancelled():
+            return
+        task.exception()  # retrieved even when closed: asyncio would report it as never retrieved
+        if self.is_closed():
             return
         try:
             subject = task.result()
