@@ -110,7 +110,13 @@ def check_name(name: str) -> str:
 
 
 def check_role(role: str) -> str:
-    if not role or role != role.strip() or "," in role or any(ord(c) < 32 for c in role):
+    if (
+        not role
+        or len(role) > MAX_NAME
+        or role != role.strip()
+        or "," in role
+        or any(ord(c) < 32 or ord(c) == 127 for c in role)
+    ):
         raise ValueError(f"a role is a non-empty name without commas or surrounding spaces: {role!r}")
     return role
 
