@@ -166,6 +166,24 @@ def test_a_peers_failed_logins_slow_its_next_ones_and_nobody_elses(tmp_path: Pat
     auth.close()
 
 
+def test_a_check_cut_short_by_its_client_leaving_still_slows_the_peer(tmp_path: Path) -> None:
+    """Closing the connection right after HELLO must not buy hash checks that cost the peer nothing."""
+    auth = authenticator(tmp_path, {"app": ("pw", [])}, login_failure_delay=300, login_failure_max_delay=300)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(auth.check("app", "guess", "10.0.0.5:1"))
+        await asyncio.sleep(0.001)  # the check is under way in a login thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        t0 = time.monotonic()
+        assert await auth.check("app", "pw", "10.0.0.5:2") is not None
+        assert time.monotonic() - t0 >= 0.29, "the next login did not wait"
+
+    asyncio.run(main())
+    auth.close()
+
+
 def test_a_login_is_remembered_until_the_users_file_changes(tmp_path: Path) -> None:
     auth = authenticator(tmp_path, {"app": ("pw", ["a"])})
     path = tmp_path / "users.toml"

@@ -197,13 +197,9 @@ class Authenticator:
                         wait = state.next_try - time.monotonic()
                         if wait > 0:
                             await asyncio.sleep(wait)
-                        subject = await self._verify(username, password or "")
-                        if subject is None:
-                            self._failed(username, peer, protocol, state)
+                        subject = await self._attempt(username, password or "", peer, protocol, state)
                 else:
-                    subject = await self._verify(username, password or "")
-                    if subject is None:
-                        self._failed(username, peer, protocol, state)
+                    subject = await self._attempt(username, password or "", peer, protocol, state)
         finally:
             state.busy -= 1
             if not state.busy and not state.failures and self._peers.get(host) is state:
@@ -212,6 +208,19 @@ class Authenticator:
             if len(self._cache) >= CACHE_SIZE:
                 del self._cache[next(iter(self._cache))]  # the oldest
             self._cache[key] = (subject, time.monotonic() + self._cache_for)
+        return subject
+
+    async def _attempt(self, username: str, password: str, peer: str, protocol: str, state: _Peer) -> Subject | None:
+        try:
+            subject = await self._verify(username, password)
+        except asyncio.CancelledError:
+            # The client left during its check (its connection closed): the check costs a hash
+            # all the same, so it counts toward the peer's delay, unlogged; else closing right
+            # after each HELLO would buy checks that never slow the peer down.
+            self._count_failure(state, time.monotonic())
+            raise
+        if subject is None:
+            self._failed(username, peer, protocol, state)
         return subject
 
     def _is_cluster_pair(self, username: str, password: str) -> bool:
@@ -235,17 +244,20 @@ class Authenticator:
     def _failed(self, username: str | None, peer: str, protocol: str, state: _Peer | None) -> None:
         now = time.monotonic()
         if state is not None:
-            if now - state.last_failure > PEER_MEMORY:
-                state.failures = 0
-            state.failures += 1
-            state.last_failure = now
-            state.next_try = now + min(self._delay * 2 ** min(state.failures - 1, 30), self._max_delay)
+            self._count_failure(state, now)
         if now - self._logged_at < FAILED_LOGIN_LOG_PERIOD:
             self._not_logged += 1
             return
         more, self._not_logged, self._logged_at = self._not_logged, 0, now
         since = f" ({more} more since the last such line)" if more else ""
         log.warning("login failed for user %r from %s over %s%s", clip(username or "", 100), peer, protocol, since)
+
+    def _count_failure(self, state: _Peer, now: float) -> None:
+        if now - state.last_failure > PEER_MEMORY:
+            state.failures = 0
+        state.failures += 1
+        state.last_failure = now
+        state.next_try = now + min(self._delay * 2 ** min(state.failures - 1, 30), self._max_delay)
 
     def _forget_idle(self, now: float) -> None:
         for host, state in list(self._peers.items()):
