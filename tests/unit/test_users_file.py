@@ -166,6 +166,21 @@ def test_a_peers_failed_logins_slow_its_next_ones_and_nobody_elses(tmp_path: Pat
     auth.close()
 
 
+def test_guesses_at_the_cluster_password_are_slowed_like_any_other(tmp_path: Path) -> None:
+    """Right or wrong, a guess from a peer with failures is answered only after its delay: the
+    right cluster password among parallel guesses is not answered first."""
+    auth = authenticator(tmp_path, {"app": ("pw", [])}, login_failure_delay=300, login_failure_max_delay=300)
+
+    async def main() -> None:
+        assert await auth.check("tandem.cluster", "guess", "10.0.0.6:1") is None
+        t0 = time.monotonic()
+        assert await auth.check("tandem.cluster", "pair", "10.0.0.6:2") == Subject("tandem.cluster", cluster=True)
+        assert time.monotonic() - t0 >= 0.29, "the right cluster password skipped the peer's delay"
+
+    asyncio.run(main())
+    auth.close()
+
+
 def test_a_check_cut_short_by_its_client_leaving_still_slows_the_peer(tmp_path: Path) -> None:
     """Closing the connection right after HELLO must not buy hash checks that cost the peer nothing."""
     auth = authenticator(tmp_path, {"app": ("pw", [])}, login_failure_delay=300, login_failure_max_delay=300)
