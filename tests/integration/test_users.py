@@ -346,6 +346,26 @@ def test_a_failed_login_burst_does_not_slow_other_clients(broker_factory: Factor
     assert "guess" not in log
 
 
+def test_a_wrong_cluster_pair_in_cluster_announce_closes_and_slows_the_peer(
+    broker_factory: Factory, raws: Callable[..., Raw]
+) -> None:
+    """Else a logged-in client could try cluster passwords on one connection as fast as it likes."""
+    b = secured(broker_factory, APP, login_failure_delay=1500, log_level="warning").start()
+    r = raws(b.port, False, "127.0.0.4")
+    r.send(hello("app", "secret"))
+    assert isinstance(r.read(WAIT, until=bool)[0], p.HelloOk)
+    announce = {"user": "tandem.cluster", "password": "guess", "node_id": "x", "connector": "127.0.0.1:1"}
+    r.send(p.encode(p.Manage(0, 1, "cluster.announce", announce)))
+    got = r.read(WAIT)
+    assert r.eof and got[-1].code == ErrorCode.UNAUTHORIZED, got
+    again = raws(b.port, False, "127.0.0.4")
+    t0 = time.monotonic()
+    again.send(hello("app", "secret"))  # a login seen before: remembered, but this peer waits its turn
+    assert isinstance(again.read(WAIT, until=bool)[0], p.HelloOk)
+    assert time.monotonic() - t0 >= 1.4, "the peer's next login did not wait"
+    assert "from 127.0.0.4:" in b.log_text() and "cluster.announce" in b.log_text() and "guess" not in b.log_text()
+
+
 # ======================================================================= fuzz
 
 

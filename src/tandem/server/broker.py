@@ -28,7 +28,7 @@ from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
 from ..core.postoffice import PostOffice
-from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
+from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError, Unauthorized
 from ..ha.activation import make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import Journal, JournalSettings
@@ -463,7 +463,11 @@ class Broker:
             raise NotActive(
                 f"server {self.config.name!r} is not active ({self.ha_state}): it has no store to replicate"
             )
-        self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+        try:
+            self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+        except Unauthorized:  # a wrong cluster pair: counted as a failed login (the link closes)
+            self.authenticator.refused(pkt.user, conn.peer, "native (replication)")
+            raise
         self.backup_announced(conn, pkt.connector)
 
     def backup_announced(self, conn: NativeConnection, connector: str) -> None:

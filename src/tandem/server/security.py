@@ -176,13 +176,12 @@ class Authenticator:
             return None
         name = _utf8(username)  # length first: no (name, password) pair reads as another
         key = hmac.new(self._cache_key, b"%d:%b%b" % (len(name), name, _utf8(password or "")), hashlib.sha256).digest()
-        cached = self._cache.get(key)
-        if cached is not None:
-            if time.monotonic() < cached[1]:
-                return cached[0]
-            del self._cache[key]
         host = peer_host(peer)
         state = self._peers.get(host)
+        if state is None or not state.failures:  # a peer with failures waits its turn, remembered or not
+            cached = self._remembered(key)
+            if cached is not None:
+                return cached
         if state is None:
             if len(self._peers) >= MAX_PEERS:
                 self._forget_idle(time.monotonic())
@@ -195,9 +194,9 @@ class Authenticator:
                         wait = state.next_try - time.monotonic()
                         if wait > 0:
                             await asyncio.sleep(wait)
-                        subject = await self._attempt(username, password or "", peer, protocol, state)
+                        subject = await self._attempt(username, password or "", peer, protocol, state, key)
                 else:
-                    subject = await self._attempt(username, password or "", peer, protocol, state)
+                    subject = await self._attempt(username, password or "", peer, protocol, state, key)
         finally:
             state.busy -= 1
             if not state.busy and not state.failures and self._peers.get(host) is state:
@@ -208,7 +207,20 @@ class Authenticator:
             self._cache[key] = (subject, time.monotonic() + self._cache_for)
         return subject
 
-    async def _attempt(self, username: str, password: str, peer: str, protocol: str, state: _Peer) -> Subject | None:
+    def _remembered(self, key: bytes) -> Subject | None:
+        cached = self._cache.get(key)
+        if cached is not None:
+            if time.monotonic() < cached[1]:
+                return cached[0]
+            del self._cache[key]
+        return None
+
+    async def _attempt(
+        self, username: str, password: str, peer: str, protocol: str, state: _Peer, key: bytes
+    ) -> Subject | None:
+        cached = self._remembered(key)
+        if cached is not None:
+            return cached
         try:
             subject = await self._verify(username, password)
         except asyncio.CancelledError:
@@ -253,6 +265,17 @@ class Authenticator:
         more, self._not_logged, self._logged_at = self._not_logged, 0, now
         since = f" ({more} more since the last such line)" if more else ""
         log.warning("login failed for user %r from %s over %s%s", clip(username or "", 100), peer, protocol, since)
+
+    def refused(self, username: str, peer: str, what: str) -> None:
+        """A wrong cluster pair outside a login (`cluster.announce`, a backup's REPLICA_START):
+        logged and counted like a failed login, so the peer's next logins wait."""
+        host = peer_host(peer)
+        state = self._peers.get(host)
+        if state is None:
+            if len(self._peers) >= MAX_PEERS:
+                self._forget_idle(time.monotonic())
+            state = self._peers[host] = _Peer()
+        self._failed(username, peer, what, state)
 
     def _count_failure(self, state: _Peer, now: float) -> None:
         if now - state.last_failure > PEER_MEMORY:
