@@ -51,6 +51,7 @@ def _json_or_table(rows: list[dict[str, Any]], columns: Sequence[str], as_json: 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import logs
     from .server.broker import Broker
+    from .server.memory import one_malloc_arena
 
     overrides: dict[str, Any] = {}
     if args.data:
@@ -74,13 +75,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"--{option.replace('_', '-')} {exc}") from None
         others = [a for a in cfg.acceptors if a.protocol != protocol]
-        cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
+        # The file's first acceptor of that protocol keeps its TLS settings; only its address changes.
+        base = next((a for a in cfg.acceptors if a.protocol == protocol), None)
+        acc = AcceptorConfig(protocol, protocol, value)
+        if base is not None:
+            acc = msgspec.structs.replace(base, name=protocol, bind=value)
+        try:
+            cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
+        except ValueError as exc:  # e.g. a network address with security off (config.check_network_exposure)
+            raise ConfigError(f"--{option.replace('_', '-')} {value}: {exc}") from None
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with
     # the default 5 ms switch interval a busy event loop can hold it that long, and every
     # confirmation waits. 0.1 ms: see decision 0016 and docs/performance.md.
     sys.setswitchinterval(BROKER_SWITCH_INTERVAL)
+    one_malloc_arena()  # before the broker's threads: server/memory.py says why
     return asyncio.run(_run_broker(cfg, Broker, quiet=args.quiet))
 
 
@@ -92,11 +102,17 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(broker.stop()))
-    if cfg.security_enabled:
-        loop.add_signal_handler(signal.SIGHUP, broker.reload_users)  # the users file, at once (docs/security.md)
+
+    def on_sighup() -> None:  # TLS files (server/tls.py) and the users file (docs/security.md), at once
+        broker.reload_tls(force=True)
+        if cfg.security_enabled:
+            broker.reload_users()
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     if not quiet:
-        native = next(iter(broker.bound.values()))
-        url = f"tcp://{native[0]}:{native[1]}"
+        first = next(iter(broker.bound))
+        native = broker.bound[first]
+        url = f"{'tcps' if first in broker.tls else 'tcp'}://{native[0]}:{native[1]}"
         role = broker.activation.role if broker.activation is not None else "live-only"
         print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role})")
         for name, (host, port) in broker.bound.items():
@@ -461,6 +477,16 @@ def cmd_user(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_certs(args: argparse.Namespace) -> int:
+    from .certs import write_dev_certs
+
+    files = write_dev_certs(args.out)
+    print(f"wrote a throwaway CA and certificates to {files.ca.parent} (NOT for production: see docs/security.md):")
+    for path in (files.ca, files.server, files.server_key, files.client, files.client_key, files.ca_key):
+        print(f"  {path}")
+    return 0
+
+
 def cmd_perf(args: argparse.Namespace) -> int:
     from . import perf
 
@@ -620,6 +646,12 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--users-file", help="the users file (default: users-file of --config, else ./users.toml)")
         x.add_argument("--config", help="broker TOML file whose users file to edit (users.toml next to it by default)")
     u.set_defaults(func=cmd_user)
+
+    ce = sub.add_parser("certs", help="TLS certificates for trials")
+    ces = ce.add_subparsers(dest="action", required=True)
+    cd = ces.add_parser("dev", help="a throwaway CA, a server (127.0.0.1, localhost) and a client certificate")
+    cd.add_argument("--out", required=True, help="directory to write ca.pem, server.pem, client.pem and keys into")
+    ce.set_defaults(func=cmd_certs)
 
     from . import perf
     from .chaos import run as chaos

@@ -400,9 +400,9 @@ def test_failed_logins_are_logged_at_warning_and_rate_limited(
         cluster_password="pair-secret",
         log_level="warning",
         login_failure_delay=0,  # the delay has its own test (test_users.py): here, only the log
-        extra_toml=ACCEPTORS,
+        extra_toml=ACCEPTORS + '[security-settings."#"]\nview = ["ops"]\n',
     )
-    write_users(users_path(b), {"app": ("secret", [])})
+    write_users(users_path(b), {"app": ("secret", ["ops"])})
     b.start()
     for i in range(10):
         w = wires(b.ports["native"], False)

@@ -270,3 +270,37 @@ def test_acknowledging_a_paged_range_deletes_the_pages_behind_it(broker_factory:
     # (a restart resumes sequences after the reserved block, paged or not: last only grows)
     assert first == half + 1 and last2 >= last
     assert [s for s, _t in rest] == [s for s, _t in got[N // 2 + 1 :]]
+
+
+def test_a_range_reader_sees_a_transaction_paged_while_open_at_its_commit_sequences(broker_factory: Any) -> None:
+    """A transaction paged while it was open numbers its records 1, 2, ... per queue; its commit
+    takes the real sequences. Range reads (and browsers) gave the raw numbers: sequences that went
+    back to 1 and repeated, so a reader keeping offsets (Spark) would acknowledge past messages
+    it never read. Found by the paging model test after decisions 0054 and 0055 met."""
+    settings = {"paged.#": {"max-size-bytes": 64 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 64 * 1024}}
+    b: BrokerProcess = broker_factory(address_settings=settings).start()
+    run(fill_reader_queue(b.url, "paged.tq", "paged.tx", 0, 400))  # the address pages
+
+    async def scenario() -> None:
+        conn = await aio.connect(b.url)
+        try:
+            tx = await conn.create_session(transacted=True)
+            prod = tx.create_producer("paged.tx")
+            for i in range(400, 1000):  # more than the limit: paged as it arrives
+                await prod.send_async(f"m{i:07d}" + "t" * 300)
+            await prod.flush()
+            other = (await conn.create_session()).create_producer("paged.tx")
+            for i in range(1000, 1100):  # sent and confirmed while the transaction is open
+                await other.send_async(f"m{i:07d}" + "o" * 300)
+            await other.flush()
+            await tx.commit()
+        finally:
+            await conn.close()
+
+    run(scenario())
+    _first, _last, got = run(read_all(b.url, "paged.tq", 0, 150))
+    seqs = [seq for seq, _ in got]
+    assert seqs == sorted(set(seqs)), "range read sequences repeat or go back"
+    numbers = [int(text[1:8]) for _, text in got]
+    assert numbers == [*range(400), *range(1000, 1100), *range(400, 1000)]  # the commit's place
+    assert seqs == list(range(1, 1101))

@@ -1317,12 +1317,22 @@ def test_prefetch_count_holds_after_an_aborted_transactional_ack(
 # ================================================================================== security
 
 
+SECURE = (  # what app may do (decision 0060); the users file holds app itself
+    '[security-settings."#"]\nsend = ["app"]\nconsume = ["app"]\ncreate-address = ["app"]\n'
+    'create-durable-queue = ["app"]\n'
+)
+
+
 def test_login_is_checked_when_security_is_enabled(
     broker_factory: Factory, clients: Callable[..., Client], raws: Callable[[int], Raw]
 ) -> None:
     # (a cluster password of its own: a secured broker refuses to start with the built-in one)
     b = stomp_broker(
-        broker_factory, security_enabled=True, cluster_password="pair-secret", users={"app": ("secret", [])}
+        broker_factory,
+        extra_toml=SECURE,
+        security_enabled=True,
+        cluster_password="pair-secret",
+        users={"app": ("secret", ["app"])},
     )
     port = b.ports["stomp"]
     for headers in ({"login": "app", "passcode": "wrong"}, {"login": "nobody", "passcode": "secret"}, {}):

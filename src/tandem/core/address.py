@@ -44,11 +44,20 @@ def default_global_max_size() -> int:
     return total // 4 if total > 0 else -1
 
 
+# What a queued message holds in the broker's memory beyond its encoded bytes: the bytes
+# object's and the Raw view's headers, the Message and MessageRef structs, the address name,
+# its queue slot and journal index entry (measured: ~510-530 bytes of RSS per message, 100 B
+# and 1 KiB bodies alike; docs/storage.md, "Memory accounting"; decision 0058).
+MESSAGE_OVERHEAD = 512
+
+
 class MemoryLimits:
     """The broker-wide limits on what queued messages may hold in memory (-1: no limit).
 
     Every address adds its queued bytes and messages here; while either total is at its limit
-    every address counts as full, whatever its own `max-size-bytes`."""
+    every address counts as full, whatever its own `max-size-bytes`. `size` is memory, not
+    message bytes: each message counts MESSAGE_OVERHEAD more (decision 0058), so that
+    `global-max-size` bounds the process's RSS."""
 
     __slots__ = ("max_messages", "max_size", "messages", "size", "waiting")
 
@@ -68,7 +77,7 @@ class MemoryLimits:
         return (0 <= self.max_size <= self.size) or (0 <= self.max_messages <= self.messages)
 
     def changed(self, delta: int, count: int) -> None:
-        self.size += delta
+        self.size += delta + count * MESSAGE_OVERHEAD
         self.messages += count
         if delta < 0 and self.waiting and not self.full:
             for addr in list(self.waiting):

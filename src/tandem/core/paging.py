@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import msgspec
 
+from .address import MESSAGE_OVERHEAD
 from .message import Message, MessageRef
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.paging")
 
 MAX_SCAN = 5000  # records one refill looks at, at most (a queue a filter routes few messages to)
+# The most one page read brings into memory: pages are read in chunks, the next one while the
+# queue still holds half of the last (docs/storage.md, "Reading back"), not whole pages.
+READ_BYTES = 1 << 20
 
 
 class PagedRecord(NamedTuple):
@@ -70,6 +74,7 @@ class PageStore(Protocol):
         page: int,
         offset: int,
         done: Callable[[list[PagedRecord], int, BaseException | None], None],
+        limit: int = 0,
     ) -> None: ...
     def load(self, address_id: int, page: int) -> list[PagedRecord]: ...
     def remove(self, address_id: int, page: int) -> None: ...
@@ -78,12 +83,17 @@ class PageStore(Protocol):
 
 
 class _Cached:
-    __slots__ = ("offset", "reading", "records")
+    """What has been read of one page: records `base` .. `base + len(records) - 1` (those
+    before `base` every cursor is past, so they are dropped), read up to byte `offset`."""
+
+    __slots__ = ("base", "last", "offset", "reading", "records")
 
     def __init__(self) -> None:
         self.records: list[PagedRecord] = []
+        self.base = 0
         self.offset = 0
-        self.reading = False  # a read of the rest is under way (worker thread)
+        self.last = 0  # records the last read brought: the next starts when half that is left
+        self.reading = False  # a read of the next chunk is under way (worker thread)
 
 
 class AddressPager:
@@ -241,13 +251,16 @@ class AddressPager:
         return max(limit // max(1, len(addr.queues)), 1)
 
     def refill(self, q: Queue) -> int:
-        """Bring `q`'s next paged messages into memory, up to its share; how many records it read
-        (those of other queues included: a caller reads on while that is not 0)."""
+        """Bring `q`'s next paged messages into memory, up to its share, once it holds less than
+        half of that (so each batch, journaled with a cursor record, is a big one); how many
+        records it read (those of other queues included: a caller reads on while that is not 0)."""
         if not self.paged.get(q.id):
             return 0
         share = self.share()
-        have = q.ready_bytes
-        if q.ready_count and (have >= share or self.addr.limits.full):
+        # Under the broker's limit a message counts its objects too (decision 0058).
+        per = MESSAGE_OVERHEAD if self.addr.settings.max_size_bytes < 0 and self.addr.limits.max_size >= 0 else 0
+        have = q.ready_bytes + q.ready_count * per
+        if q.ready_count and (2 * have >= share or self.addr.limits.full):
             return 0
         cur = self.cursors.get(q.id)
         if cur is None:
@@ -258,6 +271,8 @@ class AddressPager:
         size = 0
         scanned = 0
         moved = False
+        c: _Cached | None = None
+        cpage = 0
         while have + size < share and scanned < MAX_SCAN:
             count = self.counts.get(page)
             if count is None:  # deleted, or not written yet
@@ -274,34 +289,28 @@ class AddressPager:
                     break
                 page, idx, moved = nxt, 0, True
                 continue
-            records = self._records(page, idx)
-            if idx >= len(records):
-                break  # the rest of this page is not durable, or not read, yet (queues are woken then)
-            r = records[idx]
+            if c is None or cpage != page or idx - c.base >= len(c.records):
+                c, cpage = self._records(page, idx), page
+                if idx - c.base >= len(c.records):
+                    break  # the rest of this page is not durable, or not read, yet (queues are woken then)
+            r = c.records[idx - c.base]
             if r.tx and r.tx in self.tx_open:
                 break  # its transaction's commit is not journaled yet: nothing after it either
             idx += 1
             moved = True
             scanned += 1
-            seq = 0
-            for rqid, rseq in r.refs:
-                if rqid == qid:
-                    seq = rseq
-                    break
+            seq = self._seq_in(r, qid)
             if not seq or (r.tx and r.tx in self.tx_dead):
                 continue  # not this queue's, or of a transaction that never committed
-            if r.tx:
-                firsts = self.tx_seqs.get(r.tx)
-                if firsts is not None:  # paged while open: 1, 2, ... from its commit's first
-                    seq += firsts.get(qid, 1) - 1
             m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
             if not m.durable and page <= self.loaded_upto:
                 continue  # a non-durable message does not outlive the broker that took it
             if r.expiration:
                 m.expiration = r.expiration
             taken.append(MessageRef(m, q, seq))
-            size += len(r.raw)
+            size += len(r.raw) + per
         if not moved:
+            self._read_ahead(page, idx)
             return 0
         cur[0], cur[1] = page, idx
         self.paged[qid] -= len(taken)
@@ -313,8 +322,22 @@ class AddressPager:
             self.storage.store_depaged(q, [(ref.message, ref.seq) for ref in durable], (page, idx), self.ids.next())
         for ref in taken:
             q.add_depaged(ref)
+        self._trim()
+        self._read_ahead(page, idx)
         self._collect()
         return scanned
+
+    def _seq_in(self, r: PagedRecord, qid: int) -> int:
+        """`r`'s sequence in queue `qid` (0: not that queue's). A transaction paged while open
+        numbered its records 1, 2, ... per queue: they count from what its commit took."""
+        for rqid, rseq in r.refs:
+            if rqid == qid:
+                if r.tx:
+                    firsts = self.tx_seqs.get(r.tx)
+                    if firsts is not None:
+                        return rseq + firsts.get(qid, 1) - 1
+                return rseq
+        return 0
 
     def next_record(self, q: Queue, pos: list[int]) -> tuple[PagedRecord, int] | bool:
         """The first record of `q` at or after `pos` (page, index), without reading it into `q`:
@@ -340,18 +363,16 @@ class AddressPager:
                         return False
                     page, idx = nxt, 0
                     continue
-                records = self._records(page, idx)
-                if idx >= len(records):
+                c = self._records(page, idx)
+                if idx - c.base >= len(c.records):
                     return True
-                r = records[idx]
+                r = c.records[idx - c.base]
                 if r.tx and r.tx in self.tx_open:
                     return True
                 if not (r.tx and r.tx in self.tx_dead):
-                    for rqid, rseq in r.refs:
-                        if rqid == qid:
-                            if page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable:
-                                return r, rseq
-                            break
+                    seq = self._seq_in(r, qid)
+                    if seq and (page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable):
+                        return r, seq
                 idx += 1
         finally:
             pos[0], pos[1] = page, idx
@@ -362,18 +383,52 @@ class AddressPager:
                 return p
         return None
 
-    def _records(self, page: int, idx: int) -> list[PagedRecord]:
+    def _records(self, page: int, idx: int) -> _Cached:
+        """The cache of `page`, with a read of its next chunk started if record `idx` is not in it."""
         c = self.cache.get(page)
-        if c is None:
+        if c is None or idx < c.base:  # (dropped records a new cursor needs: read the page again)
             c = self.cache[page] = _Cached()
             while len(self.cache) > self.addr.settings.page_max_cache_size:
                 self.cache.popitem(last=False)
         else:
             self.cache.move_to_end(page)
-        if idx >= len(c.records) and not c.reading and self.store.readable(self.addr.id, page, c.offset):
+        if idx - c.base >= len(c.records):
+            self._read(page, c)
+        return c
+
+    def _read(self, page: int, c: _Cached) -> None:
+        if not c.reading and self.store.readable(self.addr.id, page, c.offset):
             c.reading = True
-            self.store.read_soon(self.addr.id, page, c.offset, partial(self._read_done, page, c))
-        return c.records
+            self.store.read_soon(self.addr.id, page, c.offset, partial(self._read_done, page, c), READ_BYTES)
+
+    def _read_ahead(self, page: int, idx: int) -> None:
+        """Start reading what comes after record `idx` of `page` while the queue still has half
+        of the last chunk to go: the next chunk of this page, or the first of the next page."""
+        c = self.cache.get(page)
+        if c is None or c.reading or len(c.records) - (idx - c.base) > c.last // 2:
+            return
+        if self.store.readable(self.addr.id, page, c.offset):
+            self._read(page, c)
+            return
+        if page == self.write_page or self.addr.settings.page_max_cache_size < 2:
+            return  # (one cached page: the next would push out the one being read)
+        nxt = self._page_after(page)
+        if nxt is not None and nxt not in self.cache:
+            self._records(nxt, 0)
+            self.cache.move_to_end(page)  # the page being read stays the last to go
+
+    def _trim(self) -> None:
+        """Drop the cached records every cursor is past (they are in memory now, or not wanted)."""
+        if not self.cache or not self.cursors:
+            return
+        low_page, low_idx = min(self.cursors.values())
+        for p in [p for p in self.cache if p < low_page]:
+            del self.cache[p]
+        c = self.cache.get(low_page)
+        if c is not None and low_idx > c.base:
+            k = min(low_idx - c.base, len(c.records))
+            del c.records[:k]
+            c.base += k
 
     @property
     def reading(self) -> bool:
@@ -400,6 +455,7 @@ class AddressPager:
             return
         c.records.extend(records)
         c.offset = offset
+        c.last = len(records)
         self.wake()
 
     # ------------------------------------------------------ range readers

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.queue")
 
 MAX_PER_PASS = 1000
+NEVER = 1 << 62  # epoch ms later than any expiration
 SEQ_BLOCK = 1 << 16
 LEVELS = 10
 
@@ -99,6 +100,9 @@ class Queue:
         self.addr: Address | None = None
         self._schedule = schedule
         self._levels: list[RefLevel] = [RefLevel() for _ in range(LEVELS)]
+        # No queued message expires before this (epoch ms): the periodic expiry scan walks the
+        # levels only from then on, not every period (a million refs is ~0.3 s of held loop).
+        self._next_expiry = NEVER
         self._count = 0
         self._bytes = 0
         self._scheduled = False
@@ -182,6 +186,8 @@ class Queue:
         if self.last_value_key is not None:
             self._replace_last_value(ref)
         self._levels[m.priority].append(ref)
+        if m.expiration and m.expiration < self._next_expiry:
+            self._next_expiry = m.expiration
         self._count += 1
         size = len(m.raw)
         self._bytes += size
@@ -200,6 +206,8 @@ class Queue:
         if self.last_value_key is not None:
             self._replace_last_value(ref)
         self._levels[m.priority].append(ref)
+        if m.expiration and m.expiration < self._next_expiry:
+            self._next_expiry = m.expiration
         self._count += 1
         size = len(m.raw)
         self._bytes += size
@@ -212,6 +220,8 @@ class Queue:
         """Reload path: no dispatch, no statistics."""
         m = ref.message
         self._levels[m.priority].append(ref)
+        if m.expiration and m.expiration < self._next_expiry:
+            self._next_expiry = m.expiration
         self._count += 1
         self._bytes += m.size
         self._account(m.size, 1)
@@ -228,6 +238,8 @@ class Queue:
                 m = r.message
                 levels[m.priority].append(r)
                 size += len(m.raw)
+                if m.expiration and m.expiration < self._next_expiry:
+                    self._next_expiry = m.expiration
                 if r.seq > top:
                     top = r.seq
                 n += 1
@@ -266,9 +278,12 @@ class Queue:
         """Put refs back at the head of their priority levels, keeping sequence order."""
         by_level: dict[int, list[MessageRef]] = {}
         for ref in refs:
-            by_level.setdefault(ref.message.priority, []).append(ref)
+            m = ref.message
+            by_level.setdefault(m.priority, []).append(ref)
             self._count += 1
-            self._bytes += ref.message.size
+            self._bytes += m.size
+            if m.expiration and m.expiration < self._next_expiry:  # back from a delivery
+                self._next_expiry = m.expiration
         for prio, items in by_level.items():
             level = self._levels[prio]
             items.sort(key=_seq_of)
@@ -426,6 +441,7 @@ class Queue:
         if not c.ready:
             return 0
         unlimited = c.window < 0
+        account = None if c.browse_only else c.account
         for level in reversed(self._levels):
             while level:
                 if delivered >= budget:
@@ -450,6 +466,9 @@ class Queue:
                     self.delivering_count += 1
                     c.deliver(ref)
                     delivered += 1
+                    if account is not None and account.full:  # its connection's unacked limit
+                        level.give_back(refs[k + 1 :])
+                        return delivered
                     if m.large is not None:
                         # Its chunks go out over several loop passes; the sink is not ready again
                         # until the last is out (it then asks for delivery again), so nothing
@@ -645,15 +664,30 @@ class Queue:
             self._drop([ref])
 
     def expire_scan(self, now: int) -> int:
-        """Move out every queued message whose expiration has passed (the periodic scan)."""
+        """Move out every queued message whose expiration has passed (the periodic scan); walks
+        the levels only once the earliest expiration held may have passed."""
+        if now < self._next_expiry:
+            return 0
         expired: list[MessageRef] = []
+        earliest = NEVER
         for level in self._levels:
-            if not level or not any(r.message.expiration and r.message.expiration <= now for r in level):
+            if not level:
                 continue
-            keep = [r for r in level if not (r.message.expiration and r.message.expiration <= now)]
-            expired.extend(r for r in level if r.message.expiration and r.message.expiration <= now)
-            level.clear()
-            level.extend(keep)
+            keep: list[MessageRef] = []
+            for r in level:
+                exp = r.message.expiration
+                if not exp:
+                    keep.append(r)
+                elif exp <= now:
+                    expired.append(r)
+                else:
+                    keep.append(r)
+                    if exp < earliest:
+                        earliest = exp
+            if len(keep) < len(level):
+                level.clear()
+                level.extend(keep)
+        self._next_expiry = earliest
         for ref in expired:
             self._count -= 1
             self._bytes -= ref.message.size

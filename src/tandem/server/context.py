@@ -11,9 +11,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..config import BrokerConfig
+from ..core.permissions import Authorizer
 from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
+from .limits import ConnectionLimits
 from .pacing import UploadPacer
 from .security import Authenticator, Subject
 
@@ -52,6 +54,11 @@ class BrokerContext(Protocol):
         ...
 
     @property
+    def limits(self) -> ConnectionLimits:
+        """Connection counts and limits (server/limits.py): each connection is admitted, counted, released."""
+        ...
+
+    @property
     def reattachable(self) -> dict[str, Any]:
         """Connections with a confirmation window, by connection id: their sessions may be reattached."""
         ...
@@ -71,11 +78,22 @@ class BrokerContext(Protocol):
         """The post office, or NotActive for a server that is not serving."""
         ...
 
+    @property
+    def authorizer(self) -> Authorizer | None:
+        """Decides permissions (core/permissions.py); None when security is off."""
+        ...
+
     async def authenticate(
-        self, username: str | None, password: str | None, peer: str = "?", protocol: str = "native"
+        self,
+        username: str | None,
+        password: str | None,
+        peer: str = "?",
+        protocol: str = "native",
+        cert_user: str | None = None,
     ) -> Subject | None:
-        """Who logs in with these (security off: ANONYMOUS); None: refused. Slow on purpose
-        (a password hash): the caller handles nothing more of the connection meanwhile."""
+        """Who logs in with these (or with a client certificate mapped to `cert_user`; security
+        off: ANONYMOUS); None: refused. Slow on purpose (a password hash): the caller handles
+        nothing more of the connection meanwhile."""
         ...
 
     def topology(self) -> list[Any]:

@@ -1,4 +1,4 @@
-"""Giving memory back to the operating system after many connections went away.
+"""Keeping the C heap small: one malloc arena, and giving memory back after many connections went away.
 
 CPython frees a dead connection's objects at once, but the memory they lived in is not given
 back by itself (docs/decisions/0057 has the measurements):
@@ -15,6 +15,13 @@ back by itself (docs/decisions/0057 has the measurements):
 
 So once the number of connections has fallen far and held still, the broker empties the free
 lists and trims the C heap, once: nothing is done per message or per connection.
+
+glibc also gives each thread that allocates while another holds the lock an arena of its own.
+Memory freed in one arena is reused only by allocations from that arena, so messages read back
+from pages in a worker thread took new memory while the memory of the messages the queue had
+delivered stayed in the main arena: depaging under a 64 MiB limit grew the broker by ~28 MiB
+(docs/storage.md, "Memory accounting"). The GIL serialises nearly every allocation anyway, so
+the broker runs with one arena (`one_malloc_arena`, at start, before any thread).
 """
 
 from __future__ import annotations
@@ -47,6 +54,22 @@ def _load_trim() -> Callable[[int], int] | None:
 
 
 _trim = _load_trim()
+
+M_ARENA_MAX = -8  # mallopt's parameter number (glibc malloc.h)
+
+
+def one_malloc_arena() -> bool:
+    """Every thread allocates from the main arena (glibc; call before starting threads); False elsewhere."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, 1))
 
 
 def release_free_memory() -> bool:

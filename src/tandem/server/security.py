@@ -157,7 +157,9 @@ class Authenticator:
 
     def subject_for(self, user: str) -> Subject | None:
         """The subject of a user of the users file, without a password (a TLS client certificate
-        mapped to it); None when there is no such user."""
+        mapped to it); None when there is no such user. ANONYMOUS when security is off."""
+        if not self.enabled:
+            return ANONYMOUS
         u = self._users.get(user)
         return Subject(u.name, u.roles) if u is not None else None
 

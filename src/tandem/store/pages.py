@@ -18,6 +18,9 @@ Writes are group-committed off the event loop as the journal's are: everything a
 one loop pass becomes one batch for the writer thread, which writes it, syncs it and reports
 back; `after_durable` callbacks run then (and, on a replicating primary, once the backup has the
 batch too: every change goes through a `StoreIO`, so the replication tap sees it).
+
+Reads for depaging are chunks (`read_soon` with a limit): the `pread` in a worker thread, the
+records decoded on the loop (docs/storage.md, "Reading back").
 """
 
 from __future__ import annotations
@@ -27,17 +30,21 @@ import logging
 import os
 import queue
 import re
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+import crc32c
 import msgspec
 
 from ..core.message import Message
 from ..core.paging import PagedRecord
 from ..journal import files as jf
 from ..journal import records as rec
+from ..journal.records import _CRC_FROM
 from ..journal.storeio import StoreIO, Tap
 from .records import MessageRecord, RecordType, encoder
 
@@ -74,16 +81,38 @@ def parse_page_name(name: str) -> tuple[int, int] | None:
 
 
 def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tuple[list[PagedRecord], int, str]:
-    """The records of a page file's bytes from `start`: (records, where the valid ones end, why the scan stopped)."""
-    parsed: list[rec.Parsed] = []
-    end = rec.scan(data, start, page, parsed)
+    """The records of a page file's bytes from `start`: (records, where the valid ones end, why the scan stopped).
+
+    The common record (a whole, valid ADD PAGED_MESSAGE) is checked and decoded here, straight
+    from the buffer (its bytes copied once, so that no message keeps the read buffer alive); at
+    the first other one the journal's scan takes over, for its rules and its reason."""
     out: list[PagedRecord] = []
+    pos = start
+    end = len(data)
+    mv = memoryview(data)
+    unpack = rec.HEADER.unpack_from
+    crc = crc32c.crc32c
+    decode = _dec_message.decode
+    hs = rec.HEADER_SIZE
+    add = rec.ADD
+    paged = RecordType.PAGED_MESSAGE
+    while end - pos >= hs:
+        length, rcrc, key, kind, utype, rid = unpack(data, pos)
+        if kind != add or utype != paged or key != page or length < hs or length > end - pos:
+            break
+        if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
+            break
+        r = decode(mv[pos + hs : pos + length])
+        out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration, r.tx))
+        pos += length
+    parsed: list[rec.Parsed] = []
+    stop = rec.scan(data, pos, page, parsed)
     for _off, _len, kind, utype, rid, body in parsed:
         if kind != rec.ADD or utype != RecordType.PAGED_MESSAGE:
             continue
         r = _dec_message.decode(body)
         out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration, r.tx))
-    return out, end.offset, end.reason
+    return out, stop.offset, stop.reason
 
 
 @dataclass
@@ -360,24 +389,41 @@ class PageFiles:
         page: int,
         offset: int,
         done: Callable[[list[PagedRecord], int, BaseException | None], None],
+        limit: int = 0,
     ) -> None:
-        """`read`, in a worker thread (a page is up to `page-size-bytes`: not on the event loop);
+        """`read`, in a worker thread (a page is up to `page-size-bytes`: not on the event loop),
+        of at most `limit` bytes (0: all that is durable; a record bigger than that is read whole);
         `done(records, next offset, error)` runs on the loop."""
         name = page_name(address_id, page)
         start = max(offset, jf.FILE_HEADER_SIZE)
         end = self._durable.get(name, start)  # read on the loop: the thread reads no loop state
         loop = self._loop or asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, self._pread, name, self._keys.get(name, page), start, end)
+        key = self._keys.get(name, page)  # a renamed transaction file keeps its own key
+        if limit > 0:
+            # Only the read in the thread; the records are decoded on the loop when it is back:
+            # decoding in the thread took the GIL from the loop every switch interval (0.1 ms)
+            # for no parallelism, and allocated the messages in another malloc arena.
+            chunk = loop.run_in_executor(None, self._pread_bytes, name, start, end, limit)
+            chunk.add_done_callback(partial(_decode_chunk, done, key, start))
+            return
+        fut = loop.run_in_executor(None, self._pread, name, key, start, end)
+        fut.add_done_callback(partial(_settle, done, start))
 
-        def settle(f: asyncio.Future[tuple[list[PagedRecord], int]]) -> None:
-            exc = f.exception()
-            if exc is not None:
-                done([], start, exc)
-            else:
-                records, nxt = f.result()
-                done(records, nxt, None)
-
-        fut.add_done_callback(settle)
+    def _pread_bytes(self, name: str, start: int, end: int, limit: int) -> bytes:
+        """Up to `limit` bytes of a page from `start` (not past `end`); a first record longer than
+        that is read whole."""
+        if end <= start:
+            return b""
+        fd = os.open(self.directory / name, os.O_RDONLY)
+        try:
+            data = os.pread(fd, min(end - start, limit), start)
+            if len(data) >= 4:
+                (length,) = _LENGTH.unpack_from(data, 0)
+                if len(data) < length <= end - start:
+                    data = os.pread(fd, length, start)
+        finally:
+            os.close(fd)
+        return data
 
     def _pread(self, name: str, key: int, start: int, end: int) -> tuple[list[PagedRecord], int]:
         if end <= start:
@@ -393,6 +439,40 @@ class PageFiles:
     def paged_bytes(self, address_id: int) -> int:
         prefix = f"a{address_id}-"
         return sum(end - jf.FILE_HEADER_SIZE for name, end in self._end.items() if name.startswith(prefix))
+
+
+_LENGTH = struct.Struct("<I")  # a record's first field: its length
+
+
+def _decode_chunk(
+    done: Callable[[list[PagedRecord], int, BaseException | None], None],
+    page: int,
+    start: int,
+    f: asyncio.Future[bytes],
+) -> None:
+    exc = f.exception()
+    if exc is not None:
+        done([], start, exc)
+        return
+    try:
+        records, stop, _reason = decode_page(f.result(), page, 0)
+    except Exception as err:  # a record whose checksum holds but whose body does not decode
+        done([], start, err)
+        return
+    done(records, start + stop, None)
+
+
+def _settle(
+    done: Callable[[list[PagedRecord], int, BaseException | None], None],
+    start: int,
+    f: asyncio.Future[tuple[list[PagedRecord], int]],
+) -> None:
+    exc = f.exception()
+    if exc is not None:
+        done([], start, exc)
+    else:
+        records, nxt = f.result()
+        done(records, nxt, None)
 
 
 def partial_run(callbacks: list[Callable[[], None]]) -> Callable[[], None]:
