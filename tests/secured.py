@@ -1,7 +1,8 @@
 """Where the tests' users with roles come from: the one place to change when users move.
 
-Today users are `[[users]]` tables of broker.toml (with `roles`); a test asks for a secured
-broker's settings here and passes them to `broker_factory`, so only this function knows.
+Users live in the users file (decision 0059), `users.toml` next to a broker's config file: a test
+asks for a secured broker's settings here (which writes the file into `directory`, where
+broker_factory puts the configs) and passes them to `broker_factory`, so only this module knows.
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from users import write_users
+
+# Cheaper than the default scrypt cost (the hash string says which): many tests write users.
+TEST_SCRYPT_N = 1024
+
 CLUSTER_PASSWORD = "pair-secret"  # a secured broker refuses the built-in one
 
 
@@ -18,25 +24,23 @@ def password_of(user: str) -> str:
     return f"{user}-pw"
 
 
-def users_toml(users: Mapping[str, Iterable[str]]) -> str:
-    """The users (name -> roles), each with the password `password_of(name)`, as top-level TOML
-    (an inline array: it may go anywhere before the file's tables). The one place that says where
-    the tests' users come from."""
-    entries = []
-    for name, roles in users.items():
-        role_list = ", ".join(f'"{r}"' for r in roles)
-        entries.append(f'{{ name = "{name}", password = "{password_of(name)}", roles = [{role_list}] }}')
-    return f"users = [{', '.join(entries)}]\n"
+def write_users_file(directory: Path, users: Mapping[str, Iterable[str]]) -> Path:
+    """The users (name -> roles), each with the password `password_of(name)`, as the users file
+    of the brokers whose configs are in `directory`. The one place that says where the tests'
+    users come from."""
+    entries = {name: (password_of(name), roles) for name, roles in users.items()}
+    return write_users(directory / "users.toml", entries, n=TEST_SCRYPT_N)
 
 
 def secured(directory: Path, users: Mapping[str, Iterable[str]], extra_toml: str = "") -> dict[str, Any]:
-    """broker_factory settings for a broker with security on and these users (see `users_toml`);
-    `extra_toml` (acceptors, security-settings tables) is appended. `directory` is where a users
-    file would go."""
+    """broker_factory settings for a broker with security on and these users (written now into
+    `directory`'s users file, see `write_users_file`); `extra_toml` (acceptors, security-settings
+    tables) is the broker's."""
+    write_users_file(directory, users)
     return {
         "security_enabled": True,
         "cluster_password": CLUSTER_PASSWORD,
-        "extra_toml": users_toml(users) + extra_toml,
+        "extra_toml": extra_toml,
     }
 
 

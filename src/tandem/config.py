@@ -79,14 +79,6 @@ class AcceptorConfig(_Conf, frozen=True):
         return self.bind
 
 
-class UserConfig(_Conf, frozen=True):
-    """A user allowed to connect when `security-enabled` (native HELLO, STOMP login/passcode)."""
-
-    name: str
-    password: str
-    roles: list[str] = []
-
-
 class QueueConfig(_Conf, frozen=True):
     name: str
     durable: bool = True
@@ -271,7 +263,12 @@ class BrokerConfig(_Conf, frozen=True):
 
     # Who may connect.
     security_enabled: bool = False
-    users: list[UserConfig] = []
+    # Users and password hashes (tandem/users.py, `tandem user`); load_config makes a relative
+    # path relative to the config file's directory (without a file: the current directory).
+    users_file: str = "users.toml"
+    security_invalidation_interval: int = 10_000  # ms between checks of the users file for changes
+    login_failure_delay: int = 100  # ms a peer waits before its next login after one failure, doubled per failure
+    login_failure_max_delay: int = 5_000  # ms: the most a peer waits between failed logins
     # Per-address permissions (Artemis's security-settings): pattern -> permission -> roles; see
     # core/permissions.py. Checked only with security-enabled.
     security_settings: dict[str, dict[str, list[str]]] = {}
@@ -402,6 +399,9 @@ class BrokerConfig(_Conf, frozen=True):
                 f"{DEFAULT_CLUSTER_PASSWORD!r}, so anyone could log in as `cluster-user` ({self.cluster_user!r}): "
                 "set `cluster-user` and `cluster-password` to a pair of your own (the same on both servers of a pair)"
             )
+        _check_positive(self, "security_invalidation_interval", minimum=100)
+        _check_positive(self, "login_failure_delay", minimum=0)
+        _check_positive(self, "login_failure_max_delay", minimum=0)
         _check_positive(self, "stomp_prefetch_count", minimum=0)
         _check_positive(self, "max_connections_per_user", minimum=-1)
         _check_positive(self, "max_connections_per_peer", minimum=-1)
@@ -601,10 +601,23 @@ def load_config(path: str | Path | None = None, **overrides: object) -> BrokerCo
     for key, value in overrides.items():
         if value is not None:
             raw[key.replace("_", "-")] = value
+    if "users" in raw:  # where users were before the users file (decision 0059)
+        users = raw["users"]
+        listed = ", ".join(repr(u.get("name")) for u in users if isinstance(u, dict)) if isinstance(users, list) else ""
+        raise ConfigError(
+            f"{where}: `[[users]]` ({listed}) is no longer read from the broker config: users and their password "
+            "hashes live in the users file (`users-file`, default users.toml next to the config). Move each with "
+            f"`tandem user add NAME --roles R1,R2 --config {where}`, then delete the `[[users]]` tables"
+        )
     try:
-        return msgspec.convert(raw, type=BrokerConfig)
+        cfg = msgspec.convert(raw, type=BrokerConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}: {_describe(exc)}") from None
+    if path is None:
+        return cfg
+    from .users import resolve_users_file
+
+    return msgspec.structs.replace(cfg, users_file=str(resolve_users_file(cfg.users_file, path)))
 
 
 def _describe(exc: msgspec.ValidationError) -> str:

@@ -17,7 +17,7 @@ import tandem
 import tandem.aio as aio
 from ha_pair import Cluster
 from replicated_pair import ReplicatedPair
-from secured import CLUSTER_PASSWORD, url_for, users_toml
+from secured import CLUSTER_PASSWORD, url_for, write_users_file
 
 USERS = {"app": ["app"], "ops": ["ops"]}
 PERMS = (
@@ -32,10 +32,11 @@ class SecuredPair(ReplicatedPair):
 
 
 def test_a_secured_pair_replicates_and_fails_over_with_the_cluster_user_alone(tmp_path: Any) -> None:
-    toml = users_toml(USERS) + PERMS
     p = SecuredPair(
-        tmp_path / "pair", server_toml=(toml, toml), security_enabled=True, cluster_password=CLUSTER_PASSWORD
+        tmp_path / "pair", server_toml=(PERMS, PERMS), security_enabled=True, cluster_password=CLUSTER_PASSWORD
     )
+    for b in p.servers:  # each server reads its own users file (a copy of the same)
+        write_users_file(b.config_path.parent, USERS)
     try:
         p.start_all()  # in sync: REPLICA_START as the cluster user was accepted
         pair_url = ",".join(url_for(f"tcp://127.0.0.1:{port}", "app") for port in p.ports)
@@ -83,8 +84,9 @@ class SecuredCluster(Cluster):
 
 def test_a_secured_shared_store_backup_announces_itself_and_takes_over(tmp_path: Any) -> None:
     c = SecuredCluster(tmp_path, security_enabled=True, cluster_password=CLUSTER_PASSWORD)
-    for b in c.servers:  # top-level keys: before the file's tables
-        b.config_path.write_text(users_toml(USERS) + PERMS + b.config_path.read_text())
+    for b in c.servers:  # top-level keys: before the file's tables; each server reads its own users file
+        b.config_path.write_text(PERMS + b.config_path.read_text())
+        write_users_file(b.config_path.parent, USERS)
     try:
         c.start_all()  # waits until the primary knows its backup: cluster.announce was accepted
         with tandem.connect(url_for(c.url_of(0).split("?")[0], "app")) as conn, conn.session() as s:

@@ -28,6 +28,7 @@ import tandem
 from broker_process import BrokerProcess
 from tandem.errors import ErrorCode, ResourceLimit
 from tandem.protocol import native as p
+from users import users_path, write_users
 
 Factory = Callable[..., BrokerProcess]
 ACCEPTORS = (
@@ -192,13 +193,11 @@ def test_max_connections_per_acceptor(broker_factory: Factory, wires: Callable[.
 
 def test_max_connections_per_user(broker_factory: Factory, wires: Callable[..., Wire]) -> None:
     """Counted from the login, per user (native and STOMP together); other users are not held."""
-    users = (
-        '[[users]]\nname = "app"\npassword = "secret"\nroles = ["all"]\n'
-        '[[users]]\nname = "ops"\npassword = "other"\nroles = ["all"]\n' + ALLOW_ALL
-    )
     b = broker_factory(
-        security_enabled=True, cluster_password="pair", max_connections_per_user=2, extra_toml=users + ACCEPTORS
-    ).start()
+        security_enabled=True, cluster_password="pair", max_connections_per_user=2, extra_toml=ALLOW_ALL + ACCEPTORS
+    )
+    write_users(users_path(b), {"app": ("secret", ["all"]), "ops": ("other", ["all"])})
+    b.start()
     app, ops = f"{b.url}?username=app&password=secret", f"{b.url}?username=ops&password=other"
     one = tandem.connect(app)
     s = wires(b.ports["stomp"], True)
@@ -498,7 +497,7 @@ ALLOW_ALL = '[security-settings."#"]\n' + "".join(
         "delete-durable-queue", "create-non-durable-queue", "delete-non-durable-queue", "manage",
     )
 )  # fmt: skip
-AUDIT_USERS = '[[users]]\nname = "app"\npassword = "secret"\nroles = ["all"]\n' + ALLOW_ALL
+AUDIT_USERS = {"app": ("secret", ["all"])}  # the users file
 
 
 def audit_lines(b: BrokerProcess) -> list[str]:
@@ -510,8 +509,10 @@ def test_audit_log_lines_for_logins_and_management(broker_factory: Factory, wire
     client is quoted, so it cannot forge a line or a field."""
     b = broker_factory(
         security_enabled=True, cluster_password="pair", audit_log=True, log_level="warning",
-        extra_toml=AUDIT_USERS + ACCEPTORS,
-    ).start()  # fmt: skip
+        extra_toml=ALLOW_ALL + ACCEPTORS,
+    )  # fmt: skip
+    write_users(users_path(b), AUDIT_USERS)
+    b.start()
     url = f"{b.url}?username=app&password=secret"
     with tandem.connect(url) as conn:
         conn.manage("address.create", name="audit.addr")
@@ -667,14 +668,15 @@ def test_a_stomp_client_that_stops_reading_is_cut_and_its_messages_return(broker
 
 def test_audit_log_has_a_line_for_each_permission_denied(broker_factory: Factory) -> None:
     """Who was refused what, on which address, from where (decision 0060's denials, audited)."""
-    users = (
-        '[[users]]\nname = "reader"\npassword = "secret"\nroles = ["reader"]\n'
+    perms = (
         '[security-settings."#"]\nconsume = ["reader"]\ncreate-address = ["reader"]\n'
         'create-durable-queue = ["reader"]\n'
     )
     b = broker_factory(
-        security_enabled=True, cluster_password="pair", audit_log=True, log_level="warning", extra_toml=users
-    ).start()
+        security_enabled=True, cluster_password="pair", audit_log=True, log_level="warning", extra_toml=perms
+    )
+    write_users(users_path(b), {"reader": ("secret", ["reader"])})
+    b.start()
     with tandem.connect(f"{b.url}?username=reader&password=secret") as conn:
         with pytest.raises(tandem.Unauthorized):
             conn.session().create_producer("audit.denied").send("no")

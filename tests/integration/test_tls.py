@@ -26,6 +26,7 @@ import stomp
 import tandem
 from broker_process import BrokerProcess
 from tandem.certs import DevCerts, write_dev_certs
+from users import users_path, write_users
 
 Factory = Callable[..., BrokerProcess]
 
@@ -151,9 +152,8 @@ def test_need_client_auth_refuses_clients_without_a_trusted_certificate(
     assert "Traceback" not in b.log_text()
 
 
+MAPPED_USERS = {"app": ("secret", ["app"]), "ops": ("ops-secret", ["ops"])}  # the users file
 MAPPED = (
-    '[[users]]\nname = "app"\npassword = "secret"\nroles = ["app"]\n'
-    '[[users]]\nname = "ops"\npassword = "ops-secret"\nroles = ["ops"]\n'
     '[[cert-user-mapping]]\nuser = "app"\ncn = "tandem-client"\n'
     '[[cert-user-mapping]]\nuser = "ops"\nsubject = "CN=ops-[0-9]+,O=Tandem dev"\n'
     '[security-settings."#"]\nsend = ["app"]\nconsume = ["app"]\ncreate-address = ["app"]\n'
@@ -173,7 +173,9 @@ def test_mutual_tls_maps_a_certificate_to_a_user(broker_factory: Factory, certs:
         security_enabled=True,
         cluster_password="pair-secret",
         extra_toml=MAPPED + tls + acceptor(certs, "stomp", "stomp", trust_store_path=str(bundle)),
-    ).start()
+    )
+    write_users(users_path(b), MAPPED_USERS)
+    b.start()
     # The certificate logs in without a password, as its mapped user (cn, then a subject regex).
     roundtrip(tls_url(b, certs.ca, cert=certs.client, key=certs.client_key))
     with tandem.connect(tls_url(b, certs.ca, cert=ops.client, key=ops.client_key)) as conn:

@@ -18,7 +18,6 @@ from tandem.config import (
     CoordinatorConfig,
     HaConfig,
     QueueConfig,
-    UserConfig,
     load_config,
     parse_host_port,
 )
@@ -78,10 +77,10 @@ initial-replication-sync-timeout = 10000
 max-saved-replicated-journal-size = 5
 call-timeout = 5000
 retry-replication-wait = 500
-
-[[users]]
-name = "app"
-password = "secret"
+users-file = "/etc/tandem/users.toml"
+security-invalidation-interval = 2000
+login-failure-delay = 50
+login-failure-max-delay = 1000
 
 [[cert-user-mapping]]
 user = "app"
@@ -183,8 +182,10 @@ def test_defaults_without_a_file() -> None:
 
 
 def test_empty_file_gives_defaults(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path, "")) == BrokerConfig()
-    assert load_config(str(write(tmp_path, "# only a comment\n"))) == BrokerConfig()
+    """Every default, the users file's path made relative to the file's directory."""
+    beside = BrokerConfig(users_file=str(tmp_path / "users.toml"))
+    assert load_config(write(tmp_path, "")) == beside
+    assert load_config(str(write(tmp_path, "# only a comment\n"))) == beside
 
 
 TLS_KEYS = {
@@ -208,7 +209,6 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         "address-settings",
         "security-settings",
         "connectors",
-        "users",
         "cert-user-mapping",
         "ha",
     }
@@ -286,6 +286,10 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         cluster_user="u",
         cluster_password="pw",
         security_enabled=True,
+        users_file="/etc/tandem/users.toml",
+        security_invalidation_interval=2000,
+        login_failure_delay=50,
+        login_failure_max_delay=1000,
         allow_insecure_network=True,
         max_connections_per_user=20,
         max_connections_per_peer=50,
@@ -293,7 +297,6 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         max_unacked_bytes=2097152,
         slow_client_timeout=5000,
         audit_log=True,
-        users=[UserConfig("app", "secret")],
         security_settings={"orders.#": {"send": ["app"], "createDurableQueue": ["app", "ops"]}},
         cert_user_mapping=[CertUserMapping("app", cn="app-client")],
         stomp_prefetch_count=10,
@@ -638,6 +641,25 @@ def test_global_max_size_defaults_to_a_quarter_of_physical_memory() -> None:
 def test_bad_page_settings_are_refused(tmp_path: Path, key: str, value: int) -> None:
     with pytest.raises(ConfigError, match=key):
         load_config(write(tmp_path, f'[address-settings."#"]\n{key} = {value}\n'))
+
+
+def test_users_in_the_broker_config_are_refused_with_where_they_went(tmp_path: Path) -> None:
+    """Users moved to the users file (decision 0059): plain-text passwords in broker.toml are not read."""
+    text = '[[users]]\nname = "app"\npassword = "secret"\n[[users]]\nname = "ops"\npassword = "x"\nroles = ["a"]\n'
+    msg, _ = config_error(tmp_path, text)
+    assert "'app', 'ops'" in msg and "users file" in msg and "tandem user add" in msg, msg
+    assert "secret" not in msg
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, "users.toml"), ("u/users.toml", "u/users.toml"), ("/abs/users.toml", "/abs/users.toml")],
+)
+def test_the_users_file_is_found_beside_the_config(tmp_path: Path, value: str | None, expected: str) -> None:
+    text = f'users-file = "{value}"\n' if value else ""
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.users_file == str(tmp_path / expected)
+    assert load_config().users_file == "users.toml"  # no file: the current directory
 
 
 # ------------------------------------------------------- safe defaults (decision 0062)

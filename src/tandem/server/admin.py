@@ -206,7 +206,12 @@ class Admin:
         self.broker.require_active()
         cfg = self.broker.config
         if not is_cluster_pair(cfg, user, password):
-            raise Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
+            refused = Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
+            if conn is not None:  # closed, and counted as a failed login: each guess costs a new, slowed one
+                self.broker.authenticator.refused(user, conn.peer, "native (cluster.announce)")
+                conn.fatal(refused)
+                return
+            raise refused
         if node_id != self.broker.node_id:
             raise InvalidArgument(f"cluster.announce: node {node_id} is not this store's node {self.broker.node_id}")
         if conn is None:

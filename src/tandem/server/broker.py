@@ -30,7 +30,7 @@ from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
 from ..core.permissions import Authorizer
 from ..core.postoffice import PostOffice
-from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
+from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError, Unauthorized
 from ..ha.activation import make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import Journal, JournalSettings
@@ -212,6 +212,7 @@ class Broker:
         self._follow_task: asyncio.Task[None] | None = None
         self._follower: Any = None
         self._housekeeper: asyncio.Task[None] | None = None
+        self._users_watch: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
 
@@ -250,6 +251,8 @@ class Broker:
             raise
         self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
+        if cfg.security_enabled:
+            self._users_watch = asyncio.create_task(self._watch_users(), name="users-file")
 
     async def _run_activation(self) -> None:
         assert self.activation is not None
@@ -322,7 +325,7 @@ class Broker:
             await self._stopped.wait()
             return
         self._stopping = True
-        for task in (self._activation_task, self._housekeeper):
+        for task in (self._activation_task, self._housekeeper, self._users_watch):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 try:
@@ -349,6 +352,7 @@ class Broker:
                 await asyncio.wait_for(server.wait_closed(), 5)
             except TimeoutError:
                 pass
+        self.authenticator.close()
         self.ha_state = "stopped"
         self._stopped.set()
 
@@ -478,7 +482,11 @@ class Broker:
             raise NotActive(
                 f"server {self.config.name!r} is not active ({self.ha_state}): it has no store to replicate"
             )
-        self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+        try:
+            self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+        except Unauthorized:  # a wrong cluster pair: counted as a failed login (the link closes)
+            self.authenticator.refused(pkt.user, conn.peer, "native (replication)")
+            raise
         self.backup_announced(conn, pkt.connector)
 
     def backup_announced(self, conn: NativeConnection, connector: str) -> None:
@@ -572,15 +580,33 @@ class Broker:
             raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
         return self.postoffice
 
-    def authenticate(
-        self, username: str | None, password: str | None, peer: str = "?", cert_user: str | None = None
+    async def authenticate(
+        self,
+        username: str | None,
+        password: str | None,
+        peer: str = "?",
+        protocol: str = "native",
+        cert_user: str | None = None,
     ) -> Subject | None:
-        """With `security-enabled`, only configured users (the cluster user too, for announcements).
-        `cert_user`: the user a verified client certificate maps to (cert-user-mapping); a login
-        without a password and with no other user name is that user's."""
+        """With `security-enabled`, only the users of the users file (and the cluster pair, for
+        announcements); the hash is checked off the loop (server/security.py). `cert_user`: the
+        user a verified client certificate maps to (cert-user-mapping); a login without a
+        password and with no other user name is that user's."""
         if cert_user is not None and self.authenticator.enabled and not password and username in (None, "", cert_user):
             return self.authenticator.subject_for(cert_user)
-        return self.authenticator.check(username, password, peer)
+        return await self.authenticator.check(username, password, peer, protocol)
+
+    def reload_users(self) -> None:
+        """(SIGHUP) read the users file again now."""
+        self.authenticator.reload(force=True)
+
+    async def _watch_users(self) -> None:
+        """Pick up changes to the users file every `security-invalidation-interval`."""
+        period = self.config.security_invalidation_interval / 1000
+        while True:
+            await asyncio.sleep(period)
+            self.authenticator.reload()
+            self.authenticator.housekeeping()
 
     def reload_tls(self, force: bool = False) -> None:
         """New TLS contexts for new connections (server/tls.py): on SIGHUP (`force`) and when files change."""

@@ -17,7 +17,7 @@ from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
 from .limits import ConnectionLimits
 from .pacing import UploadPacer
-from .security import Subject
+from .security import Authenticator, Subject
 
 
 class Management(Protocol):
@@ -29,6 +29,11 @@ class Management(Protocol):
 class BrokerContext(Protocol):
     @property
     def config(self) -> BrokerConfig: ...
+
+    @property
+    def authenticator(self) -> Authenticator:
+        """Who may log in (server/security.py); `enabled` False: everyone, at once."""
+        ...
 
     @property
     def node_id(self) -> str: ...
@@ -78,11 +83,17 @@ class BrokerContext(Protocol):
         """Decides permissions (core/permissions.py); None when security is off."""
         ...
 
-    def authenticate(
-        self, username: str | None, password: str | None, peer: str = "?", cert_user: str | None = None
+    async def authenticate(
+        self,
+        username: str | None,
+        password: str | None,
+        peer: str = "?",
+        protocol: str = "native",
+        cert_user: str | None = None,
     ) -> Subject | None:
-        """Who logs in with these (or with a client certificate mapped to `cert_user`;
-        security off: ANONYMOUS); None: refused."""
+        """Who logs in with these (or with a client certificate mapped to `cert_user`; security
+        off: ANONYMOUS); None: refused. Slow on purpose (a password hash): the caller handles
+        nothing more of the connection meanwhile."""
         ...
 
     def topology(self) -> list[Any]:

@@ -270,6 +270,7 @@ class NativeConnection(asyncio.Protocol):
         self._writer: LinkWriter | None = None  # writes from threads (a backup's link), see write_from_threads
         self.username: str | None = None
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from HELLO
+        self._login: asyncio.Task[Subject | None] | None = None  # HELLO's password check (held meanwhile)
         self.access: Access | None = None  # what the subject may do (None: security off), decision 0060
         # Reattachment (server/reattach.py): on with a confirmation window from the client.
         self.window = -1
@@ -445,7 +446,7 @@ class NativeConnection(asyncio.Protocol):
             self.partial_since = None
         elif packets or self.partial_since is None:  # a new packet began in this read
             self.partial_since = now
-        if packets and not self.handshaken and type(packets[0]) is not p.Hello:
+        if packets and not self.handshaken and self._login is None and type(packets[0]) is not p.Hello:
             self.fatal(ProtocolError(f"the first packet must be HELLO, got {type(packets[0]).__name__.upper()}"))
             return
         if self._rest is not None:  # read while a burst is still being worked through: after it
@@ -615,6 +616,8 @@ class NativeConnection(asyncio.Protocol):
                 self._release()  # closed for good (broker stopping): no reattach any more
             return
         self.closed = True
+        if self._login is not None:
+            self._login.cancel()
         self.broker.limits.release(self)
         if self._writer is not None:
             self._writer.close()
@@ -667,13 +670,41 @@ class NativeConnection(asyncio.Protocol):
         return s
 
     def on_hello(self, pkt: p.Hello) -> None:
-        if self.handshaken:
+        if self.handshaken or self._login is not None:
             raise ProtocolError("HELLO sent twice")
         p.check_version(pkt)
-        subject = self.broker.authenticate(pkt.username, pkt.password, self.peer, self.cert_user)
-        if subject is None:
-            audit("login", None, self.peer, None, False, login=pkt.username, protocol="native")
-            raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+        if not self.broker.authenticator.enabled:
+            self._accept_hello(pkt, ANONYMOUS)
+            return
+        # The password's hash is checked off the loop: nothing after HELLO is handled until it is done.
+        self.hold()
+        check = self.broker.authenticate(pkt.username, pkt.password, self.peer, "native", self.cert_user)
+        self._login = self.loop.create_task(check)
+        self._login.add_done_callback(lambda task: self._checked(pkt, task))
+
+    def _checked(self, pkt: p.Hello, task: asyncio.Task[Subject | None]) -> None:
+        self._login = None
+        if task.cancelled():
+            return
+        task.exception()  # retrieved even when closed: asyncio would report it as never retrieved
+        if self.closed:
+            return
+        try:
+            subject = task.result()
+            if subject is None:
+                audit("login", None, self.peer, None, False, login=pkt.username, protocol="native")
+                raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+            self._accept_hello(pkt, subject)
+        except TandemError as exc:
+            self.fatal(exc)
+            return
+        except Exception as exc:
+            log.exception("error checking the login of %s", self.peer)
+            self.fatal(InternalError(f"internal error: {exc!r}"))
+            return
+        self.release()
+
+    def _accept_hello(self, pkt: p.Hello, subject: Subject) -> None:
         self.broker.limits.login(self, subject.user, subject.cluster)
         audit("login", subject, self.peer, None, True, protocol="native")
         self.subject = subject

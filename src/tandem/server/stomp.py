@@ -185,6 +185,7 @@ class StompConnection(asyncio.Protocol):
         self.writable = True
         self.handshaken = False  # for the broker's bookkeeping (native connections use it too)
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from CONNECT
+        self._login: asyncio.Task[Subject | None] | None = None  # CONNECT's password check ("login" held)
         self.access: Access | None = None  # what the subject may do (None: security off), decision 0060
         self.peer = "?"
         self.cert_user: str | None = None  # the user a verified client certificate maps to
@@ -369,7 +370,7 @@ class StompConnection(asyncio.Protocol):
         held = self._held
         handlers = _HANDLERS
         budget = FRAMES_PER_PASS
-        while backlog and "full" not in held and "sealing" not in held:
+        while backlog and "full" not in held and "sealing" not in held and "login" not in held:
             if self.closed or self.failing:
                 return
             if not budget:
@@ -468,6 +469,8 @@ class StompConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._login is not None:
+            self._login.cancel()
         self.broker.limits.release(self)
         stream, self.stream = self.stream, None
         if stream is not None:
@@ -570,7 +573,7 @@ class StompConnection(asyncio.Protocol):
             self.write_all(receipts)
 
     def on_connect(self, frame: st.Frame) -> None:
-        if self.connected:
+        if self.connected or self._login is not None:
             raise st.StompError("already connected")
         version = st.negotiate(frame.get("accept-version"))
         if version is None:
@@ -578,10 +581,40 @@ class StompConnection(asyncio.Protocol):
         self.version = version
         self.parser.version = version
         b = self.broker
-        subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer, self.cert_user)
-        if subject is None:
-            audit("login", None, self.peer, None, False, login=frame.get("login"), protocol="stomp")
-            raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+        if not b.authenticator.enabled:
+            self._accept_connect(frame, version, ANONYMOUS)
+            return
+        # The passcode's hash is checked off the loop: the frames after CONNECT wait in the backlog.
+        self._hold("login")
+        check = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer, "stomp", self.cert_user)
+        self._login = self.loop.create_task(check)
+        self._login.add_done_callback(lambda task: self._checked(frame, version, task))
+
+    def _checked(self, frame: st.Frame, version: str, task: asyncio.Task[Subject | None]) -> None:
+        self._login = None
+        if task.cancelled():
+            return
+        task.exception()  # retrieved even when closed: asyncio would report it as never retrieved
+        if self.is_closed():
+            return
+        try:
+            subject = task.result()
+            if subject is None:
+                audit("login", None, self.peer, None, False, login=frame.get("login"), protocol="stomp")
+                raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+            self._accept_connect(frame, version, subject)
+        except TandemError as exc:
+            self.error(exc.message, frame.get("receipt"))
+            return
+        except Exception as exc:
+            log.exception("error checking the login of %s", self.peer)
+            self.error(f"internal error: {exc!r}", frame.get("receipt"))
+            return
+        self._release("login")
+        self._run_backlog()
+
+    def _accept_connect(self, frame: st.Frame, version: str, subject: Subject) -> None:
+        b = self.broker
         b.limits.login(self, subject.user, subject.cluster)
         audit("login", subject, self.peer, None, True, protocol="stomp")
         self.subject = subject
