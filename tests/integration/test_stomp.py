@@ -631,7 +631,14 @@ def test_transactions_paged_while_open_commit_abort_and_disconnect(
         p.send("/queue/pg.q", f"m{i:04d}" + body, wait=False, transaction="keep", persistent="true")
         p.send("/queue/pg.q", f"d{i:04d}" + body, wait=i == 199, transaction="drop", persistent="true")
     paging = Path(b.data_dir) / "paging"
-    assert len([f for f in paging.iterdir() if "-t" in f.name]) == 2  # one file per transaction
+
+    def tx_files() -> int:
+        return len([f for f in paging.iterdir() if "-t" in f.name])
+
+    deadline = time.monotonic() + 10  # the page writer creates them in batches of its own
+    while tx_files() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tx_files() == 2  # one file per transaction
     p.frame("ABORT", transaction="drop")
     p.frame("COMMIT", transaction="keep")
     q = clients(port)
