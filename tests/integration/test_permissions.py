@@ -572,3 +572,13 @@ def test_stomp_auto_creation_needs_the_create_permissions(broker_factory: Factor
         assert not [k for k, _ in listener.frames if k == "ERROR"]
     finally:
         conn.disconnect()
+
+
+def test_deleting_a_missing_queue_tells_only_who_may_delete_there(pb: BrokerProcess) -> None:
+    """Whether a queue exists is not told to a user who may not delete queues on its name: that user
+    gets UNAUTHORIZED, as for an existing queue; one who may is told it does not exist."""
+    missing = "p.delete-durable-queue.nothing-here"
+    with connect(pb, "no") as conn, pytest.raises(tandem.Unauthorized, match="delete-durable-queue"):
+        conn.manage("queue.delete", name=missing)
+    with connect(pb, "yes") as conn, pytest.raises(tandem.QueueDoesNotExist):
+        conn.manage("queue.delete", name=missing)
