@@ -56,6 +56,10 @@ def _authorize_resource(access: Access, po: PostOffice, op: str, args: dict[str,
     elif op == "queue.delete":
         q = po.queues.get(name)
         if q is None:
+            # Its name stands for its address (as for queue.stat): only who may delete queues there
+            # learns that it does not exist; anyone else is refused as for an existing queue.
+            if not access.allowed(Permission.DELETE_NON_DURABLE_QUEUE, name):
+                access.check(Permission.DELETE_DURABLE_QUEUE, name)
             return  # the operation answers QueueDoesNotExist
         durable = q.durable and not q.temporary
         access.check(Permission.DELETE_DURABLE_QUEUE if durable else Permission.DELETE_NON_DURABLE_QUEUE, q.address)
