@@ -74,7 +74,7 @@ def test_a_wrong_password_or_a_missing_permission_fails_at_load_without_showing_
     wrong = f"{sb.url}?username=etl&password=not-the-Secret-42"
     for streaming in (True, False):
         reader = spark.readStream.format("tandem") if streaming else spark.read.format("tandem")
-        with pytest.raises(Exception, match="(?i)login|authenticat") as info:
+        with pytest.raises(Exception, match=r"(?i)login|authenticat") as info:
             reader.option("url", wrong).option("queue", "etl.guarded").load()
         assert "not-the-Secret-42" not in str(info.value), str(info.value)
     # a user who may not consume from the queue is refused naming the permission

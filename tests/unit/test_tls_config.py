@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.client.options import parse_url
+from tandem.client.options import parse_url, redact_url
 from tandem.client.tls import split_server
 from tandem.config import AcceptorConfig, BrokerConfig, CertUserMapping, ConnectorConfig, load_config, split_connector
 from tandem.errors import ConfigError, InvalidArgument
@@ -115,3 +115,11 @@ def test_spark_options_pass_tls_through() -> None:
     )
     assert opts.url == "tcps://h:61617"
     assert opts.client == {"ca": "/x/ca.pem", "cert": "c.pem", "key": "k.pem"}
+
+
+def test_url_errors_never_show_the_password() -> None:
+    assert redact_url("tcp://h:1?username=u&password=s3cret&ha=true") == "tcp://h:1?username=u&password=***&ha=true"
+    assert redact_url("tcp://h:1") == "tcp://h:1"
+    with pytest.raises(InvalidArgument) as info:
+        parse_url("tcp://a:1,tcps://b:2?password=s3cret")
+    assert "s3cret" not in str(info.value) and "password=***" in str(info.value)

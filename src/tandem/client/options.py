@@ -99,6 +99,15 @@ def _coerce(name: str, value: Any) -> Any:
     return value
 
 
+def redact_url(url: str) -> str:
+    """`url` fit for an error message or a log line: its `password` option's value hidden."""
+    text, sep, query = url.partition("?")
+    if not sep:
+        return url
+    parts = [("password=***" if p.split("=", 1)[0].strip() == "password" else p) for p in query.split("&")]
+    return f"{text}?{'&'.join(parts)}"
+
+
 @overload
 def parse_url(
     url: str, explicit: Literal[False] = False, **overrides: Any
@@ -140,7 +149,7 @@ def parse_url(url: str, explicit: bool = False, **overrides: Any) -> Any:
         except ValueError as exc:
             raise InvalidArgument(f"bad server address in URL: {exc}") from None
     if not hosts:
-        raise InvalidArgument(f"no server address in URL {url!r}")
+        raise InvalidArgument(f"no server address in URL {redact_url(url)!r}")
     values: dict[str, Any] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
         if key not in _FIELDS:
@@ -151,10 +160,10 @@ def parse_url(url: str, explicit: bool = False, **overrides: Any) -> Any:
             raise InvalidArgument(f"unknown connection option `{key}`")
         values[key] = _coerce(key, value)
     if len(schemes) > 1:
-        raise InvalidArgument(f"URL {url!r} mixes tcp:// and tcps://: use one for every server")
+        raise InvalidArgument(f"URL {redact_url(url)!r} mixes tcp:// and tcps://: use one for every server")
     if "tcps://" in schemes:
         if values.get("ssl") is False:
-            raise InvalidArgument(f"URL {url!r}: tcps:// with ssl=false")
+            raise InvalidArgument(f"URL {redact_url(url)!r}: tcps:// with ssl=false")
         values["ssl"] = True
     given = frozenset(values)
     # Departure from Artemis: a URL naming several servers means HA with endless retries.

@@ -82,6 +82,7 @@ class _Common:
         import asyncio
 
         from ..client.connection import AsyncConnection
+        from ..client.options import redact_url
         from ..errors import InvalidArgument, TandemError
 
         async def probe() -> None:
@@ -94,9 +95,11 @@ class _Common:
         try:
             asyncio.run(probe())
         except InvalidArgument as exc:
-            raise OptionError(f"option 'url' {self.url!r}: {exc.message}") from None
+            raise OptionError(f"option 'url' {redact_url(self.url)!r}: {exc.message}") from None
         except TandemError as exc:
-            raise OptionError(f"option 'url': cannot reach the broker at {self.url!r}: {exc.message}") from None
+            raise OptionError(
+                f"option 'url': cannot reach the broker at {redact_url(self.url)!r}: {exc.message}"
+            ) from None
 
 
 READ_KEYS = {"url", "queue", "maxmessagespertrigger", "minpartitions", "bodyformat", "jsonschema"}
