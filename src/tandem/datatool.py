@@ -110,7 +110,8 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                 cursors[cur.queue_id] = (cur.page, cur.index)
             elif utype == RecordType.PAGE_ACK:
                 pa = msgspec.msgpack.decode(lr.body, type=PageAckRecord)
-                page_acks.add((pa.queue_id, pa.page, pa.index))
+                if not pa.end_page:  # (a purged span: its records still count here)
+                    page_acks.add((pa.queue_id, pa.page, pa.index))
             elif utype == RecordType.PAGE_TX:
                 page_txs.add(rid)
                 if records:

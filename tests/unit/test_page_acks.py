@@ -211,3 +211,32 @@ def test_acknowledgements_ahead_of_the_cursor_are_kept_until_it_passes_them(data
     b.close()
     types = live_types(data)
     assert not {RecordType.MESSAGE, RecordType.PAGE_ACK, RecordType.PAGE_DELIVERY_COUNT} & set(types), types
+
+
+def test_a_purge_while_messages_read_back_are_in_delivery_survives_a_restart(data: Path) -> None:
+    """The cursor is held at a message in delivery: the purged span is journaled, not read again."""
+    b = Broker(data)
+    b.po.create_queue("work", "work", RoutingType.ANYCAST)
+    sent = _send(b, 60)
+    q = b.po.queue("work")
+    taken = b.take(q, 20)
+    held = [r for r in taken if r.pos is not None][:2]
+    assert len(held) == 2
+    for ref in taken:
+        if ref not in held:
+            q.acknowledge([ref])
+    assert q.purge() == 40
+    b.settle()
+    b.close()
+
+    b = Broker(data)
+    q = b.po.queue("work")
+    again = b.take(q, 60)
+    assert [r.message.id for r in again] == [r.message.id for r in held]
+    for ref in again:
+        q.acknowledge([ref])
+    b.settle()
+    b.close()
+    assert sent
+    types = live_types(data)
+    assert not {RecordType.MESSAGE, RecordType.PAGE_ACK, RecordType.PAGE_DELIVERY_COUNT} & set(types), types

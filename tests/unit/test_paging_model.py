@@ -62,8 +62,8 @@ def contents(q: Queue) -> list[int]:
                 continue
             if r.tx in pager.tx_dead:
                 continue  # a transaction cut by a crash: never visible
-            if (p, i) in getattr(pager, "acked_ahead", {}).get(q.id, ()):
-                continue  # read back before a restart and acknowledged (decision 0063)
+            if (p, i) in pager.acked_ahead.get(q.id, ()) or pager._purged(q.id, (p, i)):
+                continue  # read back before a restart and acknowledged, or purged (decision 0063)
             if any(qid == q.id for qid, _seq in r.refs):
                 out.append(r.mid)
     return out

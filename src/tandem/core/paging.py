@@ -123,6 +123,7 @@ class AddressPager:
         self.acked: dict[int, set[tuple[int, int]]] = {}
         self.acked_ahead: dict[int, set[tuple[int, int]]] = {}
         self.counts_ahead: dict[int, dict[tuple[int, int], int]] = {}
+        self.spans_ahead: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] = {}  # purged (start, end)
         self.paged: dict[int, int] = {}  # queue id -> its messages still in pages
         self.cache: OrderedDict[int, _Cached] = OrderedDict()
         self.waiters: list[Callable[[], None]] = []  # range reads and acks waiting for page data
@@ -235,7 +236,7 @@ class AddressPager:
         self.cursors.pop(q.id, None)
         self.paged.pop(q.id, None)
         self.range_hints.pop(q.id, None)
-        for held in (self.done, self.outstanding, self.acked, self.acked_ahead, self.counts_ahead):
+        for held in (self.done, self.outstanding, self.acked, self.acked_ahead, self.counts_ahead, self.spans_ahead):
             held.pop(q.id, None)
         if q.durable:
             self.storage.delete_cursor(q)
@@ -247,10 +248,16 @@ class AddressPager:
         if not n:
             return 0
         head = [self.write_page, self.counts[self.write_page]] if self.write_page else [self.next_page, 0]
+        start = self.cursors[q.id]
         self.cursors[q.id] = head
         self.paged[q.id] = 0
         self.acked_ahead.pop(q.id, None)
         self.counts_ahead.pop(q.id, None)
+        self.spans_ahead.pop(q.id, None)
+        if self.outstanding.get(q.id) and q.durable and self.storage.persistent:
+            # The journaled cursor is held at a message in delivery: the purged span is recorded,
+            # or a restart would read it again.
+            self.storage.store_page_skip(q, (start[0], start[1]), (head[0], head[1]), self.ids.next())
         self._advance(q)
         return n
 
@@ -307,6 +314,10 @@ class AddressPager:
         if moved:
             self._collect()
 
+    def _purged(self, qid: int, pos: tuple[int, int]) -> bool:
+        """`pos` lies in a span of `qid` purged before a restart."""
+        return any(start <= pos < end for start, end in self.spans_ahead.get(qid, ()))
+
     def delivery_counted(self, q: Queue, ref: MessageRef) -> None:
         """A failed delivery of `ref`, read back from a page: its count, kept by position."""
         if ref.pos is not None and q.durable and self.storage.persistent:
@@ -346,6 +357,7 @@ class AddressPager:
         cpage = 0
         skip = self.acked_ahead.get(qid)
         counts = self.counts_ahead.get(qid)
+        spans = self.spans_ahead.get(qid)
         while have + size < share and scanned < MAX_SCAN:
             count = self.counts.get(page)
             if count is None:  # deleted, or not written yet
@@ -378,6 +390,8 @@ class AddressPager:
             pos = (page, idx - 1)
             if skip and pos in skip:
                 skip.discard(pos)  # acknowledged before a restart
+                continue
+            if spans and self._purged(qid, pos):
                 continue
             m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
             if not m.durable and page <= self.loaded_upto:
@@ -442,7 +456,11 @@ class AddressPager:
                 r = c.records[idx - c.base]
                 if r.tx and r.tx in self.tx_open:
                     return True
-                if not (r.tx and r.tx in self.tx_dead) and (page, idx) not in self.acked_ahead.get(qid, ()):
+                if (
+                    not (r.tx and r.tx in self.tx_dead)
+                    and (page, idx) not in self.acked_ahead.get(qid, ())
+                    and not self._purged(qid, (page, idx))
+                ):
                     seq = self._seq_in(r, qid)
                     if seq and (page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable):
                         return r, seq
@@ -653,6 +671,7 @@ class AddressPager:
                 self.done[q.id] = head
             self.acked_ahead.clear()
             self.counts_ahead.clear()
+            self.spans_ahead.clear()
             self.range_hints.clear()
             if self.active:
                 self.active = False
@@ -691,6 +710,7 @@ class AddressPager:
         tx_seqs: dict[int, list[tuple[int, int, int]]] | None = None,
         acks: dict[int, set[tuple[int, int]]] | None = None,
         counts: dict[int, dict[tuple[int, int], int]] | None = None,
+        spans: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] | None = None,
     ) -> list[Message]:
         """Rebuild from the page files and the journaled cursors; `committed`: the page
         transactions journaled (PAGE_TX); `tx_seqs`: their sequences, for those paged while open;
@@ -717,6 +737,8 @@ class AddressPager:
                 self.acked_ahead[qid] = {pos for pos in acks[qid] if pos >= (page, idx)}
             if counts and counts.get(qid):
                 self.counts_ahead[qid] = {pos: n for pos, n in counts[qid].items() if pos >= (page, idx)}
+            if spans and spans.get(qid):
+                self.spans_ahead[qid] = [(a, b) for a, b in spans[qid] if b > (page, idx)]
         with_dedup: list[Message] = []
         for page in pages:
             records = self.store.load(self.addr.id, page)
@@ -739,7 +761,7 @@ class AddressPager:
                 for qid, _seq in r.refs:
                     cur = self.cursors.get(qid)
                     if cur is not None and (page, i) >= (cur[0], cur[1]):
-                        if (page, i) not in self.acked_ahead.get(qid, ()):
+                        if (page, i) not in self.acked_ahead.get(qid, ()) and not self._purged(qid, (page, i)):
                             self.paged[qid] += 1
         self.active = any(self.paged.values())
         self._collect()

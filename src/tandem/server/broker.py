@@ -102,7 +102,13 @@ def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: 
         pages = storage.pages
         pages.on_durable = po.pages_durable
         gone = po.restore_paging(
-            pages.listing(), state.page_cursors, state.page_txs, state.page_tx_seqs, state.page_acks, state.page_counts
+            pages.listing(),
+            state.page_cursors,
+            state.page_txs,
+            state.page_tx_seqs,
+            state.page_acks,
+            state.page_counts,
+            state.page_skips,
         )
         for qid in gone:
             storage.delete_cursor_record(qid)

@@ -92,6 +92,7 @@ class LoadedState:
     # delivery counts of those it read back and had delivered without an acknowledgement.
     page_acks: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
     page_counts: dict[int, dict[tuple[int, int], int]] = field(default_factory=dict)
+    page_skips: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] = field(default_factory=dict)  # purged spans
 
 
 class JournalStorage:
@@ -122,6 +123,7 @@ class JournalStorage:
         # queue id -> (page, index) -> its PAGE_ACK / PAGE_DELIVERY_COUNT record (decision 0063)
         self._page_acks: dict[int, dict[tuple[int, int], int]] = {}
         self._page_dcs: dict[int, dict[tuple[int, int], int]] = {}
+        self._page_skips: dict[int, dict[int, tuple[tuple[int, int], tuple[int, int]]]] = {}  # qid -> rid -> span
         self._dc_values: dict[int, int] = {}  # (load only) PAGE_DELIVERY_COUNT record -> its count
         (self.data_dir / "paging").mkdir(parents=True, exist_ok=True)
         self.large = LargeMessageStore(self.data_dir / LARGE_DIRECTORY, tap, self.messages.after_durable)
@@ -196,7 +198,10 @@ class JournalStorage:
     def _page_record_loaded(self, rid: int, utype: int, body: bytes) -> None:
         if utype == RecordType.PAGE_ACK:
             a = _dec_page_ack.decode(body)
-            self._page_acks.setdefault(a.queue_id, {})[(a.page, a.index)] = rid
+            if a.end_page:
+                self._page_skips.setdefault(a.queue_id, {})[rid] = ((a.page, a.index), (a.end_page, a.end_index))
+            else:
+                self._page_acks.setdefault(a.queue_id, {})[(a.page, a.index)] = rid
         else:
             d = _dec_page_dc.decode(body)
             dcs = self._page_dcs.setdefault(d.queue_id, {})
@@ -213,6 +218,8 @@ class JournalStorage:
             state.page_acks[qid] = set(acks)
         for qid, dcs in self._page_dcs.items():
             state.page_counts[qid] = {pos: self._dc_values[rid] for pos, rid in dcs.items()}
+        for qid, spans in self._page_skips.items():
+            state.page_skips[qid] = sorted(spans.values())
         self._dc_values.clear()
 
     def set_tap(self, tap: Tap | None) -> None:
@@ -438,6 +445,11 @@ class JournalStorage:
                 behind = [pos for pos in held if pos < cursor]
                 for pos in behind:
                     ops.append(Op(DELETE, 0, held.pop(pos), b""))
+        spans = self._page_skips.get(qid)
+        if spans:
+            for srid in [srid for srid, (_start, end) in spans.items() if end <= cursor]:
+                del spans[srid]
+                ops.append(Op(DELETE, 0, srid, b""))
 
     def store_page_acks(
         self,
@@ -473,6 +485,14 @@ class JournalStorage:
             self._cursor_ops(qid, cursor, rid, ops)
         self.messages.batch(ops)
 
+    def store_page_skip(self, queue: Queue, start: tuple[int, int], end: tuple[int, int], rid: int) -> None:
+        """A purge acknowledged every page record of `queue` from `start` up to `end` while its
+        cursor is held behind them (by a message read back and in delivery): one PAGE_ACK record
+        for the span, deleted once the cursor reaches its end."""
+        qid = queue.id
+        self._page_skips.setdefault(qid, {})[rid] = (start, end)
+        self.messages.add(rid, RecordType.PAGE_ACK, _encode(PageAckRecord(qid, *start, *end)))
+
     def store_page_delivery_count(self, queue: Queue, pos: tuple[int, int], count: int, rid: int) -> None:
         """Failed deliveries of a page record read back (record `rid`, replacing the last one)."""
         if self.messages.failed is not None:  # advisory, as store_delivery_count
@@ -502,6 +522,7 @@ class JournalStorage:
     def delete_cursor_record(self, queue_id: int) -> None:
         """A queue deleted (or, at a reload, gone): its cursor and its page acknowledgements."""
         rids = [*self._page_acks.pop(queue_id, {}).values(), *self._page_dcs.pop(queue_id, {}).values()]
+        rids += self._page_skips.pop(queue_id, {})
         old = self._cursor_rids.pop(queue_id, None)
         self._cursors.pop(queue_id, None)
         if old is not None:
@@ -511,7 +532,7 @@ class JournalStorage:
 
     def page_record_queues(self) -> set[int]:
         """Queues with page records in the journal (a reload deletes those of queues gone)."""
-        return set(self._cursor_rids) | set(self._page_acks) | set(self._page_dcs)
+        return set(self._cursor_rids) | set(self._page_acks) | set(self._page_dcs) | set(self._page_skips)
 
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
         raw = message.raw
@@ -719,6 +740,9 @@ class NullStorage:
         pass
 
     def store_page_delivery_count(self, queue: Queue, pos: tuple[int, int], count: int, rid: int) -> None:
+        pass
+
+    def store_page_skip(self, queue: Queue, start: tuple[int, int], end: tuple[int, int], rid: int) -> None:
         pass
 
     def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:

@@ -92,11 +92,15 @@ class PageCursorRecord(msgspec.Struct, array_like=True, gc=False):
 
 
 class PageAckRecord(msgspec.Struct, array_like=True, gc=False):
-    """A queue acknowledged record `index` of `page` (one it read back; its cursor is behind it)."""
+    """A queue acknowledged record `index` of `page` (one it read back; its cursor is behind it);
+    with `end_page`, every record of the queue from there up to (`end_page`, `end_index`): a purge
+    while messages read back are in delivery."""
 
     queue_id: int
     page: int
     index: int
+    end_page: int = 0
+    end_index: int = 0
 
 
 class PageDeliveryCountRecord(msgspec.Struct, array_like=True, gc=False):
