@@ -635,6 +635,9 @@ class AddressPager:
                 pos[1] += 1
                 n += 1
             if (pos[0], pos[1]) > (cur[0], cur[1]):  # kept even when waiting: never read twice
+                if self.outstanding.get(q.id) and q.durable and self.storage.persistent:
+                    # The journaled cursor is held at a message in delivery: the span is recorded.
+                    self.storage.store_page_skip(q, (cur[0], cur[1]), (pos[0], pos[1]), self.ids.next())
                 cur[0], cur[1] = pos
                 self.paged[q.id] = max(0, self.paged[q.id] - n)
                 total += n
