@@ -1,18 +1,19 @@
 """Paging: an address whose memory is full keeps accepting messages by writing them to page files.
 
-Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045):
+Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045, 0063):
 
 - A PAGE address that is full (its `max-size-bytes` or the broker's `global-max-size` /
   `global-max-messages`) starts paging: from then on every message sent to it (a transaction's
   at its commit, decision 0049) goes to its current page file, once, whatever the number of queues it is routed
   to, with each queue's sequence number already assigned. Nothing of it stays in memory.
 - Each queue reads the pages through its own cursor (page, record index) when it has consumers
-  and little in memory (its share of the address's limit): the messages it takes are journaled
-  like any sent message (a MESSAGE record of their own, with the original message id) in one
-  batch with the queue's new cursor, so from there on acknowledgements, delivery counts,
-  redelivery, expiry and dead letters are the ordinary ones.
-- A page is deleted once every queue's cursor is past it and those cursors are durable; the
-  address stops paging when no queue has a paged message left.
+  and little in memory (its share of the address's limit). A message it reads back stays a page
+  record (decision 0063): its ref knows its position, and whatever removes it for good writes a
+  PAGE_ACK record; the queue's journaled cursor is its oldest position read back and not
+  acknowledged, and moves over the acknowledged prefix (deleting the PAGE_ACKs behind it).
+- A page is deleted once every queue's journaled cursor is past it and those cursors are
+  durable; the address stops paging when no queue has a message paged or read back and
+  unacknowledged.
 
 Order per queue holds across the boundary: while an address pages, nothing it receives enters
 memory, and a queue reads its pages in order. A transaction's paged records are not read past
