@@ -12,17 +12,37 @@ from broker_process import BrokerProcess
 from tandem.testing import free_port
 
 
-class Cluster:
-    """N servers on one store: server 0 is the primary, the rest are backups."""
+def tls_lines(tls: Any) -> tuple[str, str, str]:
+    """With `tls` (tandem.certs.DevCerts): lines for a native acceptor (TLS, client certificates
+    required), lines for a connector (the server links' CA and certificate) and the client URL query."""
+    if tls is None:
+        return "", "", ""
+    acceptor = (
+        f'ssl-enabled = true\ncert-path = "{tls.server}"\nkey-path = "{tls.server_key}"\n'
+        f'trust-store-path = "{tls.ca}"\nneed-client-auth = true\n'
+    )
+    connector = f'trust-store-path = "{tls.ca}"\ncert-path = "{tls.server}"\nkey-path = "{tls.server_key}"\n'
+    return acceptor, connector, f"?ca={tls.ca}&cert={tls.client}&key={tls.client_key}"
 
-    def __init__(self, root: Path, backups: int = 1, stomp: bool = False, **settings: Any) -> None:
+
+class Cluster:
+    """N servers on one store: server 0 is the primary, the rest are backups. `tls`: a
+    tandem.certs.DevCerts: the native acceptors, the server links and the clients use TLS."""
+
+    scheme = "tcp"
+    query = ""
+
+    def __init__(self, root: Path, backups: int = 1, stomp: bool = False, tls: Any = None, **settings: Any) -> None:
+        acceptor_tls, connector_tls, self.query = tls_lines(tls)
+        self.scheme = "tcps" if tls is not None else "tcp"
         self.data = root / "store"
         self.ports = [free_port() for _ in range(backups + 1)]
         self.stomp_ports = [free_port() for _ in range(backups + 1)] if stomp else []
         names = ["primary"] + [f"backup{i}" if backups > 1 else "backup" for i in range(1, backups + 1)]
         self.servers: list[BrokerProcess] = []
         connectors = "".join(
-            f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, self.ports, strict=True)
+            f'[[connectors]]\nname = "{n}"\nurl = "{self.scheme}://127.0.0.1:{p}"\n{connector_tls}'
+            for n, p in zip(names, self.ports, strict=True)
         )
         for i, (name, port) in enumerate(zip(names, self.ports, strict=True)):
             others = [n for n in names if n != name]
@@ -35,7 +55,7 @@ class Cluster:
                 f'ha-policy = "{"shared-store-primary" if i == 0 else "shared-store-backup"}"\n'
                 f'connector-ref = "{name}"\n'
                 f"static-connectors = [{', '.join(repr(o).replace(chr(39), chr(34)) for o in others)}]\n"
-                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{stomp_acceptor}{connectors}'
+                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{acceptor_tls}{stomp_acceptor}{connectors}'
             )
             b = BrokerProcess(root / name, name=name, extra_toml=extra, data_directory=str(self.data), **settings)
             self.servers.append(b)
@@ -50,10 +70,10 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        return ",".join(f"tcp://127.0.0.1:{p}" for p in self.ports)
+        return ",".join(f"{self.scheme}://127.0.0.1:{p}" for p in self.ports) + self.query
 
     def url_of(self, i: int) -> str:
-        return f"tcp://127.0.0.1:{self.ports[i]}"
+        return f"{self.scheme}://127.0.0.1:{self.ports[i]}{self.query}"
 
     def start_all(self) -> Cluster:
         self.primary.start()

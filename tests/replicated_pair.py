@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_process import BrokerProcess
-from ha_pair import Cluster, free_port
+from ha_pair import Cluster, free_port, tls_lines
 
 
 class ReplicatedPair(Cluster):
@@ -27,8 +27,11 @@ class ReplicatedPair(Cluster):
         stomp: bool = False,  # a STOMP acceptor on each server too (stomp_ports)
         primary_zookeeper: str | None = None,  # the primary's ZooKeeper address, if not `zookeeper` (a proxy)
         backup_zookeeper: str | None = None,  # the backup's, likewise
+        tls: Any = None,  # a tandem.certs.DevCerts: acceptors, the replication link and clients use TLS
         **settings: Any,
     ) -> None:
+        acceptor_tls, connector_tls, self.query = tls_lines(tls)
+        self.scheme = "tcps" if tls is not None else "tcp"
         self.ports = [free_port(), free_port()]
         self.stomp_ports = [free_port(), free_port()] if stomp else []
         names = ["primary", "backup"]
@@ -37,7 +40,8 @@ class ReplicatedPair(Cluster):
 
         def connectors(ports: list[int]) -> str:
             return "".join(
-                f'[[connectors]]\nname = "{n}"\nurl = "127.0.0.1:{p}"\n' for n, p in zip(names, ports, strict=True)
+                f'[[connectors]]\nname = "{n}"\nurl = "{self.scheme}://127.0.0.1:{p}"\n{connector_tls}'
+                for n, p in zip(names, ports, strict=True)
             )
 
         self.servers: list[BrokerProcess] = []
@@ -50,7 +54,7 @@ class ReplicatedPair(Cluster):
                 + server_toml[i]
                 + f'connector-ref = "{name}"\n'
                 f'static-connectors = ["{other}"]\n'
-                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n'
+                f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n{acceptor_tls}'
                 + (
                     f'[[acceptors]]\nname = "stomp"\nprotocol = "stomp"\nbind = "127.0.0.1:{self.stomp_ports[i]}"\n'
                     if stomp

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from . import __version__
 from .config import BrokerConfig, load_config
-from .errors import ConfigError, IllegalState, JournalIOError, LockLost, TandemError
+from .errors import ConfigError, IllegalState, InvalidArgument, JournalIOError, LockLost, TandemError
 
 DEFAULT_URL = os.environ.get("TANDEM_URL", "tcp://127.0.0.1:61616")
 
@@ -75,7 +75,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"--{option.replace('_', '-')} {exc}") from None
         others = [a for a in cfg.acceptors if a.protocol != protocol]
-        cfg = msgspec.structs.replace(cfg, acceptors=[*others, AcceptorConfig(protocol, protocol, value)])
+        # The file's first acceptor of that protocol keeps its TLS settings; only its address changes.
+        base = next((a for a in cfg.acceptors if a.protocol == protocol), None)
+        acc = AcceptorConfig(protocol, protocol, value)
+        if base is not None:
+            acc = msgspec.structs.replace(base, name=protocol, bind=value)
+        try:
+            cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
+        except ValueError as exc:  # e.g. a network address with security off (config.check_network_exposure)
+            raise ConfigError(f"--{option.replace('_', '-')} {value}: {exc}") from None
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with
@@ -94,9 +102,17 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(broker.stop()))
+
+    def on_sighup() -> None:  # TLS files (server/tls.py) and the users file (docs/security.md), at once
+        broker.reload_tls(force=True)
+        if cfg.security_enabled:
+            broker.reload_users()
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     if not quiet:
-        native = next(iter(broker.bound.values()))
-        url = f"tcp://{native[0]}:{native[1]}"
+        first = next(iter(broker.bound))
+        native = broker.bound[first]
+        url = f"{'tcps' if first in broker.tls else 'tcp'}://{native[0]}:{native[1]}"
         role = broker.activation.role if broker.activation is not None else "live-only"
         print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role})")
         for name, (host, port) in broker.bound.items():
@@ -363,6 +379,114 @@ def cmd_data(args: argparse.Namespace) -> int:
     return datatool.compact_data(args.dir, out=sys.stdout)
 
 
+# --------------------------------------------------------------------- users
+def _users_path(args: argparse.Namespace) -> Any:
+    from pathlib import Path
+
+    from .users import resolve_users_file
+
+    if args.users_file:
+        return Path(args.users_file)
+    if args.config:
+        import msgspec
+
+        try:
+            raw = msgspec.toml.decode(Path(args.config).read_bytes())
+        except (OSError, msgspec.DecodeError) as exc:
+            raise ConfigError(f"cannot read {args.config}: {exc}") from None
+        value = raw.get("users-file") if isinstance(raw, dict) else None
+        return resolve_users_file(value if isinstance(value, str) else None, args.config)
+    return resolve_users_file(None, None)
+
+
+def read_new_password(name: str) -> str:
+    """From a prompt (typed twice), or from stdin when it is not a terminal: one line, or the
+    same line twice. Never from the command line, where other users of the machine can see it."""
+    if sys.stdin.isatty():
+        import getpass
+
+        first = getpass.getpass(f"password for {name}: ")
+        if getpass.getpass("again: ") != first:
+            raise InvalidArgument("the two passwords differ: nothing changed")
+        password = first
+    else:
+        lines = sys.stdin.read().splitlines()
+        if len(lines) == 2 and lines[0] != lines[1]:
+            raise InvalidArgument("the two lines on stdin differ: nothing changed")
+        if len(lines) not in (1, 2):
+            raise InvalidArgument(f"expected the password on stdin, one line or the same line twice; got {len(lines)}")
+        password = lines[0]
+    if not password:
+        raise InvalidArgument("an empty password is refused")
+    return password
+
+
+def _roles(text: str | None) -> frozenset[str]:
+    from .users import check_role
+
+    try:
+        return frozenset(check_role(r.strip()) for r in text.split(",")) if text else frozenset()
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def cmd_user(args: argparse.Namespace) -> int:
+    from .users import User, check_name, editing, hash_password, parse_hash, read_users
+
+    path = _users_path(args)
+    if args.action == "list":
+        users = read_users(path, lenient=True) if path.exists() else {}
+        rows = [
+            {
+                "name": n,
+                "roles": ",".join(sorted(users[n].roles)),
+                "password": "scrypt" if users[n].password is not None else "NOT A HASH: tandem user passwd",
+            }
+            for n in sorted(users)
+        ]
+        _json_or_table(rows, ["name", "roles", "password"], args.json)
+        return 0
+    try:
+        name = check_name(args.name)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    if args.action in ("add", "passwd"):
+
+        def check(users: dict[str, User]) -> None:
+            if args.action == "add" and name in users:
+                raise InvalidArgument(f"user {name!r} exists in {path}: `tandem user passwd` or `tandem user roles`")
+            if args.action == "passwd" and name not in users:
+                raise InvalidArgument(f"no user {name!r} in {path}")
+
+        check(read_users(path, lenient=True) if path.exists() else {})  # before asking for the password
+        roles = _roles(args.roles) if args.action == "add" else frozenset()
+        hashed = parse_hash(hash_password(read_new_password(name)))
+        with editing(path) as users:  # read again under the lock: no edit of another command is lost
+            check(users)
+            users[name] = User(name, hashed, roles if args.action == "add" else users[name].roles)
+        print(f"{'added' if args.action == 'add' else 'new password for'} user {name!r} in {path}")
+        return 0
+    with editing(path) as users:
+        if name not in users:
+            raise InvalidArgument(f"no user {name!r} in {path}")
+        if args.action == "rm":
+            del users[name]
+        else:
+            users[name] = User(name, users[name].password, _roles(args.roles), users[name].unusable)
+    print(f"{'removed' if args.action == 'rm' else 'new roles for'} user {name!r} in {path}")
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from .certs import write_dev_certs
+
+    files = write_dev_certs(args.out)
+    print(f"wrote a throwaway CA and certificates to {files.ca.parent} (NOT for production: see docs/security.md):")
+    for path in (files.ca, files.server, files.server_key, files.client, files.client_key, files.ca_key):
+        print(f"  {path}")
+    return 0
+
+
 def cmd_perf(args: argparse.Namespace) -> int:
     from . import perf
 
@@ -498,6 +622,36 @@ def build_parser() -> argparse.ArgumentParser:
         x.add_argument("--root", default="/tandem", help="as [ha.coordinator] root (default /tandem)")
         x.add_argument("--connect-timeout", type=int, default=8000, metavar="MS", help="default 8000")
     d.set_defaults(func=cmd_data)
+
+    u = sub.add_parser(
+        "user", help="users of a secured broker (the users file); a running broker picks up changes by itself"
+    )
+    us = u.add_subparsers(dest="action", required=True)
+    for name, hlp in (
+        ("add", "add a user; the password is read from a prompt, or from stdin when it is not a terminal"),
+        ("passwd", "set a user's password (prompt or stdin, as for add)"),
+        ("roles", "set a user's roles"),
+        ("rm", "remove a user"),
+        ("list", "users and their roles (never the hashes)"),
+    ):
+        x = us.add_parser(name, help=hlp)
+        if name != "list":
+            x.add_argument("name")
+        if name == "add":
+            x.add_argument("--roles", default="", help="comma-separated roles, e.g. producer,consumer")
+        if name == "roles":
+            x.add_argument("roles", help="comma-separated roles (empty string: none)")
+        if name == "list":
+            x.add_argument("--json", action="store_true")
+        x.add_argument("--users-file", help="the users file (default: users-file of --config, else ./users.toml)")
+        x.add_argument("--config", help="broker TOML file whose users file to edit (users.toml next to it by default)")
+    u.set_defaults(func=cmd_user)
+
+    ce = sub.add_parser("certs", help="TLS certificates for trials")
+    ces = ce.add_subparsers(dest="action", required=True)
+    cd = ces.add_parser("dev", help="a throwaway CA, a server (127.0.0.1, localhost) and a client certificate")
+    cd.add_argument("--out", required=True, help="directory to write ca.pem, server.pem, client.pem and keys into")
+    ce.set_defaults(func=cmd_certs)
 
     from . import perf
     from .chaos import run as chaos

@@ -6,6 +6,7 @@ Unknown or ill-typed keys stop start-up with a message naming the key and file.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -16,6 +17,7 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .core.address import MemoryLimits
+    from .core.permissions import SecurityRepository
     from .core.settings import SettingsRepository
 
 KiB = 1024
@@ -29,6 +31,7 @@ DEFAULT_CLUSTER_USER = "tandem.cluster"
 DEFAULT_CLUSTER_PASSWORD = "change me"  # refused with security-enabled: everyone knows it
 
 RoutingTypeName = Literal["anycast", "multicast"]
+TLS_PROTOCOLS = ("TLSv1.2", "TLSv1.3")  # older ones are broken: not offered
 
 
 class _Conf(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="kebab"):
@@ -41,25 +44,39 @@ class AcceptorConfig(_Conf, frozen=True):
     name: str = "native"
     protocol: Literal["native", "stomp"] = "native"
     bind: str | None = None  # None → the protocol's default port on 127.0.0.1 (61616 native, 61613 STOMP)
+    # TLS (server/tls.py, docs/security.md "TLS"): PEM files, reloaded when they change or on SIGHUP.
+    ssl_enabled: bool = False
+    cert_path: str | None = None
+    key_path: str | None = None
+    trust_store_path: str | None = None  # CAs for client certificates (asked for, checked if sent)
+    need_client_auth: bool = False  # a client without a certificate from trust-store-path is refused
+    enabled_protocols: list[str] = msgspec.field(default_factory=lambda: list(TLS_PROTOCOLS))
+    enabled_cipher_suites: list[str] = []  # OpenSSL names, TLS 1.2 only ([]: Python's defaults)
+    # Open connections at most (Artemis's `connectionsAllowed`); None → derived from the file-descriptor
+    # limit (server/limits.py, docs/security.md "Safe defaults and connection limits").
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         if self.bind is None:
             port = DEFAULT_STOMP_PORT if self.protocol == "stomp" else DEFAULT_NATIVE_PORT
             msgspec.structs.force_setattr(self, "bind", f"127.0.0.1:{port}")
+        if self.ssl_enabled and not (self.cert_path and self.key_path):
+            raise ValueError(f"acceptor {self.name!r}: `ssl-enabled` needs `cert-path` and `key-path`")
+        if self.need_client_auth and not (self.ssl_enabled and self.trust_store_path):
+            raise ValueError(f"acceptor {self.name!r}: `need-client-auth` needs `ssl-enabled` and `trust-store-path`")
+        bad = [p for p in self.enabled_protocols if p not in TLS_PROTOCOLS]
+        if bad or not self.enabled_protocols:
+            raise ValueError(
+                f"acceptor {self.name!r}: `enabled-protocols` takes {', '.join(TLS_PROTOCOLS)} (got {bad or '[]'})"
+            )
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"acceptor {self.name!r}: `max-connections` must be >= 1, got {self.max_connections}")
 
     @property
     def host_port(self) -> str:
         """`bind`, filled in from the protocol's default when the file left it out."""
         assert self.bind is not None  # set by __post_init__
         return self.bind
-
-
-class UserConfig(_Conf, frozen=True):
-    """A user allowed to connect when `security-enabled` (native HELLO, STOMP login/passcode)."""
-
-    name: str
-    password: str
-    roles: list[str] = []
 
 
 class QueueConfig(_Conf, frozen=True):
@@ -137,7 +154,25 @@ class ConnectorConfig(_Conf, frozen=True):
     """Where to reach a server: this one (`connector-ref`) or a peer (`static-connectors`)."""
 
     name: str
-    url: str  # host:port
+    url: str  # host:port (or tcp://host:port); tcps://host:port: TLS
+    # For this server's own links to the connector (announcements, replication); never told to clients.
+    trust_store_path: str | None = None  # CAs to check the peer's certificate with (None: the system's)
+    cert_path: str | None = None  # this server's certificate, for a peer that needs client auth
+    key_path: str | None = None
+    verify_host: bool = True  # the peer's certificate must name the connector's host
+
+    def link_options(self) -> dict[str, object]:
+        """Client options for a server link to this connector (client/options.py)."""
+        _, _, tls = split_connector(self.url)
+        if not tls:
+            return {}
+        return {
+            "ssl": True,
+            "ca": self.trust_store_path,
+            "cert": self.cert_path,
+            "key": self.key_path,
+            "verify_host": self.verify_host,
+        }
 
 
 HaPolicyName = Literal[
@@ -188,6 +223,31 @@ class CoordinatorConfig(_Conf, frozen=True):
             raise ValueError(f"`root` must be a ZooKeeper path like /tandem (no trailing slash), got {self.root!r}")
 
 
+class CertUserMapping(_Conf, frozen=True):
+    """`[[cert-user-mapping]]`: a verified client certificate whose subject matches logs in as `user`
+    without a password. `cn` matches the common name exactly; `subject` is a regular expression
+    that must match the whole RFC 4514 subject (e.g. `CN=app-1,O=Example`)."""
+
+    user: str
+    cn: str | None = None
+    subject: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cn is None) == (self.subject is None):
+            raise ValueError(f"cert-user-mapping for {self.user!r}: set one of `cn` or `subject`")
+        if self.subject is not None:
+            try:
+                re.compile(self.subject)
+            except re.error as exc:
+                raise ValueError(f"cert-user-mapping for {self.user!r}: bad `subject` regex: {exc}") from None
+
+    def matches(self, cn: str | None, subject: str) -> bool:
+        if self.cn is not None:
+            return cn == self.cn
+        assert self.subject is not None
+        return re.fullmatch(self.subject, subject) is not None
+
+
 class HaConfig(_Conf, frozen=True):
     """The `[ha]` table; the policy itself is the top-level `ha-policy`."""
 
@@ -203,7 +263,28 @@ class BrokerConfig(_Conf, frozen=True):
 
     # Who may connect.
     security_enabled: bool = False
-    users: list[UserConfig] = []
+    # Users and password hashes (tandem/users.py, `tandem user`); load_config makes a relative
+    # path relative to the config file's directory (without a file: the current directory).
+    users_file: str = "users.toml"
+    security_invalidation_interval: int = 10_000  # ms between checks of the users file for changes
+    login_failure_delay: int = 100  # ms a peer waits before its next login after one failure, doubled per failure
+    login_failure_max_delay: int = 5_000  # ms: the most a peer waits between failed logins
+    # Per-address permissions (Artemis's security-settings): pattern -> permission -> roles; see
+    # core/permissions.py. Checked only with security-enabled.
+    security_settings: dict[str, dict[str, list[str]]] = {}
+    cert_user_mapping: list[CertUserMapping] = []  # mutual TLS: certificate subject -> user (first match)
+    # Safe defaults (docs/security.md, decision 0062): an acceptor on a non-loopback address with
+    # security off stops start-up unless this is true.
+    allow_insecure_network: bool = False
+    max_connections_per_user: int = -1  # logged-in connections of one user (security on); -1: no limit
+    max_connections_per_peer: int = -1  # connections from one client IP address; -1: no limit
+    # Per connection, across its consumers: deliveries not acknowledged yet; once over, it gets no more
+    # until it acknowledges (-1: no limit).
+    max_unacked_messages: int = 100_000
+    max_unacked_bytes: int = 100 * MiB
+    # A connection that takes none of its pending output (4 MiB queued) for this long is cut (ms).
+    slow_client_timeout: int = 30_000
+    audit_log: bool = False  # one line per login, creation, deletion, purge, management operation
 
     # STOMP: credit per subscription (messages) when SUBSCRIBE has no prefetch-count header.
     stomp_prefetch_count: int = 256
@@ -300,6 +381,7 @@ class BrokerConfig(_Conf, frozen=True):
                 check_pattern(pattern)
             except ValueError as exc:
                 raise ValueError(f"address-settings: {exc}") from None
+        self.security_repository()  # unknown permissions and bad patterns stop start-up
         if not 0 <= self.journal_compact_percentage <= 100:
             raise ValueError("`journal-compact-percentage` must be between 0 and 100")
         _check_positive(self, "lock_check_period", minimum=1)
@@ -317,7 +399,15 @@ class BrokerConfig(_Conf, frozen=True):
                 f"{DEFAULT_CLUSTER_PASSWORD!r}, so anyone could log in as `cluster-user` ({self.cluster_user!r}): "
                 "set `cluster-user` and `cluster-password` to a pair of your own (the same on both servers of a pair)"
             )
+        _check_positive(self, "security_invalidation_interval", minimum=100)
+        _check_positive(self, "login_failure_delay", minimum=0)
+        _check_positive(self, "login_failure_max_delay", minimum=0)
         _check_positive(self, "stomp_prefetch_count", minimum=0)
+        _check_positive(self, "max_connections_per_user", minimum=-1)
+        _check_positive(self, "max_connections_per_peer", minimum=-1)
+        _check_positive(self, "max_unacked_messages", minimum=-1)
+        _check_positive(self, "max_unacked_bytes", minimum=-1)
+        _check_positive(self, "slow_client_timeout", minimum=100)
         _check_positive(self, "initial_replication_sync_timeout", minimum=100)
         _check_positive(self, "call_timeout", minimum=100)
         _check_positive(self, "retry_replication_wait", minimum=10)
@@ -331,7 +421,7 @@ class BrokerConfig(_Conf, frozen=True):
         known = {c.name for c in self.connectors}
         for c in self.connectors:
             try:
-                parse_host_port(c.url)
+                split_connector(c.url)
             except ValueError as exc:
                 raise ValueError(f"connector {c.name!r}: `url` {exc}") from None
         for ref in [*([self.connector_ref] if self.connector_ref else []), *self.static_connectors]:
@@ -345,6 +435,7 @@ class BrokerConfig(_Conf, frozen=True):
                 parse_host_port(acc.host_port)
             except ValueError as exc:
                 raise ValueError(f"acceptor {acc.name!r}: `bind` {exc}") from None
+        check_network_exposure(self)
 
     # Derived values -------------------------------------------------------
     @property
@@ -364,10 +455,23 @@ class BrokerConfig(_Conf, frozen=True):
         return self.connection_ttl_override if self.connection_ttl_override > 0 else self.connection_ttl
 
     def connector_url(self, name: str) -> str:
+        """host:port, or tcps://host:port for a TLS connector (the form topologies carry)."""
+        host, port, tls = split_connector(self.connector(name).url)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return f"tcps://{where}" if tls else where
+
+    def connector(self, name: str) -> ConnectorConfig:
         for c in self.connectors:
             if c.name == name:
-                return c.url
+                return c
         raise KeyError(name)
+
+    def link_options(self, url: str) -> dict[str, object]:
+        """TLS client options for a server link to `url` (a connector_url): its connector's."""
+        for c in self.connectors:
+            if self.connector_url(c.name) == url:
+                return c.link_options()
+        return {}
 
     @property
     def effective_global_max_size(self) -> int:
@@ -388,11 +492,46 @@ class BrokerConfig(_Conf, frozen=True):
 
         return SettingsRepository({p: s.values() for p, s in self.address_settings.items()})
 
+    def security_repository(self) -> SecurityRepository:
+        from .core.permissions import SecurityRepository
+
+        try:
+            return SecurityRepository(self.security_settings)
+        except ValueError as exc:
+            raise ValueError(f"security-settings: {exc}") from None
+
     def acceptor(self, protocol: str) -> AcceptorConfig | None:
         for acc in self.acceptors:
             if acc.protocol == protocol:
                 return acc
         return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind host reaches only this machine: a loopback IP or `localhost`. Any other
+    name counts as a network address (what it resolves to can change)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_network_exposure(cfg: BrokerConfig) -> None:
+    """With security off, every acceptor must be on loopback unless `allow-insecure-network`:
+    anyone who reaches the port could do everything, management included (decision 0062)."""
+    if cfg.security_enabled or cfg.allow_insecure_network:
+        return
+    for acc in cfg.acceptors:
+        host, _ = parse_host_port(acc.host_port)
+        if not is_loopback_host(host):
+            raise ValueError(
+                f"acceptor {acc.name!r} binds {acc.host_port}, a network address, and `security-enabled` is "
+                "false: anyone who reaches it could send, consume, delete queues and stop the broker. Turn "
+                "security on (`security-enabled = true`), bind a loopback address (127.0.0.1, ::1), or set "
+                "`allow-insecure-network = true` to accept the risk"
+            )
 
 
 def _check_positive(cfg: BrokerConfig, attr: str, minimum: int) -> None:
@@ -414,6 +553,18 @@ def parse_host_port(text: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range in {text!r}")
     return (m.group("v6") or m.group("host")), port
+
+
+def split_connector(text: str) -> tuple[str, int, bool]:
+    """`host:port`, `tcp://host:port` or `tcps://host:port` (TLS) → host, port, TLS."""
+    t = text.strip()
+    tls = t.startswith("tcps://")
+    if tls:
+        t = t[len("tcps://") :]
+    elif t.startswith("tcp://"):
+        t = t[len("tcp://") :]
+    host, port = parse_host_port(t)
+    return host, port, tls
 
 
 def parse_check_target(text: str) -> tuple[str, int | None]:
@@ -450,10 +601,23 @@ def load_config(path: str | Path | None = None, **overrides: object) -> BrokerCo
     for key, value in overrides.items():
         if value is not None:
             raw[key.replace("_", "-")] = value
+    if "users" in raw:  # where users were before the users file (decision 0059)
+        users = raw["users"]
+        listed = ", ".join(repr(u.get("name")) for u in users if isinstance(u, dict)) if isinstance(users, list) else ""
+        raise ConfigError(
+            f"{where}: `[[users]]` ({listed}) is no longer read from the broker config: users and their password "
+            "hashes live in the users file (`users-file`, default users.toml next to the config). Move each with "
+            f"`tandem user add NAME --roles R1,R2 --config {where}`, then delete the `[[users]]` tables"
+        )
     try:
-        return msgspec.convert(raw, type=BrokerConfig)
+        cfg = msgspec.convert(raw, type=BrokerConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{where}: {_describe(exc)}") from None
+    if path is None:
+        return cfg
+    from .users import resolve_users_file
+
+    return msgspec.structs.replace(cfg, users_file=str(resolve_users_file(cfg.users_file, path)))
 
 
 def _describe(exc: msgspec.ValidationError) -> str:

@@ -21,6 +21,7 @@ class ErrorCode(IntEnum):
     INVALID_ARGUMENT = 6
     ILLEGAL_STATE = 7
     UNAUTHORIZED = 8
+    RESOURCE_LIMIT = 9
     QUEUE_DOES_NOT_EXIST = 20
     QUEUE_EXISTS = 21
     ADDRESS_DOES_NOT_EXIST = 22
@@ -93,6 +94,13 @@ class IllegalState(TandemError):
 
 class Unauthorized(TandemError):
     code = ErrorCode.UNAUTHORIZED
+
+
+class ResourceLimit(TandemError):
+    """A limit that keeps one client from taking the broker's resources: too many connections
+    (per acceptor, user or peer address), or a connection cut for not reading what it asked for."""
+
+    code = ErrorCode.RESOURCE_LIMIT
 
 
 class QueueDoesNotExist(TandemError):

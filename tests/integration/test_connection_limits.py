@@ -23,6 +23,7 @@ from broker_process import BrokerProcess
 from tandem.errors import ErrorCode
 from tandem.protocol import native as p
 from tandem.protocol.stomp import SERVER_COMMANDS, Frame, StompParser
+from users import users_path, write_users
 
 ACCEPTORS = (
     '[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\n'
@@ -394,10 +395,15 @@ def test_errors_do_not_send_a_huge_name_back(plain: BrokerProcess, wires: Callab
 def test_failed_logins_are_logged_at_warning_and_rate_limited(
     broker_factory: Factory, wires: Callable[[int, bool], Wire]
 ) -> None:
-    users = '[[users]]\nname = "app"\npassword = "secret"\n'
     b = broker_factory(
-        security_enabled=True, cluster_password="pair-secret", log_level="warning", extra_toml=users + ACCEPTORS
-    ).start()
+        security_enabled=True,
+        cluster_password="pair-secret",
+        log_level="warning",
+        login_failure_delay=0,  # the delay has its own test (test_users.py): here, only the log
+        extra_toml=ACCEPTORS + '[security-settings."#"]\nview = ["ops"]\n',
+    )
+    write_users(users_path(b), {"app": ("secret", ["ops"])})
+    b.start()
     for i in range(10):
         w = wires(b.ports["native"], False)
         w.send(p.MAGIC + p.encode(p.Hello(p.PROTOCOL_VERSION, username=f"mallory{i}", password="guess-native")))

@@ -18,13 +18,15 @@ import pytest
 
 import tandem
 from broker_process import BrokerProcess
+from users import users_path, write_users
 
 Factory = Callable[..., BrokerProcess]
 ACCEPTORS = (
     '[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\n'
     '[[acceptors]]\nname = "stomp"\nprotocol = "stomp"\nbind = "127.0.0.1:0"\n'
 )
-APP = '[[users]]\nname = "app"\npassword = "secret"\n'
+APP = {"app": ("secret", ["admin"])}
+PERMS = '[security-settings."#"]\nmanage = ["admin"]\n'  # app may stop the broker (decision 0060)
 BUILTIN_USER, BUILTIN_PASSWORD = "tandem.cluster", "change me"
 
 
@@ -71,7 +73,8 @@ def test_a_secured_broker_does_not_start_with_the_builtin_cluster_password(
     broker_factory: Factory, cluster: str
 ) -> None:
     """Otherwise anyone could log in (and `tandem admin stop` it) as the cluster user."""
-    b = broker_factory(security_enabled=True, extra_toml=cluster + APP + ACCEPTORS)
+    b = broker_factory(security_enabled=True, extra_toml=cluster + ACCEPTORS + PERMS)
+    write_users(users_path(b), APP)
     with pytest.raises(RuntimeError) as info:
         b.start()
     text = str(info.value)
@@ -81,17 +84,20 @@ def test_a_secured_broker_does_not_start_with_the_builtin_cluster_password(
 
 
 def test_the_builtin_pair_cannot_stop_a_secured_broker(broker_factory: Factory) -> None:
-    b = broker_factory(security_enabled=True, cluster_password="pair-secret", extra_toml=APP + ACCEPTORS).start()
+    b = broker_factory(security_enabled=True, cluster_password="pair-secret", extra_toml=ACCEPTORS + PERMS)
+    write_users(users_path(b), APP)
+    b.start()
     r = cli("admin", "stop", "--url", url_with(b, BUILTIN_USER, BUILTIN_PASSWORD))
     assert r.returncode != 0 and "UNAUTHORIZED" in r.stderr, (r.returncode, r.stdout, r.stderr)
     got = stomp_connect(b.ports["stomp"], BUILTIN_USER, BUILTIN_PASSWORD)
     assert got.startswith(b"ERROR") and b"authentication failed" in got, got
     time.sleep(0.3)  # a stop would have begun by now (it is scheduled 50 ms after its reply)
     assert b.running
-    # The configured pairs still work: the app user, and the cluster pair (a backup announces with it).
+    # The configured pairs still log in: the app user, and the cluster pair (a backup announces with
+    # it; it may do no more: test_permissions.py).
     for user, password in (("app", "secret"), (BUILTIN_USER, "pair-secret")):
         with tandem.connect(url_with(b, user, password)) as conn:
-            assert conn.manage("broker.status")["state"] == "active"
+            assert conn.node_id
         assert stomp_connect(b.ports["stomp"], user, password).startswith(b"CONNECTED")
     r = cli("admin", "stop", "--url", url_with(b, "app", "secret"))
     assert r.returncode == 0, r.stderr
@@ -99,12 +105,16 @@ def test_the_builtin_pair_cannot_stop_a_secured_broker(broker_factory: Factory) 
 
 
 def test_passwords_in_any_script_are_compared(broker_factory: Factory) -> None:
-    """The comparison is constant-time over UTF-8 bytes, so a non-ASCII password works (and a wrong one fails)."""
-    users = '[[users]]\nname = "jürgen"\npassword = "pässwört ключ"\n'
-    b = broker_factory(security_enabled=True, cluster_password="пароль кластера", extra_toml=users + ACCEPTORS).start()
+    """Names and passwords are UTF-8 (the hash of the bytes, the pair compared constant-time), so a
+    non-ASCII password works (and a wrong one fails)."""
+    b = broker_factory(
+        security_enabled=True, cluster_password="пароль кластера", login_failure_delay=10, extra_toml=ACCEPTORS
+    )
+    write_users(users_path(b), {"jürgen": ("pässwört ключ", [])})
+    b.start()
     for user, password in (("jürgen", "pässwört ключ"), (BUILTIN_USER, "пароль кластера")):
         with tandem.connect(url_with(b, user, password)) as conn:
-            assert conn.manage("broker.status")["state"] == "active"
+            assert conn.node_id  # logged in
         assert stomp_connect(b.ports["stomp"], user, password).startswith(b"CONNECTED")
     for user, password in (("jürgen", "pässwört ключь"), ("jürgen", "secret"), (BUILTIN_USER, BUILTIN_PASSWORD)):
         with pytest.raises(tandem.Unauthorized):

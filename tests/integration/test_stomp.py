@@ -23,6 +23,7 @@ import stomp.exception
 import tandem
 from broker_process import BrokerProcess
 from tandem.protocol.stomp import SERVER_COMMANDS, Frame, StompParser
+from users import users_path, write_users
 
 STOMP_ACCEPTORS = (
     '[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\n'
@@ -35,8 +36,16 @@ SHARED_MAX_FRAME = 2048  # the shared broker's max-frame-size (the minimum allow
 Factory = Callable[..., BrokerProcess]
 
 
-def stomp_broker(broker_factory: Factory, extra_toml: str = "", **settings: Any) -> BrokerProcess:
-    return broker_factory(extra_toml=STOMP_ACCEPTORS + extra_toml, **settings).start()
+def stomp_broker(
+    broker_factory: Factory,
+    extra_toml: str = "",
+    users: dict[str, tuple[str, list[str]]] | None = None,
+    **settings: Any,
+) -> BrokerProcess:
+    b = broker_factory(extra_toml=STOMP_ACCEPTORS + extra_toml, **settings)
+    if users is not None:  # a secured broker's users file
+        write_users(users_path(b), users)
+    return b.start()
 
 
 @pytest.fixture
@@ -622,7 +631,14 @@ def test_transactions_paged_while_open_commit_abort_and_disconnect(
         p.send("/queue/pg.q", f"m{i:04d}" + body, wait=False, transaction="keep", persistent="true")
         p.send("/queue/pg.q", f"d{i:04d}" + body, wait=i == 199, transaction="drop", persistent="true")
     paging = Path(b.data_dir) / "paging"
-    assert len([f for f in paging.iterdir() if "-t" in f.name]) == 2  # one file per transaction
+
+    def tx_files() -> int:
+        return len([f for f in paging.iterdir() if "-t" in f.name])
+
+    deadline = time.monotonic() + 10  # the page writer creates them in batches of its own
+    while tx_files() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tx_files() == 2  # one file per transaction
     p.frame("ABORT", transaction="drop")
     p.frame("COMMIT", transaction="keep")
     q = clients(port)
@@ -1308,14 +1324,23 @@ def test_prefetch_count_holds_after_an_aborted_transactional_ack(
 # ================================================================================== security
 
 
-SECURE = '[[users]]\nname = "app"\npassword = "secret"\n'
+SECURE = (  # what app may do (decision 0060); the users file holds app itself
+    '[security-settings."#"]\nsend = ["app"]\nconsume = ["app"]\ncreate-address = ["app"]\n'
+    'create-durable-queue = ["app"]\n'
+)
 
 
 def test_login_is_checked_when_security_is_enabled(
     broker_factory: Factory, clients: Callable[..., Client], raws: Callable[[int], Raw]
 ) -> None:
     # (a cluster password of its own: a secured broker refuses to start with the built-in one)
-    b = stomp_broker(broker_factory, extra_toml=SECURE, security_enabled=True, cluster_password="pair-secret")
+    b = stomp_broker(
+        broker_factory,
+        extra_toml=SECURE,
+        security_enabled=True,
+        cluster_password="pair-secret",
+        users={"app": ("secret", ["app"])},
+    )
     port = b.ports["stomp"]
     for headers in ({"login": "app", "passcode": "wrong"}, {"login": "nobody", "passcode": "secret"}, {}):
         r = raws(port)

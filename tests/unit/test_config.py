@@ -13,11 +13,11 @@ from tandem.config import (
     AddressConfig,
     AddressSettingsConfig,
     BrokerConfig,
+    CertUserMapping,
     ConnectorConfig,
     CoordinatorConfig,
     HaConfig,
     QueueConfig,
-    UserConfig,
     load_config,
     parse_host_port,
 )
@@ -59,6 +59,13 @@ static-connectors = ["peer"]
 cluster-user = "u"
 cluster-password = "pw"
 security-enabled = true
+allow-insecure-network = true
+max-connections-per-user = 20
+max-connections-per-peer = 50
+max-unacked-messages = 1000
+max-unacked-bytes = 2097152
+slow-client-timeout = 5000
+audit-log = true
 stomp-prefetch-count = 10
 network-check-list = ["10.0.0.1", "gateway.local:22", "[::1]:61616"]
 network-check-period = 2000
@@ -70,10 +77,14 @@ initial-replication-sync-timeout = 10000
 max-saved-replicated-journal-size = 5
 call-timeout = 5000
 retry-replication-wait = 500
+users-file = "/etc/tandem/users.toml"
+security-invalidation-interval = 2000
+login-failure-delay = 50
+login-failure-max-delay = 1000
 
-[[users]]
-name = "app"
-password = "secret"
+[[cert-user-mapping]]
+user = "app"
+cn = "app-client"
 
 [[connectors]]
 name = "me"
@@ -82,6 +93,10 @@ url = "127.0.0.1:7000"
 [[connectors]]
 name = "peer"
 url = "127.0.0.1:7002"
+
+[security-settings."orders.#"]
+send = ["app"]
+createDurableQueue = ["app", "ops"]
 
 [address-settings."#"]
 dead-letter-address = "DLQ"
@@ -98,6 +113,7 @@ page-max-cache-size = 3
 name = "main"
 protocol = "native"
 bind = "0.0.0.0:7000"
+max-connections = 500
 
 [[acceptors]]
 name = "v6"
@@ -166,8 +182,21 @@ def test_defaults_without_a_file() -> None:
 
 
 def test_empty_file_gives_defaults(tmp_path: Path) -> None:
-    assert load_config(write(tmp_path, "")) == BrokerConfig()
-    assert load_config(str(write(tmp_path, "# only a comment\n"))) == BrokerConfig()
+    """Every default, the users file's path made relative to the file's directory."""
+    beside = BrokerConfig(users_file=str(tmp_path / "users.toml"))
+    assert load_config(write(tmp_path, "")) == beside
+    assert load_config(str(write(tmp_path, "# only a comment\n"))) == beside
+
+
+TLS_KEYS = {
+    "ssl-enabled",
+    "cert-path",
+    "key-path",
+    "trust-store-path",
+    "need-client-auth",
+    "enabled-protocols",
+    "enabled-cipher-suites",
+}
 
 
 def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None:
@@ -178,13 +207,20 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         "acceptors",
         "addresses",
         "address-settings",
+        "security-settings",
         "connectors",
-        "users",
+        "cert-user-mapping",
         "ha",
     }
     assert kebab_names(HaConfig) == {"coordinator"}
     assert kebab_names(CoordinatorConfig) <= top
-    assert kebab_names(AcceptorConfig) == {"name", "protocol", "bind"}
+    assert kebab_names(AcceptorConfig) == {
+        "name",
+        "protocol",
+        "bind",
+        "max-connections",
+        *TLS_KEYS,
+    }  # TLS: tests/unit/test_tls_config.py
     assert kebab_names(AddressConfig) == {"name", "routing-type", "queues"}
     assert kebab_names(QueueConfig) == {"name", "durable", "filter", "max-consumers"}
 
@@ -193,7 +229,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         data_directory="/var/lib/tandem",
         persistence_enabled=False,
         acceptors=[
-            AcceptorConfig(name="main", protocol="native", bind="0.0.0.0:7000"),
+            AcceptorConfig(name="main", protocol="native", bind="0.0.0.0:7000", max_connections=500),
             AcceptorConfig(name="v6", bind="[::1]:7001"),
         ],
         addresses=[
@@ -250,7 +286,19 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         cluster_user="u",
         cluster_password="pw",
         security_enabled=True,
-        users=[UserConfig("app", "secret")],
+        users_file="/etc/tandem/users.toml",
+        security_invalidation_interval=2000,
+        login_failure_delay=50,
+        login_failure_max_delay=1000,
+        allow_insecure_network=True,
+        max_connections_per_user=20,
+        max_connections_per_peer=50,
+        max_unacked_messages=1000,
+        max_unacked_bytes=2097152,
+        slow_client_timeout=5000,
+        audit_log=True,
+        security_settings={"orders.#": {"send": ["app"], "createDurableQueue": ["app", "ops"]}},
+        cert_user_mapping=[CertUserMapping("app", cn="app-client")],
         stomp_prefetch_count=10,
         network_check_list=["10.0.0.1", "gateway.local:22", "[::1]:61616"],
         network_check_period=2000,
@@ -380,7 +428,8 @@ def test_bad_bind_names_the_key(tmp_path: Path, bind: str) -> None:
 )
 def test_good_bind_values(tmp_path: Path, bind: str, expected: tuple[str, int]) -> None:
     assert parse_host_port(bind) == expected
-    cfg = load_config(write(tmp_path, f'[[acceptors]]\nbind = "{bind}"\n'))
+    # (network addresses need allow-insecure-network with security off: tested below)
+    cfg = load_config(write(tmp_path, f'allow-insecure-network = true\n[[acceptors]]\nbind = "{bind}"\n'))
     assert cfg.acceptors[0].bind == bind
 
 
@@ -592,3 +641,59 @@ def test_global_max_size_defaults_to_a_quarter_of_physical_memory() -> None:
 def test_bad_page_settings_are_refused(tmp_path: Path, key: str, value: int) -> None:
     with pytest.raises(ConfigError, match=key):
         load_config(write(tmp_path, f'[address-settings."#"]\n{key} = {value}\n'))
+
+
+def test_users_in_the_broker_config_are_refused_with_where_they_went(tmp_path: Path) -> None:
+    """Users moved to the users file (decision 0059): plain-text passwords in broker.toml are not read."""
+    text = '[[users]]\nname = "app"\npassword = "secret"\n[[users]]\nname = "ops"\npassword = "x"\nroles = ["a"]\n'
+    msg, _ = config_error(tmp_path, text)
+    assert "'app', 'ops'" in msg and "users file" in msg and "tandem user add" in msg, msg
+    assert "secret" not in msg
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, "users.toml"), ("u/users.toml", "u/users.toml"), ("/abs/users.toml", "/abs/users.toml")],
+)
+def test_the_users_file_is_found_beside_the_config(tmp_path: Path, value: str | None, expected: str) -> None:
+    text = f'users-file = "{value}"\n' if value else ""
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.users_file == str(tmp_path / expected)
+    assert load_config().users_file == "users.toml"  # no file: the current directory
+
+
+# ------------------------------------------------------- safe defaults (decision 0062)
+@pytest.mark.parametrize("bind", ["0.0.0.0:61616", "[::]:61616", "10.1.2.3:61616", "broker.example:61616"])
+@pytest.mark.parametrize("protocol", ["native", "stomp"])
+def test_a_network_bind_without_security_is_refused(tmp_path: Path, bind: str, protocol: str) -> None:
+    """Any acceptor (STOMP too) on a non-loopback address with security off: the message names the
+    acceptor and the keys that make it start."""
+    text = (
+        '[[acceptors]]\nname = "local"\nbind = "127.0.0.1:61616"\n'
+        f'[[acceptors]]\nname = "lan"\nprotocol = "{protocol}"\nbind = "{bind}"\n'
+    )
+    msg, _p = config_error(tmp_path, text)
+    assert "'lan'" in msg and bind in msg
+    assert "allow-insecure-network" in msg and "security-enabled" in msg
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:61616", "[::]:61616", "10.1.2.3:61616"])
+def test_a_network_bind_is_accepted_with_security_or_allow_insecure_network(tmp_path: Path, bind: str) -> None:
+    acceptor = f'[[acceptors]]\nname = "lan"\nbind = "{bind}"\n'
+    assert load_config(write(tmp_path, "allow-insecure-network = true\n" + acceptor)).allow_insecure_network
+    secured = 'security-enabled = true\ncluster-password = "mine"\n' + acceptor
+    assert load_config(write(tmp_path, secured)).acceptors[0].bind == bind
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1:0", "127.3.4.5:61616", "[::1]:61616", "localhost:61616"])
+def test_loopback_binds_need_nothing(tmp_path: Path, bind: str) -> None:
+    assert load_config(write(tmp_path, f'[[acceptors]]\nname = "a"\nbind = "{bind}"\n')).acceptors[0].bind == bind
+
+
+def test_safe_default_keys() -> None:
+    cfg = BrokerConfig()
+    assert cfg.allow_insecure_network is False and cfg.audit_log is False
+    assert (cfg.max_connections_per_user, cfg.max_connections_per_peer) == (-1, -1)
+    assert (cfg.max_unacked_messages, cfg.max_unacked_bytes) == (100_000, 100 * 1024 * 1024)
+    assert cfg.slow_client_timeout == 30_000
+    assert cfg.acceptors[0].max_connections is None

@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import logging
 import socket
+import ssl
 import uuid
 import zlib
 from collections import deque
@@ -46,6 +47,7 @@ from ..errors import (
 )
 from ..protocol import native as p
 from .options import ConnectOptions, parse_url
+from .tls import client_context, split_server
 
 if TYPE_CHECKING:
     from .session import AsyncConsumer, AsyncSession
@@ -177,6 +179,7 @@ class _Protocol(asyncio.Protocol):
         self.activated: asyncio.Future[None] = conn.loop.create_future()
         self.reattached: asyncio.Future[p.Reattached] = conn.loop.create_future()
         self.lost = False
+        self.gone = asyncio.Event()  # connection_lost was called: the socket is closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -228,6 +231,7 @@ class _Protocol(asyncio.Protocol):
         self._lost(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.gone.set()
         self._lost(ConnectionLost(f"connection to {self.conn.server} lost" + (f": {exc}" if exc else "")))
 
     def _lost(self, exc: TandemError) -> None:
@@ -248,6 +252,16 @@ class _Protocol(asyncio.Protocol):
         self.conn._writable.set()
 
 
+TLS_CLOSE_WAIT = 1.0  # s: for the server's side of a TLS close before the socket is cut
+
+
+async def _let_tls_close() -> None:
+    """asyncio closes a failed TLS connection's socket in callbacks a few loop passes later: let
+    them run, or a blocking connect that gives up stops its loop with the socket still open."""
+    for _ in range(4):
+        await asyncio.sleep(0)
+
+
 class AsyncConnection:
     """A connection to a Tandem server, or to a primary/backup pair with automatic failover."""
 
@@ -261,6 +275,8 @@ class AsyncConnection:
         self.server_name = ""
         self.node_id = ""
         self.topology: list[Any] = []
+        self._tls: ssl.SSLContext | None = None  # made on the first TLS connection (client/tls.py)
+        self._tls_servers: set[tuple[str, int]] = set()  # the topology's tcps:// servers
         self.channels: dict[int, Channel] = {}
         self.window = options.confirmation_window_size
         self.control = Channel(0, self.window > 0)
@@ -349,9 +365,19 @@ class AsyncConnection:
         """Connect and say HELLO. A waiting backup: skip it (False), wait for it to take over (True),
         or keep it (None: management of the backup itself)."""
         timeout = self.options.connect_timeout / 1000
-        _transport, proto = await asyncio.wait_for(
-            self.loop.create_connection(lambda: _Protocol(self), host, port), timeout
-        )
+        tls: dict[str, Any] = {}
+        # TLS when our URL says so, or the topology does for this server: never plain text instead.
+        if self.options.ssl or (host, port) in self._tls_servers:
+            if self._tls is None:
+                self._tls = client_context(self.options)
+            tls = {"ssl": self._tls, "server_hostname": host, "ssl_handshake_timeout": timeout}
+        try:
+            _transport, proto = await asyncio.wait_for(
+                self.loop.create_connection(lambda: _Protocol(self), host, port, **tls), timeout
+            )
+        except ssl.SSLError:
+            await _let_tls_close()
+            raise
         assert proto.transport is not None
         o = self.options
         hello = p.Hello(
@@ -372,10 +398,17 @@ class AsyncConnection:
                     raise NotActive(f"{host}:{port} is a waiting backup")
                 # A backup: it tells us the moment it takes over (shared store: within its lock poll).
                 await asyncio.wait_for(asyncio.shield(proto.activated), max(o.retry_interval / 1000, 5.0))
-        except BaseException:
+        except BaseException as exc:
             proto.lost = True
             if proto.transport is not None:
                 proto.transport.abort()
+            if tls and not isinstance(exc, asyncio.CancelledError):
+                await _let_tls_close()
+                if isinstance(exc, ConnectionLost) and proto.hello.done() and proto.hello.exception():
+                    raise ConnectionLost(
+                        f"{host}:{port} closed the TLS connection before answering: it may want a client "
+                        f"certificate (cert=, key=) from a CA it trusts ({exc})"
+                    ) from None
             raise
         self._proto = proto
         self.generation += 1
@@ -661,9 +694,12 @@ class AsyncConnection:
             seen.append(failed)
         out = []
         for x in seen:
-            host, _, port = x.rpartition(":")
-            if host and port.isdigit():
-                out.append((host.strip("[]"), int(port)))
+            server = split_server(x)
+            if server is not None:
+                host, port, tls = server
+                if tls:
+                    self._tls_servers.add((host, port))
+                out.append((host, port))
         return out
 
     async def _reconnect(self, cause: TandemError) -> None:
@@ -841,6 +877,14 @@ class AsyncConnection:
                 proto.transport.write(p.encode(p.Disconnect()))
                 proto.lost = True
                 proto.transport.close()
+                if proto.transport.get_extra_info("ssl_object") is not None:
+                    # A TLS close waits for the server's close_notify: a blocking client stops its
+                    # loop right after this, so wait here (bounded), then cut it.
+                    try:
+                        await asyncio.wait_for(proto.gone.wait(), TLS_CLOSE_WAIT)
+                    except TimeoutError:
+                        proto.transport.abort()
+                        await _let_tls_close()
             self.closed = True
             self._proto = None
             if self._pinger is not None:

@@ -44,6 +44,14 @@ class ConnectOptions:
     # client decides, as in Artemis); -1: never (bodies go whole, up to max_frame_size).
     min_large_message_size: int = 100 * 1024
     compress_large_messages: bool = False  # zlib a large body on the client (the broker stores what it gets)
+    # TLS (client/tls.py): on with tcps:// URLs or ssl=true. `ca`: PEM CAs to check the server with
+    # (None: the system's); `cert`/`key`: our certificate, for a server that asks (mutual TLS);
+    # verify_host=false accepts any name in a certificate the CA signed: unsafe, tests only.
+    ssl: bool = False
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    verify_host: bool = True
 
     def __post_init__(self) -> None:
         if self.reconnect_attempts < -1 or self.initial_connect_attempts < -1:
@@ -61,6 +69,8 @@ class ConnectOptions:
             raise InvalidArgument("`confirmation_window_size` must be -1 (off) or a byte count > 0")
         if self.consumer_window_size < -2:
             raise InvalidArgument("`consumer_window_size` must be -1 (unbounded), 0 (pull) or a byte count")
+        if (self.cert is None) != (self.key is None):
+            raise InvalidArgument("`cert` and `key` go together (a client certificate and its private key)")
         if self.min_large_message_size != -1 and not 1024 <= self.min_large_message_size <= self.max_frame_size // 2:
             raise InvalidArgument("`min_large_message_size` must be -1 (off) or from 1024 to half of `max_frame_size`")
 
@@ -102,20 +112,26 @@ def parse_url(
 
 
 def parse_url(url: str, explicit: bool = False, **overrides: Any) -> Any:
-    """`tcp://a:61616,tcp://b:61617?ha=true&reconnect_attempts=-1` → hosts and options."""
+    """`tcp://a:61616,tcp://b:61617?ha=true&reconnect_attempts=-1` → hosts and options
+    (`tcps://a:61616?ca=ca.pem`: TLS)."""
     text = url.strip()
     query = ""
     if "?" in text:
         text, query = text.split("?", 1)
     hosts: list[tuple[str, int]] = []
+    schemes = set()
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if part.startswith("tcp://"):
-            part = part[len("tcp://") :]
-        elif "://" in part:
-            raise InvalidArgument(f"unsupported URL scheme in {part!r} (use tcp://host:port)")
+        for scheme in ("tcp://", "tcps://"):
+            if part.startswith(scheme):
+                part = part[len(scheme) :]
+                schemes.add(scheme)
+                break
+        else:
+            if "://" in part:
+                raise InvalidArgument(f"unsupported URL scheme in {part!r} (use tcp://host:port or tcps://host:port)")
         part = part.rstrip("/")
         if ":" not in part:
             part = f"{part}:{DEFAULT_NATIVE_PORT}"
@@ -134,6 +150,12 @@ def parse_url(url: str, explicit: bool = False, **overrides: Any) -> Any:
         if key not in _FIELDS:
             raise InvalidArgument(f"unknown connection option `{key}`")
         values[key] = _coerce(key, value)
+    if len(schemes) > 1:
+        raise InvalidArgument(f"URL {url!r} mixes tcp:// and tcps://: use one for every server")
+    if "tcps://" in schemes:
+        if values.get("ssl") is False:
+            raise InvalidArgument(f"URL {url!r}: tcps:// with ssl=false")
+        values["ssl"] = True
     given = frozenset(values)
     # Departure from Artemis: a URL naming several servers means HA with endless retries.
     if len(hosts) > 1:

@@ -28,6 +28,34 @@ class DeliverySink(Protocol):
     def consumer_closed(self, consumer: Consumer, error: TandemError) -> None: ...
 
 
+class DeliveryAccount:
+    """Deliveries not acknowledged yet across all consumers of one connection, against its limits
+    (`max-unacked-messages`, `max-unacked-bytes`; -1: none). A consumer whose account is full is not
+    ready, whatever its window: a client with an unlimited window, or one that keeps opening
+    consumers, cannot pull a queue (and its pages) into memory without acknowledging.
+    `on_room` is called when a full account has room again (the connection asks its queues to deliver)."""
+
+    __slots__ = ("bytes", "max_bytes", "max_messages", "messages", "on_room")
+
+    def __init__(self, max_messages: int, max_bytes: int, on_room: Callable[[], None] | None = None) -> None:
+        self.messages = 0
+        self.bytes = 0
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.on_room = on_room
+
+    @property
+    def full(self) -> bool:
+        return (0 <= self.max_messages <= self.messages) or (0 <= self.max_bytes <= self.bytes)
+
+    def released(self, messages: int, size: int) -> None:
+        was_full = self.full
+        self.messages -= messages
+        self.bytes -= size
+        if was_full and not self.full and self.on_room is not None:
+            self.on_room()
+
+
 class Consumer:
     """One subscriber on one queue.
 
@@ -37,6 +65,7 @@ class Consumer:
     """
 
     __slots__ = (
+        "account",
         "browse_only",
         "closed",
         "credits",
@@ -75,10 +104,17 @@ class Consumer:
         self.delivered_bytes = 0  # bytes delivered and not yet acknowledged
         self.closed = False
         self.on_idle: Callable[[], None] | None = None
+        self.account: DeliveryAccount | None = None  # its connection's unacknowledged deliveries
 
     @property
     def ready(self) -> bool:
-        return not self.closed and (self.window < 0 or self.credits > 0) and self.sink.writable
+        a = self.account
+        return (
+            not self.closed
+            and (self.window < 0 or self.credits > 0)
+            and self.sink.writable
+            and (a is None or self.browse_only or not a.full)
+        )
 
     def add_credits(self, n: int) -> None:
         was_ready = self.credits > 0
@@ -99,6 +135,10 @@ class Consumer:
         if not self.browse_only:
             self.delivering[m.id] = ref
             self.delivered_bytes += size
+            a = self.account
+            if a is not None:
+                a.messages += 1
+                a.bytes += size
         self.sink.deliver(self, ref)
 
     def take_acked(self, message_id: int, cumulative: bool) -> list[MessageRef]:
@@ -109,6 +149,8 @@ class Consumer:
         if not cumulative:
             ref = d.pop(message_id)
             self.delivered_bytes -= ref.message.size
+            if self.account is not None:
+                self.account.released(1, len(ref.message.raw))
             return [ref]
         out: list[MessageRef] = []
         append = out.append
@@ -121,12 +163,16 @@ class Consumer:
             if mid == message_id:
                 break
         self.delivered_bytes -= released
+        if self.account is not None:
+            self.account.released(len(out), released)
         return out
 
     def take_all(self) -> list[MessageRef]:
         refs = list(self.delivering.values())
         self.delivering.clear()
         self.delivered_bytes = 0
+        if self.account is not None and refs:
+            self.account.released(len(refs), sum(len(r.message.raw) for r in refs))
         return refs
 
     def __repr__(self) -> str:

@@ -441,6 +441,7 @@ class Queue:
         if not c.ready:
             return 0
         unlimited = c.window < 0
+        account = None if c.browse_only else c.account
         for level in reversed(self._levels):
             while level:
                 if delivered >= budget:
@@ -465,6 +466,9 @@ class Queue:
                     self.delivering_count += 1
                     c.deliver(ref)
                     delivered += 1
+                    if account is not None and account.full:  # its connection's unacked limit
+                        level.give_back(refs[k + 1 :])
+                        return delivered
                     if m.large is not None:
                         # Its chunks go out over several loop passes; the sink is not ready again
                         # until the last is out (it then asks for delivery again), so nothing

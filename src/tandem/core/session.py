@@ -28,7 +28,8 @@ from ..errors import (
     TransactionRolledBack,
 )
 from .consumer import Consumer, DeliverySink
-from .message import Message, MessageRef
+from .message import Message, MessageRef, RoutingType
+from .permissions import Access, Permission
 
 if TYPE_CHECKING:
     from .postoffice import PostOffice
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .txpaging import PagedTx
 
 log = logging.getLogger("tandem.session")
+_SEND = Permission.SEND  # (a module global: no class attribute lookup per message)
 
 
 class Transaction:
@@ -55,10 +57,18 @@ class Transaction:
 
 
 class ServerSession:
-    __slots__ = ("closed", "consumers", "name", "owner", "postoffice", "tx")
+    __slots__ = ("access", "closed", "consumers", "name", "owner", "postoffice", "tx")
 
-    def __init__(self, postoffice: PostOffice, owner: object, name: str = "", transacted: bool = False) -> None:
+    def __init__(
+        self,
+        postoffice: PostOffice,
+        owner: object,
+        name: str = "",
+        transacted: bool = False,
+        access: Access | None = None,
+    ) -> None:
         self.postoffice = postoffice
+        self.access = access  # None: security is off, nothing is checked
         self.owner = owner
         self.name = name
         self.consumers: dict[int, Consumer] = {}
@@ -79,6 +89,7 @@ class ServerSession:
         next_id = po.ids.next
         decode = Message.decode
         send = po.send if self.tx is None else None
+        access = self.access
         out: list[bool | TandemError] = []
         append = out.append
         for raw in raws:
@@ -91,7 +102,12 @@ class ServerSession:
                 append(InvalidArgument(f"malformed message: a string is not valid UTF-8 ({exc.reason})"))
                 continue
             try:
-                append(send(message)[1] if send is not None else self.send_message(message))
+                if send is None:
+                    append(self.send_message(message))
+                    continue
+                if access is not None:
+                    self.authorize_send(message)
+                append(send(message)[1])
             except TandemError as exc:
                 append(exc)
             except Exception as exc:  # a bug, not bad input: this message fails, the run goes on
@@ -103,14 +119,56 @@ class ServerSession:
         """Route now, or (in a transaction: `tx`, else the session's own) at commit."""
         tx = tx or self.tx
         if tx is None:
+            if self.access is not None:
+                self.authorize_send(message)
             return self.postoffice.send(message)[1]
         try:
+            if self.access is not None:
+                self.authorize_send(message)  # a denied send rolls its transaction back, as a failed route does
             queues = self.postoffice.route(message)  # errors now rather than at commit (no side effects)
         except TandemError as exc:
             tx.failure = tx.failure or exc
             raise
         self.postoffice.hold(tx, message, queues)
         return False
+
+    def authorize_send(self, message: Message) -> None:
+        """`send` on the message's address; a send that would create it needs the create permissions
+        too (never a silent create). Raises Unauthorized; nothing happens without an `access`."""
+        access = self.access
+        if access is None:
+            return
+        address = message.address
+        access.check(_SEND, address)
+        po = self.postoffice
+        if address not in po.addresses:
+            s = po.settings_for(address)
+            if s.auto_create_addresses:  # else routing refuses: the address does not exist
+                access.check(Permission.CREATE_ADDRESS, address)
+                rt = RoutingType(message.routing_type) if message.routing_type else s.default_address_routing_type
+                if rt == RoutingType.ANYCAST and s.auto_create_queues:
+                    access.check(Permission.CREATE_DURABLE_QUEUE, address)
+
+    def authorize_producer(self, address: str) -> None:
+        """A producer asks for credit on `address`: `send`. Refused in a transaction, it rolls the
+        transaction back at commit, as a refused send does (the SEND never comes)."""
+        if self.access is None:
+            return
+        try:
+            self.access.check(_SEND, address)
+        except TandemError as exc:
+            if self.tx is not None:
+                self.tx.failure = self.tx.failure or exc
+            raise
+
+    def authorize_queue(self, name: str, address: str, durable: bool) -> None:
+        """Creating queue `name` on `address` (a subscription's, or a consumer's auto-created one)."""
+        access = self.access
+        if access is None:
+            return
+        access.check(Permission.CREATE_DURABLE_QUEUE if durable else Permission.CREATE_NON_DURABLE_QUEUE, address)
+        if address not in self.postoffice.addresses:
+            access.check(Permission.CREATE_ADDRESS, address)
 
     # ------------------------------------------------------------ consumers
     def create_consumer(
@@ -127,6 +185,8 @@ class ServerSession:
         if window < -2:
             raise InvalidArgument(f"consumer window must be -1, 0 or a byte count, got {window}")
         filt = self.postoffice.compile_filter(filter_text) if filter_text else None  # before any side effect
+        if self.access is not None:
+            self._authorize_consumer(queue_name, browse_only)
         q = self.postoffice.queue_for_consumer(queue_name)
         if window == -2:
             window = q.settings.default_consumer_window_size
@@ -135,11 +195,24 @@ class ServerSession:
         if not browse_only and q.max_consumers >= 0 and len(q.consumers) >= q.max_consumers:
             raise IllegalState(f"queue {queue_name!r} already has its maximum of {q.max_consumers} consumer(s)")
         c = Consumer(cid, q, sink, window, filt, browse_only, owner=self)
+        c.account = getattr(self.owner, "delivery_account", None)  # the connection's unacked limit
         if window > 0:
             c.credits = window
         self.consumers[cid] = c
         q.add_consumer(c)
         return c
+
+    def _authorize_consumer(self, queue_name: str, browse_only: bool) -> None:
+        """`consume` (`browse` for a browser) on the queue's address; a queue that a consumer would
+        auto-create needs `create-durable-queue` (and `create-address`) as well."""
+        access = self.access
+        assert access is not None
+        po = self.postoffice
+        q = po.queues.get(queue_name)
+        address = q.address if q is not None else queue_name
+        access.check(Permission.BROWSE if browse_only else Permission.CONSUME, address)
+        if q is None and po.settings_for(queue_name).auto_create_queues:
+            self.authorize_queue(queue_name, queue_name, durable=True)
 
     def consumer(self, cid: int) -> Consumer:
         c = self.consumers.get(cid)

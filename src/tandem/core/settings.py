@@ -71,7 +71,8 @@ def words_match(pattern: tuple[str, ...], address: tuple[str, ...]) -> bool:
     return (head == "*" or head == address[0]) and words_match(pattern[1:], address[1:])
 
 
-def _specificity(pattern: str) -> tuple[int, int, int, int]:
+def pattern_specificity(pattern: str) -> tuple[int, int, int, int]:
+    """Sort key: a pattern that sorts higher is more specific (more literal words, fewer wildcards)."""
     words = pattern.split(".")
     literal = sum(1 for w in words if w not in ("#", "*"))
     return (literal, -words.count("#"), -words.count("*"), len(pattern))
@@ -97,7 +98,7 @@ class SettingsRepository:
                 raise ValueError(f"unknown address setting(s) {sorted(unknown)} for {pattern!r}")
             items.append((pattern, tuple(pattern.split(".")), values))
         # least specific first, so more specific ones overwrite
-        items.sort(key=lambda it: _specificity(it[0]))
+        items.sort(key=lambda it: pattern_specificity(it[0]))
         self._items = items
         self._merged: dict[tuple[int, ...], AddressSettings] = {(): AddressSettings()}
 

@@ -30,7 +30,7 @@ async def announce(host: ActivationHost, node_id: str) -> None:
                 continue
             try:
                 conn = await AsyncConnection.connect(
-                    f"tcp://{url}",
+                    url if "://" in url else f"tcp://{url}",
                     connect_timeout=1000,
                     username=cfg.cluster_user,
                     password=cfg.cluster_password,
@@ -38,6 +38,7 @@ async def announce(host: ActivationHost, node_id: str) -> None:
                     # link that followed it would end up talking to itself.
                     ha=False,
                     reconnect_attempts=0,
+                    **cfg.link_options(url),  # TLS when the connector says tcps://
                 )
             except (TandemError, OSError):
                 continue

@@ -32,6 +32,7 @@ async def find_active(cfg: BrokerConfig, own: str, node_id: str) -> str | None:
                 password=cfg.cluster_password,
                 ha=False,  # this server, not whoever it would fail over to
                 reconnect_attempts=0,
+                **cfg.link_options(url),  # TLS when the connector says tcps://
             )  # a waiting backup is refused here (it is not active)
         except (TandemError, OSError) as exc:
             log.info("check-for-live-server: %s is not active for any node (%s)", url, exc)

@@ -36,12 +36,15 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from ..config import BrokerConfig, parse_host_port
-from ..errors import ProtocolError, error_for
+from ..client.options import ConnectOptions
+from ..client.tls import client_context
+from ..config import BrokerConfig, split_connector
+from ..errors import InvalidArgument, ProtocolError, error_for
 from ..journal import files as jf
 from ..journal.storeio import Applier, ReplicaError
 from ..protocol import native as p
 from ..protocol.fileops import COPY, KINDS
+from .tls_link import open_tls_link
 
 log = logging.getLogger("tandem.ha")
 
@@ -123,6 +126,7 @@ class Replica:
         self._send_lock = threading.Lock()
         self._closing = False  # run() ends the link: the thread's socket errors say nothing
         self._thread: threading.Thread | None = None
+        self._relay: asyncio.Task[None] | None = None  # a TLS link's relay (ha/tls_link.py)
         self._applier = Applier(self.root)
         self.moved: Path | None = None
         self.apply_error: str | None = None
@@ -133,14 +137,18 @@ class Replica:
     async def run(self, url: str) -> tuple[Outcome, str]:
         """Replicate until the link ends; the outcome, and why."""
         cfg = self.cfg
-        host, port = parse_host_port(url)
+        host, port, tls = split_connector(url)
         self.peer = url
         timeout = cfg.initial_replication_sync_timeout / 1000
         try:
-            sock = await asyncio.to_thread(socket.create_connection, (host, port), timeout)
-        except OSError as exc:  # TimeoutError included
+            if tls:  # the connector says tcps://: the link goes through a TLS relay (ha/tls_link.py)
+                ctx = client_context(ConnectOptions(**cfg.link_options(url)))  # type: ignore[arg-type]
+                sock, self._relay = await open_tls_link(host, port, ctx, timeout)
+            else:
+                sock = await asyncio.to_thread(socket.create_connection, (host, port), timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, InvalidArgument) as exc:  # TimeoutError and TLS failures included
             return Outcome.RETRY, f"cannot connect to {url}: {exc}"
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(max(cfg.connection_ttl / 4000, 0.05))  # the link thread pings at this pace
         self._sock = sock
         self._send_raw(
@@ -335,6 +343,9 @@ class Replica:
             self._thread = None
         if sock is not None:
             sock.close()
+        if self._relay is not None:
+            await asyncio.wait([self._relay])
+            self._relay = None
 
     def request_failback(self) -> None:
         """(In sync) ask the server we replicate to step down and hand its node to us."""

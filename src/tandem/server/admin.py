@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..core.message import RoutingType
-from ..errors import InvalidArgument, QueueDoesNotExist, Unauthorized
+from ..errors import InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
+from .audit import audit
+from .authorization import authorize_management
 from .security import is_cluster_pair
 
 if TYPE_CHECKING:
@@ -61,6 +63,19 @@ class Admin:
         return sorted(self._ops)
 
     def handle(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
+        """Run `op`; every attempt, known or not, goes to the audit log (server/audit.py)."""
+        subject = getattr(conn, "subject", None)
+        peer = getattr(conn, "peer", "local")
+        target = args.get("name", args.get("dedup_id"))
+        try:
+            self._run(op, args, conn, reply)
+        except TandemError as exc:
+            # A permission denial is "not allowed"; any other failure was allowed and failed.
+            audit(op, subject, peer, target, not isinstance(exc, Unauthorized), error=exc.code.name)
+            raise
+        audit(op, subject, peer, target, True)
+
+    def _run(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
         fn = self._ops.get(op)
         if fn is None:
             raise InvalidArgument(f"unknown management operation {op!r}; known: {', '.join(self.ops)}")
@@ -78,6 +93,9 @@ class Admin:
             bound = inspect.signature(fn).bind(conn=conn, reply=reply, **checked)
         except TypeError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
+        access = getattr(conn, "access", None)  # None: security off, or not over a connection
+        if access is not None:
+            authorize_management(access, self.broker.require_active, op, checked)
         fn(*bound.args, **bound.kwargs)
 
     def _after_bindings(self, reply: Reply, result: Any) -> None:
@@ -188,7 +206,12 @@ class Admin:
         self.broker.require_active()
         cfg = self.broker.config
         if not is_cluster_pair(cfg, user, password):
-            raise Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
+            refused = Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
+            if conn is not None:  # closed, and counted as a failed login: each guess costs a new, slowed one
+                self.broker.authenticator.refused(user, conn.peer, "native (cluster.announce)")
+                conn.fatal(refused)
+                return
+            raise refused
         if node_id != self.broker.node_id:
             raise InvalidArgument(f"cluster.announce: node {node_id} is not this store's node {self.broker.node_id}")
         if conn is None:

@@ -17,6 +17,7 @@ import asyncio
 import errno
 import gc
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from functools import partial
@@ -27,21 +28,27 @@ from .. import __version__
 from ..config import BrokerConfig, parse_host_port
 from ..core.ids import IdGenerator
 from ..core.message import MessageRef, RoutingType
+from ..core.permissions import Authorizer
 from ..core.postoffice import PostOffice
-from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError
+from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError, Unauthorized
 from ..ha.activation import make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
 from ..journal import Journal, JournalSettings
 from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
+from . import audit
 from .admin import Admin
+from .limits import ConnectionLimits
 from .memory import ConnectionChurn
 from .native import NativeConnection
 from .pacing import UploadPacer
 from .security import Authenticator, Subject
+from .tls import AcceptorTls
 
 log = logging.getLogger("tandem.broker")
+
+ACCEPT_BACKLOG = 4096
 
 
 def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: LoadedState) -> int:
@@ -174,6 +181,10 @@ def _compile_filter(text: str) -> Any:
     return compile_selector(text)
 
 
+def _audit_denied(user: str | None, peer: str, permission: str, address: str) -> None:
+    audit.audit("denied", Subject(user), peer, address, False, permission=permission)
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, node_manager: NodeManager | None = None) -> None:
         self.config = config
@@ -182,11 +193,19 @@ class Broker:
         self.postoffice: PostOffice
         self.admin = Admin(self)
         self.authenticator = Authenticator(config)
+        self.authorizer = Authorizer(config.security_repository()) if config.security_enabled else None
+        if self.authorizer is not None:
+            self.authorizer.on_denied = _audit_denied
+        if config.security_enabled and not config.security_settings:
+            log.warning("security-enabled with no security-settings: every operation of every user will be refused")
+        self.limits = ConnectionLimits(config)
+        audit.configure(config.audit_log)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
         self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
+        self.tls: dict[str, AcceptorTls] = {}  # acceptor name -> its TLS contexts (ssl-enabled ones)
         self.started_at = 0.0
         self.activated_at = 0.0
         self.load_seconds = 0.0
@@ -202,6 +221,7 @@ class Broker:
         self._follow_task: asyncio.Task[None] | None = None
         self._follower: Any = None
         self._housekeeper: asyncio.Task[None] | None = None
+        self._users_watch: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._stopping = False
 
@@ -240,6 +260,8 @@ class Broker:
             raise
         self._activation_task = asyncio.create_task(self._run_activation(), name="activation")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="housekeeping")
+        if cfg.security_enabled:
+            self._users_watch = asyncio.create_task(self._watch_users(), name="users-file")
 
     async def _run_activation(self) -> None:
         assert self.activation is not None
@@ -312,7 +334,7 @@ class Broker:
             await self._stopped.wait()
             return
         self._stopping = True
-        for task in (self._activation_task, self._housekeeper):
+        for task in (self._activation_task, self._housekeeper, self._users_watch):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 try:
@@ -339,6 +361,7 @@ class Broker:
                 await asyncio.wait_for(server.wait_closed(), 5)
             except TimeoutError:
                 pass
+        self.authenticator.close()
         self.ha_state = "stopped"
         self._stopped.set()
 
@@ -468,7 +491,11 @@ class Broker:
             raise NotActive(
                 f"server {self.config.name!r} is not active ({self.ha_state}): it has no store to replicate"
             )
-        self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+        try:
+            self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+        except Unauthorized:  # a wrong cluster pair: counted as a failed login (the link closes)
+            self.authenticator.refused(pkt.user, conn.peer, "native (replication)")
+            raise
         self.backup_announced(conn, pkt.connector)
 
     def backup_announced(self, conn: NativeConnection, connector: str) -> None:
@@ -524,8 +551,20 @@ class Broker:
                 factory: Callable[[], asyncio.Protocol] = partial(StompConnection, self, acc.name)
             else:
                 factory = partial(NativeConnection, self, acc.name)
+            ssl_args: dict[str, Any] = {}
+            if acc.ssl_enabled:
+                try:
+                    self.tls[acc.name] = tls = AcceptorTls(acc)
+                except (OSError, ssl.SSLError) as exc:
+                    raise IllegalState(f"acceptor {acc.name!r}: cannot load its TLS files: {exc}") from None
+                # The TLS handshake comes before connection_made: it has its own deadline.
+                ssl_args = {"ssl": tls.listening, "ssl_handshake_timeout": self.config.handshake_timeout / 1000}
             try:
-                server = await loop.create_server(factory, host, port, reuse_address=True)
+                # A deep accept queue: a burst of connections (clients reconnecting after a failover)
+                # waits there instead of retrying its SYN a second later (the kernel caps it at somaxconn).
+                server = await loop.create_server(
+                    factory, host, port, reuse_address=True, backlog=ACCEPT_BACKLOG, **ssl_args
+                )
             except OSError as exc:
                 raise IllegalState(f"acceptor {acc.name!r} cannot listen on {host}:{port}: {exc.strerror}") from None
             self.servers.append(server)
@@ -550,9 +589,38 @@ class Broker:
             raise NotActive(f"server {self.config.name!r} is not active ({self.ha_state}): it is a waiting backup")
         return self.postoffice
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
-        """With `security-enabled`, only configured users (the cluster user too, for announcements)."""
-        return self.authenticator.check(username, password, peer)
+    async def authenticate(
+        self,
+        username: str | None,
+        password: str | None,
+        peer: str = "?",
+        protocol: str = "native",
+        cert_user: str | None = None,
+    ) -> Subject | None:
+        """With `security-enabled`, only the users of the users file (and the cluster pair, for
+        announcements); the hash is checked off the loop (server/security.py). `cert_user`: the
+        user a verified client certificate maps to (cert-user-mapping); a login without a
+        password and with no other user name is that user's."""
+        if cert_user is not None and self.authenticator.enabled and not password and username in (None, "", cert_user):
+            return self.authenticator.subject_for(cert_user)
+        return await self.authenticator.check(username, password, peer, protocol)
+
+    def reload_users(self) -> None:
+        """(SIGHUP) read the users file again now."""
+        self.authenticator.reload(force=True)
+
+    async def _watch_users(self) -> None:
+        """Pick up changes to the users file every `security-invalidation-interval`."""
+        period = self.config.security_invalidation_interval / 1000
+        while True:
+            await asyncio.sleep(period)
+            self.authenticator.reload()
+            self.authenticator.housekeeping()
+
+    def reload_tls(self, force: bool = False) -> None:
+        """New TLS contexts for new connections (server/tls.py): on SIGHUP (`force`) and when files change."""
+        for tls in self.tls.values():
+            tls.reload(force)
 
     def own_connector(self) -> str:
         cfg = self.config
@@ -561,7 +629,7 @@ class Broker:
         for acc in cfg.acceptors:
             if acc.protocol == "native" and acc.name in self.bound:
                 host, port = self.bound[acc.name]
-                return f"{host}:{port}"
+                return f"tcps://{host}:{port}" if acc.ssl_enabled else f"{host}:{port}"
         return ""
 
     def topology(self) -> list[Any]:
@@ -602,6 +670,7 @@ class Broker:
             "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
             "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
+            "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
         }
         if self.activation is not None:
@@ -644,6 +713,7 @@ class Broker:
             await asyncio.sleep(min(period, scan_every) if scan_every > 0 else period)
             now = loop.time()
             self._check_alive(now)
+            self.reload_tls()
             if churn.observe(len(self.connections)):
                 await churn.release(len(self.connections))
             if not self.active:

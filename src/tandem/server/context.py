@@ -11,11 +11,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..config import BrokerConfig
+from ..core.permissions import Authorizer
 from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
+from .limits import ConnectionLimits
 from .pacing import UploadPacer
-from .security import Subject
+from .security import Authenticator, Subject
 
 
 class Management(Protocol):
@@ -27,6 +29,11 @@ class Management(Protocol):
 class BrokerContext(Protocol):
     @property
     def config(self) -> BrokerConfig: ...
+
+    @property
+    def authenticator(self) -> Authenticator:
+        """Who may log in (server/security.py); `enabled` False: everyone, at once."""
+        ...
 
     @property
     def node_id(self) -> str: ...
@@ -44,6 +51,11 @@ class BrokerContext(Protocol):
     @property
     def pacer(self) -> UploadPacer:
         """Large uploads wait while a backup link is over its high-water mark (server/pacing.py)."""
+        ...
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """Connection counts and limits (server/limits.py): each connection is admitted, counted, released."""
         ...
 
     @property
@@ -66,8 +78,22 @@ class BrokerContext(Protocol):
         """The post office, or NotActive for a server that is not serving."""
         ...
 
-    def authenticate(self, username: str | None, password: str | None, peer: str = "?") -> Subject | None:
-        """Who logs in with these (security off: ANONYMOUS); None: refused."""
+    @property
+    def authorizer(self) -> Authorizer | None:
+        """Decides permissions (core/permissions.py); None when security is off."""
+        ...
+
+    async def authenticate(
+        self,
+        username: str | None,
+        password: str | None,
+        peer: str = "?",
+        protocol: str = "native",
+        cert_user: str | None = None,
+    ) -> Subject | None:
+        """Who logs in with these (or with a client certificate mapped to `cert_user`; security
+        off: ANONYMOUS); None: refused. Slow on purpose (a password hash): the caller handles
+        nothing more of the connection meanwhile."""
         ...
 
     def topology(self) -> list[Any]:

@@ -67,6 +67,7 @@ def begin(session: NativeSession, pkt: p.LargeBegin) -> None:
             raise InvalidArgument("a large message's LARGE_BEGIN must carry an empty body (the chunks hold it)")
         if large is None:
             raise IllegalState("this broker does not take large messages (no data directory)")
+        session.core.authorize_send(message)  # before its body fills a file (and again when routed)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         error = InvalidArgument(f"malformed message: {exc}")
     except UnicodeDecodeError as exc:

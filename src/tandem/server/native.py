@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from ..config import HANDSHAKE_FRAME_LIMIT
-from ..core.consumer import Consumer
+from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import MessageRef
+from ..core.permissions import Access, Permission
 from ..core.session import ServerSession
 from ..errors import (
     DuplicateId,
@@ -35,6 +36,10 @@ from ..errors import (
 )
 from ..protocol import native as p
 from . import large
+from .audit import audit
+from .audit import enabled as audit_enabled
+from .authorization import access_for
+from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .link_writer import LinkWriter
 from .reattach import (
     CLOSED_REPLIES_KEPT,
@@ -46,6 +51,7 @@ from .reattach import (
     trim_closed,
 )
 from .security import ANONYMOUS, Subject
+from .tls import cert_user
 
 if TYPE_CHECKING:
     from ..core.queue import Queue
@@ -248,6 +254,7 @@ class NativeConnection(asyncio.Protocol):
         self.closed = False
         self.writable = True
         self.peer = "?"
+        self.cert_user: str | None = None  # the user a verified client certificate maps to
         self.client_id: str | None = None
         self.temp_queues: set[str] = set()
         self._out: list[bytes | bytearray] = []
@@ -263,6 +270,8 @@ class NativeConnection(asyncio.Protocol):
         self._writer: LinkWriter | None = None  # writes from threads (a backup's link), see write_from_threads
         self.username: str | None = None
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from HELLO
+        self._login: asyncio.Task[Subject | None] | None = None  # HELLO's password check (held meanwhile)
+        self.access: Access | None = None  # what the subject may do (None: security off), decision 0060
         # Reattachment (server/reattach.py): on with a confirmation window from the client.
         self.window = -1
         self.connection_id = ""
@@ -270,6 +279,13 @@ class NativeConnection(asyncio.Protocol):
         self.detached = False  # socket gone, sessions kept until the TTL expires
         self.top_channel = 0  # the highest session channel created: a lower one not in `replay` was forgotten
         self.successor: NativeConnection | None = None  # the connection that reattached our sessions
+        cfg = broker.config
+        # Limits (server/limits.py, decision 0062): unacknowledged deliveries across its consumers,
+        # output a client does not read.
+        self.delivery_account = DeliveryAccount(cfg.max_unacked_messages, cfg.max_unacked_bytes, self._room)
+        self.output_watch = OutputWatch(cfg.slow_client_timeout / 1000)
+        self.counted: tuple[str, str] | None = None  # (acceptor, peer host) in the broker's connection counts
+        self.counted_user: str | None = None
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -280,11 +296,30 @@ class NativeConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.cert_user = cert_user(self.broker.config, transport)  # mutual TLS (server/tls.py)
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        refused = self.broker.limits.admit(self)
+        if refused is not None:
+            # ERROR at once; what the client sends meanwhile (its HELLO) is read and dropped, so the
+            # close does not reset the connection before the client has read why.
+            log.info("refused connection from %s: %s", self.peer, refused.message)
+            self.closed = True
+            transport.write(_encode(p.error_packet(refused.code, wire_text(refused))))
+            self.loop.call_later(REFUSED_LINGER, transport.close)
+            self.loop.call_later(2 * REFUSED_LINGER, transport.abort)
+            return
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown(detach=True)
+
+    def _room(self) -> None:
+        """(DeliveryAccount) acknowledgements made room under the unacked limit: deliver again."""
+        if self.closed:
+            return
+        for s in list(self.sessions.values()):
+            for c in s.core.consumers.values():
+                c.queue.deliver_soon()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -343,7 +378,7 @@ class NativeConnection(asyncio.Protocol):
                 return None
             self._flush()
             sock = t.get_extra_info("socket")
-            if t.get_write_buffer_size() or sock is None:
+            if t.get_write_buffer_size() or sock is None or t.get_extra_info("ssl_object") is not None:
                 return None
             self._writer = LinkWriter(
                 sock.fileno(), self.loop, HIGH_WATER, LOW_WATER, self.pause_writing, self.resume_writing, self._failed
@@ -411,7 +446,7 @@ class NativeConnection(asyncio.Protocol):
             self.partial_since = None
         elif packets or self.partial_since is None:  # a new packet began in this read
             self.partial_since = now
-        if packets and not self.handshaken and type(packets[0]) is not p.Hello:
+        if packets and not self.handshaken and self._login is None and type(packets[0]) is not p.Hello:
             self.fatal(ProtocolError(f"the first packet must be HELLO, got {type(packets[0]).__name__.upper()}"))
             return
         if self._rest is not None:  # read while a burst is still being worked through: after it
@@ -570,6 +605,7 @@ class NativeConnection(asyncio.Protocol):
             self._writer.close()  # writes what is queued, then lets its descriptor go
         if self.transport is not None:
             self.transport.close()
+            abort_later(self.loop, self.transport, self.broker.config.slow_client_timeout / 1000)
         self._teardown()
 
     def _teardown(self, detach: bool = False) -> None:
@@ -580,6 +616,9 @@ class NativeConnection(asyncio.Protocol):
                 self._release()  # closed for good (broker stopping): no reattach any more
             return
         self.closed = True
+        if self._login is not None:
+            self._login.cancel()
+        self.broker.limits.release(self)
         if self._writer is not None:
             self._writer.close()
         if self.replica is not None:  # a backup's link gone: no upload waits for it any more
@@ -631,13 +670,45 @@ class NativeConnection(asyncio.Protocol):
         return s
 
     def on_hello(self, pkt: p.Hello) -> None:
-        if self.handshaken:
+        if self.handshaken or self._login is not None:
             raise ProtocolError("HELLO sent twice")
         p.check_version(pkt)
-        subject = self.broker.authenticate(pkt.username, pkt.password, self.peer)
-        if subject is None:
-            raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+        if not self.broker.authenticator.enabled:
+            self._accept_hello(pkt, ANONYMOUS)
+            return
+        # The password's hash is checked off the loop: nothing after HELLO is handled until it is done.
+        self.hold()
+        check = self.broker.authenticate(pkt.username, pkt.password, self.peer, "native", self.cert_user)
+        self._login = self.loop.create_task(check)
+        self._login.add_done_callback(lambda task: self._checked(pkt, task))
+
+    def _checked(self, pkt: p.Hello, task: asyncio.Task[Subject | None]) -> None:
+        self._login = None
+        if task.cancelled():
+            return
+        task.exception()  # retrieved even when closed: asyncio would report it as never retrieved
+        if self.closed:
+            return
+        try:
+            subject = task.result()
+            if subject is None:
+                audit("login", None, self.peer, None, False, login=pkt.username, protocol="native")
+                raise Unauthorized(f"authentication failed for user {pkt.username!r}")
+            self._accept_hello(pkt, subject)
+        except TandemError as exc:
+            self.fatal(exc)
+            return
+        except Exception as exc:
+            log.exception("error checking the login of %s", self.peer)
+            self.fatal(InternalError(f"internal error: {exc!r}"))
+            return
+        self.release()
+
+    def _accept_hello(self, pkt: p.Hello, subject: Subject) -> None:
+        self.broker.limits.login(self, subject.user, subject.cluster)
+        audit("login", subject, self.peer, None, True, protocol="native")
         self.subject = subject
+        self.access = access_for(self.broker.authorizer, subject, self.peer)
         self.handshaken = True
         self.client_id = pkt.client_id
         self.username = pkt.username
@@ -673,7 +744,7 @@ class NativeConnection(asyncio.Protocol):
         if pkt.channel in self.sessions or pkt.channel <= 0:
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
         b = self.broker
-        core = ServerSession(b.require_active(), self, pkt.name, pkt.transacted)
+        core = ServerSession(b.require_active(), self, pkt.name, pkt.transacted, access=self.access)
         kind = NativeSession
         if self.window > 0:
             kind = TrackedSession
@@ -730,6 +801,9 @@ class NativeConnection(asyncio.Protocol):
         self.replay = old_replay = old.replay
         old_replay.setdefault(0, ChannelReplay())
         self.sessions = old.sessions
+        # Its consumers keep counting against the account they were created with: ours now.
+        self.delivery_account = old.delivery_account
+        self.delivery_account.on_room = self._room
         self.temp_queues |= old.temp_queues
         for s in self.sessions.values():
             s.conn = self
@@ -789,8 +863,12 @@ class NativeConnection(asyncio.Protocol):
 
     def on_create_consumer(self, pkt: p.CreateConsumer) -> None:
         s = self._session(pkt.channel)
+        queues = s.core.postoffice.queues
+        before = len(queues) if audit_enabled() else -1
         c = s.core.create_consumer(pkt.consumer_id, pkt.queue, s, pkt.window, pkt.filter, pkt.browse_only)
         q = c.queue
+        if before >= 0 and len(queues) > before:  # auto-created for this consumer
+            audit("queue.create", self.subject, self.peer, q.name, True, by="consumer", protocol="native")
         result = {"window": c.window, "queue": q.name, "address": q.address}
         self._reply_after_bindings(pkt.channel, pkt.cmd, result)
 
@@ -837,13 +915,14 @@ class NativeConnection(asyncio.Protocol):
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_request_credits(self, pkt: p.RequestCredits) -> None:
-        self._session(pkt.channel)
+        session = self._session(pkt.channel)
         channel, cmd = pkt.channel, pkt.cmd
 
         def grant(amount: int) -> None:
             self.send(p.Response(channel, cmd, amount))
 
         po = self.broker.require_active()
+        session.core.authorize_producer(pkt.address)  # a producer asks: it needs `send`
         addr = po.addresses.get(pkt.address)
         if addr is None:
             s = po.settings_for(pkt.address)
@@ -855,6 +934,8 @@ class NativeConnection(asyncio.Protocol):
     def on_read_range(self, pkt: p.ReadRange) -> None:
         s = self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
+        if self.access is not None:  # a range reader (Spark's source) consumes
+            self.access.check(Permission.CONSUME, q.address)
         q.read_range_soon(pkt.start, pkt.end, pkt.limit, partial(self._range_read, pkt, q, s))
 
     def _range_read(self, pkt: p.ReadRange, q: Queue, s: NativeSession, refs: list[MessageRef], first: int) -> None:
@@ -894,6 +975,8 @@ class NativeConnection(asyncio.Protocol):
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
         q = self.broker.require_active().queue(pkt.queue)
+        if self.access is not None:
+            self.access.check(Permission.CONSUME, q.address)
         channel, cmd = pkt.channel, pkt.cmd
 
         def acked(n: int) -> None:
@@ -983,6 +1066,15 @@ class NativeConnection(asyncio.Protocol):
         ttl = self.ttl_ms / 1000
         ping_every = max(ttl / 4, 0.05)
         cfg = self.broker.config
+        t = self.transport
+        if (
+            self.replica is None  # a backup's link has its own deadline (call-timeout)
+            and self._writer is None
+            and t is not None
+            and self.output_watch.stuck(now, self.writable, t.get_write_buffer_size())
+        ):
+            self._cut_slow(t)
+            return
         if self.paced or self.holding:  # we do not read it (a full backup link, a body's sync): not its silence
             self._not_reading_since(now)
         if now - self.last_received > ttl:
@@ -999,6 +1091,18 @@ class NativeConnection(asyncio.Protocol):
             )
         elif self.handshaken and now - self.last_sent > ping_every:
             self.send(p.Ping())
+
+    def _cut_slow(self, t: asyncio.Transport) -> None:
+        """It reads none of its pending output: cut now, without waiting for the buffer to drain."""
+        log.warning(
+            "closing connection from %s: it has read none of its %d pending bytes for %d ms (slow-client-timeout)",
+            self.peer,
+            t.get_write_buffer_size(),
+            self.broker.config.slow_client_timeout,
+        )
+        self.broker.limits.refused["slow-client"] += 1
+        t.abort()
+        self._teardown()
 
 
 _HANDLERS: dict[type, Callable[[NativeConnection, Any], None]] = {

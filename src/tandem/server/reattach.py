@@ -87,6 +87,8 @@ def take_lost_deliveries(consumer: Consumer, lost: int) -> list[Any]:
         del d[ref.message.id]
         size += len(ref.message.raw)
     consumer.delivered_bytes -= size
+    if consumer.account is not None:
+        consumer.account.released(n, size)
     if consumer.window >= 0:
         consumer.credits += n if consumer.message_mode else size
     return refs

@@ -22,12 +22,18 @@ from typing import TYPE_CHECKING, Any, cast
 import msgspec
 
 from ..config import HANDSHAKE_FRAME_LIMIT
-from ..core.consumer import Consumer
+from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import Message, MessageData, MessageRef, RoutingType
+from ..core.permissions import Access, Permission
 from ..core.session import ServerSession, Transaction
-from ..errors import DuplicateId, TandemError, clip
+from ..errors import DuplicateId, TandemError, Unauthorized, clip
 from ..protocol import stomp as st
+from .audit import audit
+from .audit import enabled as audit_enabled
+from .authorization import access_for
+from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .security import ANONYMOUS, Subject
+from .tls import cert_user
 
 if TYPE_CHECKING:
     from ..store.large_messages import LargeUpload
@@ -179,7 +185,10 @@ class StompConnection(asyncio.Protocol):
         self.writable = True
         self.handshaken = False  # for the broker's bookkeeping (native connections use it too)
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from CONNECT
+        self._login: asyncio.Task[Subject | None] | None = None  # CONNECT's password check ("login" held)
+        self.access: Access | None = None  # what the subject may do (None: security off), decision 0060
         self.peer = "?"
+        self.cert_user: str | None = None  # the user a verified client certificate maps to
         self.client_id: str | None = None
         self.session: ServerSession | None = None
         self.subscriptions: dict[str, Subscription] = {}
@@ -205,6 +214,13 @@ class StompConnection(asyncio.Protocol):
         self._ack_prefixes: dict[str, Subscription] = {}  # "CID" of the 1.2 ack ids "CID.MID" -> subscription
         self.stream: BodyStream | None = None  # a large body going out: nothing else is written meanwhile
         self.upload: LargeSend | None = None  # a large SEND's body coming in
+        cfg = broker.config
+        # Limits (server/limits.py, decision 0062): unacknowledged deliveries across its
+        # subscriptions, output a client does not read.
+        self.delivery_account = DeliveryAccount(cfg.max_unacked_messages, cfg.max_unacked_bytes, self._room)
+        self.output_watch = OutputWatch(cfg.slow_client_timeout / 1000)
+        self.counted: tuple[str, str] | None = None  # (acceptor, peer host) in the broker's connection counts
+        self.counted_user: str | None = None
 
     # ----------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -214,11 +230,32 @@ class StompConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.cert_user = cert_user(self.broker.config, transport)  # mutual TLS (server/tls.py)
         self.transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+        refused = self.broker.limits.admit(self)
+        if refused is not None:
+            # ERROR at once; what the client sends meanwhile (its CONNECT) is read and dropped, so
+            # the close does not reset the connection before the client has read why.
+            log.info("refused STOMP connection from %s: %s", self.peer, refused.message)
+            self.closed = True
+            message = clip(refused.message, 500)
+            headers = [("message", message), ("code", refused.code.name), ("content-type", "text/plain")]
+            self.transport.write(st.encode("ERROR", headers, message.encode(), "1.0"))
+            self.loop.call_later(REFUSED_LINGER, self.transport.close)
+            self.loop.call_later(2 * REFUSED_LINGER, self.transport.abort)
+            return
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown()
+
+    def _room(self) -> None:
+        """(DeliveryAccount) acknowledgements made room under the unacked limit: deliver again."""
+        if self.closed:
+            return
+        for sub in self.subscriptions.values():
+            if sub.consumer is not None:
+                sub.consumer.queue.deliver_soon()
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -333,7 +370,7 @@ class StompConnection(asyncio.Protocol):
         held = self._held
         handlers = _HANDLERS
         budget = FRAMES_PER_PASS
-        while backlog and "full" not in held and "sealing" not in held:
+        while backlog and "full" not in held and "sealing" not in held and "login" not in held:
             if self.closed or self.failing:
                 return
             if not budget:
@@ -353,7 +390,9 @@ class StompConnection(asyncio.Protocol):
                 handlers[command](self, frame)
             except TandemError as exc:
                 # DuplicateId says the originals are stored: it waits until they are durable.
-                self.error(exc.message, frame.get("receipt"), after_disk=isinstance(exc, DuplicateId))
+                self.error(
+                    exc.message, frame.get("receipt"), after_disk=isinstance(exc, DuplicateId), code=_code_of(exc)
+                )
             except Exception as exc:
                 log.exception("error handling STOMP %s from %s", command, self.peer)
                 self.error(f"internal error: {exc!r}", frame.get("receipt"))
@@ -382,8 +421,10 @@ class StompConnection(asyncio.Protocol):
             self.transport.write(st.encode("ERROR", headers, message.encode(), self.version))
         self.close()
 
-    def error(self, message: str, receipt: str | None = None, after_disk: bool = False) -> None:
-        """Send ERROR and close this connection only.
+    def error(
+        self, message: str, receipt: str | None = None, after_disk: bool = False, code: str | None = None
+    ) -> None:
+        """Send ERROR and close this connection only (a `code` header when given: UNAUTHORIZED).
 
         Receipts owed for earlier frames go first (as on DISCONNECT): a client that sent good
         frames before a bad one learns which of them the broker kept.
@@ -398,6 +439,8 @@ class StompConnection(asyncio.Protocol):
         headers = [("message", clip(message.replace("\n", " "), 500)), ("content-type", "text/plain")]
         if receipt is not None:
             headers.append(("receipt-id", receipt))
+        if code is not None:
+            headers.append(("code", code))
         frame = st.encode("ERROR", headers, message.encode(), self.version)
         if self._receipts:
             self._flush_receipts()
@@ -419,12 +462,16 @@ class StompConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+            abort_later(self.loop, self.transport, self.broker.config.slow_client_timeout / 1000)
         self._teardown()
 
     def _teardown(self) -> None:
         if self.closed:
             return
         self.closed = True
+        if self._login is not None:
+            self._login.cancel()
+        self.broker.limits.release(self)
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.stop()
@@ -460,6 +507,19 @@ class StompConnection(asyncio.Protocol):
             self.last_received = now  # we stopped reading, not the client: its beats wait unread
             if self.partial_since is not None:
                 self.partial_since = now
+        t = self.transport
+        if t is not None and self.output_watch.stuck(now, self.writable or self.failing, t.get_write_buffer_size()):
+            log.warning(
+                "closing STOMP connection from %s: it has read none of its %d pending bytes for %d ms "
+                "(slow-client-timeout)",
+                self.peer,
+                t.get_write_buffer_size(),
+                self.broker.config.slow_client_timeout,
+            )
+            self.broker.limits.refused["slow-client"] += 1
+            t.abort()
+            self._teardown()
+            return
         cfg = self.broker.config
         frame_ms = max(self.ttl_ms, cfg.effective_ttl_ms)  # the connection's TTL, or the broker's if longer
         if now - self.last_received > self.ttl_ms / 1000:
@@ -513,7 +573,7 @@ class StompConnection(asyncio.Protocol):
             self.write_all(receipts)
 
     def on_connect(self, frame: st.Frame) -> None:
-        if self.connected:
+        if self.connected or self._login is not None:
             raise st.StompError("already connected")
         version = st.negotiate(frame.get("accept-version"))
         if version is None:
@@ -521,10 +581,44 @@ class StompConnection(asyncio.Protocol):
         self.version = version
         self.parser.version = version
         b = self.broker
-        subject = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer)
-        if subject is None:
-            raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+        if not b.authenticator.enabled:
+            self._accept_connect(frame, version, ANONYMOUS)
+            return
+        # The passcode's hash is checked off the loop: the frames after CONNECT wait in the backlog.
+        self._hold("login")
+        check = b.authenticate(frame.get("login"), frame.get("passcode"), self.peer, "stomp", self.cert_user)
+        self._login = self.loop.create_task(check)
+        self._login.add_done_callback(lambda task: self._checked(frame, version, task))
+
+    def _checked(self, frame: st.Frame, version: str, task: asyncio.Task[Subject | None]) -> None:
+        self._login = None
+        if task.cancelled():
+            return
+        task.exception()  # retrieved even when closed: asyncio would report it as never retrieved
+        if self.is_closed():
+            return
+        try:
+            subject = task.result()
+            if subject is None:
+                audit("login", None, self.peer, None, False, login=frame.get("login"), protocol="stomp")
+                raise st.StompError(f"authentication failed for login {frame.get('login')!r}")
+            self._accept_connect(frame, version, subject)
+        except TandemError as exc:
+            self.error(exc.message, frame.get("receipt"))
+            return
+        except Exception as exc:
+            log.exception("error checking the login of %s", self.peer)
+            self.error(f"internal error: {exc!r}", frame.get("receipt"))
+            return
+        self._release("login")
+        self._run_backlog()
+
+    def _accept_connect(self, frame: st.Frame, version: str, subject: Subject) -> None:
+        b = self.broker
+        b.limits.login(self, subject.user, subject.cluster)
+        audit("login", subject, self.peer, None, True, protocol="stomp")
         self.subject = subject
+        self.access = access_for(b.authorizer, subject, self.peer)
         po = b.require_active()
         self.client_id = frame.get("client-id")
         cx, cy = 0, 0
@@ -540,7 +634,7 @@ class StompConnection(asyncio.Protocol):
         if cx > 0:
             self.ttl_ms = max(cx * 2, 500)  # tolerate one late beat
         self.send_beat_ms = max(cy, 100) if cy > 0 else 0
-        self.session = ServerSession(po, self, "stomp")
+        self.session = ServerSession(po, self, "stomp", access=self.access)
         self.connected = True
         self.handshaken = True
         headers = [
@@ -645,6 +739,7 @@ class StompConnection(asyncio.Protocol):
         assert session is not None
         message = Message.create(session.postoffice.ids.next(), data)
         if frame.streamed:  # its body follows in pieces (BODY_PART), straight to its file
+            session.authorize_send(message)  # before the body fills a file (and again when routed)
             large = getattr(self.broker.storage, "large", None)
             if large is None:
                 raise st.StompError("this broker does not take large messages (no data directory)")
@@ -700,7 +795,7 @@ class StompConnection(asyncio.Protocol):
         try:
             self._sent(up.frame, up.message, up.tx)
         except TandemError as e:
-            self.error(e.message, up.frame.get("receipt"), after_disk=isinstance(e, DuplicateId))
+            self.error(e.message, up.frame.get("receipt"), after_disk=isinstance(e, DuplicateId), code=_code_of(e))
             return
         except Exception as e:
             log.exception("error routing a STOMP large message from %s", self.peer)
@@ -776,20 +871,26 @@ class StompConnection(asyncio.Protocol):
         except ValueError:
             raise st.StompError(f"prefetch-count must be a number, got {prefetch_text!r}") from None
         po = self.session.postoffice
+        queues_before = set(po.queues) if audit_enabled() else None
         sub = Subscription(self, sid, destination or address, ack, prefetch)
         durable_name = frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
         selector = frame.get("selector")
         if rt == RoutingType.MULTICAST or (rt == RoutingType.ANY and _is_multicast(po, address)):
+            if self.access is not None:  # before its queue is made (create_consumer checks again)
+                self.access.check(Permission.CONSUME, address)
             if durable_name:
                 if not self.client_id:
                     raise st.StompError("a durable subscription needs a client-id on CONNECT")
                 qname = f"{self.client_id}.{durable_name}"
+                if qname not in po.queues:
+                    self.session.authorize_queue(qname, address, durable=True)
                 po.create_queue(
                     qname, address, RoutingType.MULTICAST, durable=True, filter_text=selector, exists_ok=True
                 )
                 sub.durable_queue = qname
             else:
                 qname = f"{address}.stomp.{id(self):x}.{sid}"
+                self.session.authorize_queue(qname, address, durable=False)
                 po.create_queue(
                     qname, address, RoutingType.MULTICAST, durable=False, filter_text=selector, temporary=True
                 )
@@ -804,6 +905,9 @@ class StompConnection(asyncio.Protocol):
         consumer = self.session.create_consumer(cid, qname, sub, window, selector)
         if prefetch > 0:
             consumer.add_credits(prefetch)
+        if queues_before is not None:
+            for name in po.queues.keys() - queues_before:  # created by this SUBSCRIBE
+                audit("queue.create", self.subject, self.peer, name, True, by="subscribe", protocol="stomp")
         sub.consumer = consumer
         self.subscriptions[sid] = sub
         self._ack_prefixes[str(cid)] = sub
@@ -812,19 +916,23 @@ class StompConnection(asyncio.Protocol):
     def on_unsubscribe(self, frame: st.Frame) -> None:
         assert self.session is not None
         sid = frame.get("id") or (frame.get("destination") if self.version == "1.0" else None)
-        sub = self.subscriptions.pop(sid or "", None)
+        sub = self.subscriptions.get(sid or "")
         if sub is None:
             raise st.StompError(f"no subscription with id {sid!r}")
+        po = self.session.postoffice
+        ends = sub.durable_queue is not None and (
+            frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
+        )
+        if ends and self.access is not None and sub.durable_queue in po.queues:
+            self.access.check(Permission.DELETE_DURABLE_QUEUE, po.queues[sub.durable_queue].address)
+        del self.subscriptions[sid or ""]
         if sub.consumer is not None:
             self._ack_prefixes.pop(str(sub.consumer.id), None)
             self.session.close_consumer(sub.consumer.id)
-        po = self.session.postoffice
         if sub.temporary is not None:
             self.temp_queues.discard(sub.temporary)
             po.delete_queue(sub.temporary, force=True)
-        elif sub.durable_queue is not None and (
-            frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
-        ):
+        elif sub.durable_queue is not None and ends:
             po.delete_queue(sub.durable_queue, force=True)  # unsubscribing by name ends the durable subscription
         self._receipt(frame)
 
@@ -955,6 +1063,11 @@ _HANDLERS: dict[str, Callable[[StompConnection, st.Frame], None]] = {
 }
 _HANDLERS[st.BODY_PART] = StompConnection.on_body_part
 _HANDLERS[st.BODY_END] = StompConnection.on_body_end
+
+
+def _code_of(exc: TandemError) -> str | None:
+    """The ERROR frame's `code` header: a denied operation says UNAUTHORIZED."""
+    return exc.code.name if isinstance(exc, Unauthorized) else None
 
 
 def _is_multicast(po: Any, address: str) -> bool:
