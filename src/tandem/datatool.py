@@ -16,7 +16,7 @@ from .journal import Journal, JournalSettings
 from .journal import files as jf
 from .journal import records as rec
 from .store.pages import decode_page, is_tx_page_name, page_key, parse_page_name
-from .store.records import AddressRecord, MessageRecord, PageCursorRecord, QueueRecord, RecordType
+from .store.records import AddressRecord, MessageRecord, PageAckRecord, PageCursorRecord, QueueRecord, RecordType
 
 _NAMES = {int(t): t.name for t in RecordType}
 
@@ -64,6 +64,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
     addresses: dict[int, str] = {}
     cursors: dict[int, tuple[int, int]] = {}
     page_txs: set[int] = set()
+    page_acks: set[tuple[int, int, int]] = set()  # (queue id, page, index): PAGE_ACK records
     per_queue: Counter[str] = Counter()
     large: dict[str, tuple[int, int]] = {}  # large body file -> (the record naming it, its recorded size)
     for label, j in _journals(data):
@@ -107,6 +108,10 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
             elif utype == RecordType.PAGE_CURSOR:
                 cur = msgspec.msgpack.decode(lr.body, type=PageCursorRecord)
                 cursors[cur.queue_id] = (cur.page, cur.index)
+            elif utype == RecordType.PAGE_ACK:
+                pa = msgspec.msgpack.decode(lr.body, type=PageAckRecord)
+                if not pa.end_page:  # (a purged span: its records still count here)
+                    page_acks.add((pa.queue_id, pa.page, pa.index))
             elif utype == RecordType.PAGE_TX:
                 page_txs.add(rid)
                 if records:
@@ -125,7 +130,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                         + (f" large={m.large.file}:{m.large.size}" if m.large is not None else ""),
                         file=out,
                     )
-    _print_paging(data, addresses, queues, cursors, page_txs, per_queue, records, out)
+    _print_paging(data, addresses, queues, cursors, page_txs, per_queue, records, out, page_acks)
     _print_large(data, large, out)
     print("== messages per queue", file=out)
     for name in sorted(set(queues.values()) | set(per_queue)):
@@ -142,10 +147,13 @@ def _print_paging(
     per_queue: Counter[str],
     records: bool,
     out: IO[str],
+    page_acks: set[tuple[int, int, int]] | None = None,
 ) -> None:
     """Page files per address with their records, and each queue's cursor (where it reads next).
     Messages still ahead of a cursor count in "messages per queue", those of a page transaction
-    with no PAGE_TX record (cut by a crash before its commit, decision 0049) do not."""
+    with no PAGE_TX record (cut by a crash before its commit, decision 0049) do not, nor those a
+    queue acknowledged ahead of its cursor (PAGE_ACK, decision 0063)."""
+    page_acks = page_acks or set()
     directory = data / "paging"
     print(f"== paging ({directory})", file=out)
     pages: dict[int, list[tuple[int, Path]]] = {}
@@ -155,7 +163,8 @@ def _print_paging(
             if parsed is not None:
                 pages.setdefault(parsed[0], []).append((parsed[1], p))
     for qid, (page, idx) in sorted(cursors.items()):
-        print(f"   cursor {queues.get(qid, f'#{qid}')}: page {page} record {idx}", file=out)
+        ahead = sum(1 for a in page_acks if a[0] == qid)
+        print(f"   cursor {queues.get(qid, f'#{qid}')}: page {page} record {idx}  acked ahead {ahead}", file=out)
     for aid in sorted(pages):
         print(f"   address {addresses.get(aid, f'#{aid} (deleted)')!r}:", file=out)
         for page, path in sorted(pages[aid]):
@@ -167,7 +176,8 @@ def _print_paging(
                 dead = bool(r.tx) and r.tx not in page_txs
                 for qid, _seq in r.refs:
                     c = cursors.get(qid)
-                    if not dead and qid in queues and (c is None or (page, i) >= c):
+                    acked = (qid, page, i) in page_acks
+                    if not dead and not acked and qid in queues and (c is None or (page, i) >= c):
                         per_queue[queues[qid]] += 1
                 if records:
                     tx = f" tx={r.tx}" + (" (never committed)" if dead else "") if r.tx else ""

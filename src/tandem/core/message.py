@@ -196,6 +196,7 @@ class MessageRef(msgspec.Struct, gc=False, eq=False):
     seq: int
     delivery_count: int = 0
     removed: bool = False
+    pos: tuple[int, int] | None = None  # read back from a page: (page, record index) (decision 0063)
 
     def __repr__(self) -> str:
         return f"MessageRef(seq={self.seq}, msg={self.message.id}, dc={self.delivery_count})"

@@ -1,18 +1,19 @@
 """Paging: an address whose memory is full keeps accepting messages by writing them to page files.
 
-Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045):
+Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045, 0063):
 
 - A PAGE address that is full (its `max-size-bytes` or the broker's `global-max-size` /
   `global-max-messages`) starts paging: from then on every message sent to it (a transaction's
   at its commit, decision 0049) goes to its current page file, once, whatever the number of queues it is routed
   to, with each queue's sequence number already assigned. Nothing of it stays in memory.
 - Each queue reads the pages through its own cursor (page, record index) when it has consumers
-  and little in memory (its share of the address's limit): the messages it takes are journaled
-  like any sent message (a MESSAGE record of their own, with the original message id) in one
-  batch with the queue's new cursor, so from there on acknowledgements, delivery counts,
-  redelivery, expiry and dead letters are the ordinary ones.
-- A page is deleted once every queue's cursor is past it and those cursors are durable; the
-  address stops paging when no queue has a paged message left.
+  and little in memory (its share of the address's limit). A message it reads back stays a page
+  record (decision 0063): its ref knows its position, and whatever removes it for good writes a
+  PAGE_ACK record; the queue's journaled cursor is its oldest position read back and not
+  acknowledged, and moves over the acknowledged prefix (deleting the PAGE_ACKs behind it).
+- A page is deleted once every queue's journaled cursor is past it and those cursors are
+  durable; the address stops paging when no queue has a message paged or read back and
+  unacknowledged.
 
 Order per queue holds across the boundary: while an address pages, nothing it receives enters
 memory, and a queue reads its pages in order. A transaction's paged records are not read past
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -113,6 +114,17 @@ class AddressPager:
         self.next_page = loaded_upto + 1
         self.loaded_upto = loaded_upto  # pages from before this start: their non-durable messages are gone
         self.cursors: dict[int, list[int]] = {}  # queue id -> [page, record index]: the next record to read
+        # Decision 0063: a message read back stays a page record. Per queue id: every record
+        # before `done` is done with (the journaled PAGE_CURSOR); `outstanding`, the positions read
+        # into memory and not acknowledged yet, in order; `acked`, those of them acknowledged
+        # (journaled) while one before them is not; `acked_ahead` and `counts_ahead`, acknowledged
+        # positions and delivery counts loaded from the journal that the cursor has not reached.
+        self.done: dict[int, tuple[int, int]] = {}
+        self.outstanding: dict[int, deque[tuple[int, int]]] = {}
+        self.acked: dict[int, set[tuple[int, int]]] = {}
+        self.acked_ahead: dict[int, set[tuple[int, int]]] = {}
+        self.counts_ahead: dict[int, dict[tuple[int, int], int]] = {}
+        self.spans_ahead: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] = {}  # purged (start, end)
         self.paged: dict[int, int] = {}  # queue id -> its messages still in pages
         self.cache: OrderedDict[int, _Cached] = OrderedDict()
         self.waiters: list[Callable[[], None]] = []  # range reads and acks waiting for page data
@@ -217,6 +229,7 @@ class AddressPager:
             self.cursors[q.id] = [self.write_page, self.counts[self.write_page]]
         else:
             self.cursors[q.id] = [self.next_page, 0]
+        self.done[q.id] = (self.cursors[q.id][0], self.cursors[q.id][1])
         self.paged[q.id] = 0
 
     def remove_queue(self, q: Queue) -> None:
@@ -224,6 +237,8 @@ class AddressPager:
         self.cursors.pop(q.id, None)
         self.paged.pop(q.id, None)
         self.range_hints.pop(q.id, None)
+        for held in (self.done, self.outstanding, self.acked, self.acked_ahead, self.counts_ahead, self.spans_ahead):
+            held.pop(q.id, None)
         if q.durable:
             self.storage.delete_cursor(q)
         self._collect()
@@ -234,12 +249,80 @@ class AddressPager:
         if not n:
             return 0
         head = [self.write_page, self.counts[self.write_page]] if self.write_page else [self.next_page, 0]
+        start = self.cursors[q.id]
         self.cursors[q.id] = head
         self.paged[q.id] = 0
-        if q.durable and self.storage.persistent:
-            self.storage.store_depaged(q, [], (head[0], head[1]), self.ids.next())
-        self._collect()
+        self.acked_ahead.pop(q.id, None)
+        self.counts_ahead.pop(q.id, None)
+        self.spans_ahead.pop(q.id, None)
+        if self.outstanding.get(q.id) and q.durable and self.storage.persistent:
+            # The journaled cursor is held at a message in delivery: the purged span is recorded,
+            # or a restart would read it again.
+            self.storage.store_page_skip(q, (start[0], start[1]), (head[0], head[1]), self.ids.next())
+        self._advance(q)
         return n
+
+    # ------------------------------------------------- acknowledgements (0063)
+    def acknowledged(self, q: Queue, refs: list[MessageRef], tx: list[object] | None = None) -> None:
+        """`q` is done with `refs`, read back from its pages (acknowledged, expired, dead-lettered,
+        replaced, purged): journaled as PAGE_ACK records, then its cursor moves over the
+        acknowledged prefix. In a transaction the records join `tx`, and the positions count as
+        acknowledged only once its batch is handed to the journal (the cursor, a batch of its
+        own, must never pass an acknowledgement the journal may not get)."""
+        positions = [ref.pos for ref in refs if ref.pos is not None]
+        if q.durable and self.storage.persistent:
+            ids = self.ids
+            acks = [(ids.next(), *ref.pos) for ref in refs if ref.pos is not None and ref.message.durable]
+            if tx is not None:
+                if acks:
+                    self.storage.store_page_acks(q, acks, None, 0, tx)
+                tx.append(partial(self._acked, q, positions))
+                return
+            self._acked(q, positions, acks)
+            return
+        if tx is not None:
+            tx.append(partial(self._acked, q, positions))
+        else:
+            self._acked(q, positions)
+
+    def _acked(
+        self, q: Queue, positions: list[tuple[int, int]], acks: list[tuple[int, int, int]] | None = None
+    ) -> None:
+        """Mark `positions` acknowledged; journal `acks` (not yet journaled) with the new cursor."""
+        out = self.outstanding.get(q.id)
+        if out is None:  # the queue was deleted meanwhile
+            return
+        acked = self.acked.setdefault(q.id, set())
+        acked.update(positions)
+        while out and out[0] in acked:
+            acked.discard(out.popleft())
+        self._advance(q, acks)
+
+    def _advance(self, q: Queue, acks: list[tuple[int, int, int]] | None = None) -> None:
+        """Journal `q`'s new cursor (the first position read back and not acknowledged, else where
+        it reads next) if it moved, with `acks`; then delete the pages every cursor is past."""
+        out = self.outstanding.get(q.id)
+        cur = self.cursors.get(q.id)
+        if cur is None:
+            return
+        new = out[0] if out else (cur[0], cur[1])
+        old = self.done.get(q.id)
+        moved = old is None or new > old
+        if moved:
+            self.done[q.id] = new
+        if q.durable and self.storage.persistent and (moved or acks):
+            self.storage.store_page_acks(q, acks or [], new if moved else None, self.ids.next())
+        if moved:
+            self._collect()
+
+    def _purged(self, qid: int, pos: tuple[int, int]) -> bool:
+        """`pos` lies in a span of `qid` purged before a restart."""
+        return any(start <= pos < end for start, end in self.spans_ahead.get(qid, ()))
+
+    def delivery_counted(self, q: Queue, ref: MessageRef) -> None:
+        """A failed delivery of `ref`, read back from a page: its count, kept by position."""
+        if ref.pos is not None and q.durable and self.storage.persistent:
+            self.storage.store_page_delivery_count(q, ref.pos, ref.delivery_count, self.ids.next())
 
     # -------------------------------------------------------------- reading
     def share(self) -> int:
@@ -273,6 +356,9 @@ class AddressPager:
         moved = False
         c: _Cached | None = None
         cpage = 0
+        skip = self.acked_ahead.get(qid)
+        counts = self.counts_ahead.get(qid)
+        spans = self.spans_ahead.get(qid)
         while have + size < share and scanned < MAX_SCAN:
             count = self.counts.get(page)
             if count is None:  # deleted, or not written yet
@@ -302,29 +388,31 @@ class AddressPager:
             seq = self._seq_in(r, qid)
             if not seq or (r.tx and r.tx in self.tx_dead):
                 continue  # not this queue's, or of a transaction that never committed
+            pos = (page, idx - 1)
+            if skip and pos in skip:
+                skip.discard(pos)  # acknowledged before a restart
+                continue
+            if spans and self._purged(qid, pos):
+                continue
             m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
             if not m.durable and page <= self.loaded_upto:
                 continue  # a non-durable message does not outlive the broker that took it
             if r.expiration:
                 m.expiration = r.expiration
-            taken.append(MessageRef(m, q, seq))
+            taken.append(MessageRef(m, q, seq, counts.pop(pos, 0) if counts else 0, pos=pos))
             size += len(r.raw) + per
         if not moved:
             self._read_ahead(page, idx)
             return 0
         cur[0], cur[1] = page, idx
         self.paged[qid] -= len(taken)
-        if q.durable and self.storage.persistent:
-            durable = [ref for ref in taken if ref.message.durable]
-            for ref in durable:
-                ref.message.rid = self.ids.next()
-                ref.message.durable_refs = 1
-            self.storage.store_depaged(q, [(ref.message, ref.seq) for ref in durable], (page, idx), self.ids.next())
+        out = self.outstanding.setdefault(qid, deque())
         for ref in taken:
+            out.append(ref.pos)  # type: ignore[arg-type]
             q.add_depaged(ref)
         self._trim()
         self._read_ahead(page, idx)
-        self._collect()
+        self._advance(q)
         return scanned
 
     def _seq_in(self, r: PagedRecord, qid: int) -> int:
@@ -369,7 +457,11 @@ class AddressPager:
                 r = c.records[idx - c.base]
                 if r.tx and r.tx in self.tx_open:
                     return True
-                if not (r.tx and r.tx in self.tx_dead):
+                if (
+                    not (r.tx and r.tx in self.tx_dead)
+                    and (page, idx) not in self.acked_ahead.get(qid, ())
+                    and not self._purged(qid, (page, idx))
+                ):
                     seq = self._seq_in(r, qid)
                     if seq and (page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable):
                         return r, seq
@@ -544,12 +636,17 @@ class AddressPager:
                 pos[1] += 1
                 n += 1
             if (pos[0], pos[1]) > (cur[0], cur[1]):  # kept even when waiting: never read twice
+                if self.outstanding.get(q.id) and q.durable and self.storage.persistent:
+                    # The journaled cursor is held at a message in delivery: the span is recorded.
+                    self.storage.store_page_skip(q, (cur[0], cur[1]), (pos[0], pos[1]), self.ids.next())
                 cur[0], cur[1] = pos
                 self.paged[q.id] = max(0, self.paged[q.id] - n)
                 total += n
-                if q.durable and self.storage.persistent:
-                    self.storage.store_depaged(q, [], (pos[0], pos[1]), self.ids.next())
-                self._collect()
+                ahead = self.acked_ahead.get(q.id)
+                if ahead:
+                    for p in [p for p in ahead if p < (pos[0], pos[1])]:
+                        ahead.discard(p)
+                self._advance(q)
             if waiting:
                 self.waiters.append(go)
             else:
@@ -561,7 +658,7 @@ class AddressPager:
     def _collect(self) -> None:
         """Delete the pages every cursor is past (once the cursors are durable); stop paging when
         no queue has a paged message left."""
-        if not any(self.paged.values()):
+        if not any(self.paged.values()) and not any(self.outstanding.values()):
             done = self.pages
             self.pages = []
             self.counts.clear()
@@ -569,12 +666,22 @@ class AddressPager:
             self.write_page = 0
             for cur in self.cursors.values():
                 cur[0], cur[1] = self.next_page, 0
+            head = (self.next_page, 0)
+            for q in self.addr.queues.values():
+                # Journaled too: no PAGE_ACK ahead of a cursor may outlive its page (a later page
+                # could take its number after a restart).
+                if self.done.get(q.id, head) != head and q.durable and self.storage.persistent:
+                    self.storage.store_page_acks(q, [], head, self.ids.next())
+                self.done[q.id] = head
+            self.acked_ahead.clear()
+            self.counts_ahead.clear()
+            self.spans_ahead.clear()
             self.range_hints.clear()
             if self.active:
                 self.active = False
                 log.info("address stopped paging", extra={"address": self.addr.name})
         else:
-            low = min((c[0] for c in self.cursors.values()), default=self.next_page)
+            low = min((c[0] for c in self.done.values()), default=self.next_page)
             done = [p for p in self.pages if p < low]
             if not done:
                 return
@@ -605,9 +712,14 @@ class AddressPager:
         cursors: dict[int, tuple[int, int]],
         committed: set[int] | frozenset[int] = frozenset(),
         tx_seqs: dict[int, list[tuple[int, int, int]]] | None = None,
+        acks: dict[int, set[tuple[int, int]]] | None = None,
+        counts: dict[int, dict[tuple[int, int], int]] | None = None,
+        spans: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] | None = None,
     ) -> list[Message]:
         """Rebuild from the page files and the journaled cursors; `committed`: the page
-        transactions journaled (PAGE_TX); `tx_seqs`: their sequences, for those paged while open.
+        transactions journaled (PAGE_TX); `tx_seqs`: their sequences, for those paged while open;
+        `acks` and `counts`: per queue, the records acknowledged ahead of its cursor and the
+        delivery counts of those read back before (decision 0063).
         Returns the paged messages that carry a dedup id (the caller makes sure the dedup cache
         knows them)."""
         queues = {q.id: q for q in self.addr.queues.values()}
@@ -623,7 +735,14 @@ class AddressPager:
         for qid in queues:
             page, idx = cursors.get(qid, (first, 0))
             self.cursors[qid] = [page, idx]
+            self.done[qid] = (page, idx)
             self.paged[qid] = 0
+            if acks and acks.get(qid):
+                self.acked_ahead[qid] = {pos for pos in acks[qid] if pos >= (page, idx)}
+            if counts and counts.get(qid):
+                self.counts_ahead[qid] = {pos: n for pos, n in counts[qid].items() if pos >= (page, idx)}
+            if spans and spans.get(qid):
+                self.spans_ahead[qid] = [(a, b) for a, b in spans[qid] if b > (page, idx)]
         with_dedup: list[Message] = []
         for page in pages:
             records = self.store.load(self.addr.id, page)
@@ -646,7 +765,8 @@ class AddressPager:
                 for qid, _seq in r.refs:
                     cur = self.cursors.get(qid)
                     if cur is not None and (page, i) >= (cur[0], cur[1]):
-                        self.paged[qid] += 1
+                        if (page, i) not in self.acked_ahead.get(qid, ()) and not self._purged(qid, (page, i)):
+                            self.paged[qid] += 1
         self.active = any(self.paged.values())
         self._collect()
         return with_dedup

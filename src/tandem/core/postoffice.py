@@ -439,10 +439,14 @@ class PostOffice:
         cursors: dict[int, tuple[int, int]],
         page_txs: set[int] | frozenset[int] = frozenset(),
         page_tx_seqs: dict[int, list[tuple[int, int, int]]] | None = None,
+        page_acks: dict[int, set[tuple[int, int]]] | None = None,
+        page_counts: dict[int, dict[tuple[int, int], int]] | None = None,
+        page_skips: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] | None = None,
     ) -> list[int]:
         """Reload: rebuild each address's paging state from its pages and the queues' cursors;
         `page_txs`: the committed page transactions (those with no page left are deleted).
-        Returns the ids of cursor records whose queues are gone (the caller deletes them)."""
+        Returns the ids of queues gone whose cursor or page acknowledgements are journaled (the
+        caller deletes those records)."""
         by_id = {a.id: a for a in self.addresses.values()}
         assert self.pages is not None
         # Page numbers never go back: a journaled cursor may name a page deleted since, and a new
@@ -462,7 +466,7 @@ class PostOffice:
                 continue
             pager = addr.pager = self._new_pager(addr, max(pages[-1] if pages else 0, floor.get(aid, 0)))
             ops: list[object] = []
-            for m in pager.load(pages, cursors, page_txs, page_tx_seqs):
+            for m in pager.load(pages, cursors, page_txs, page_tx_seqs, page_acks, page_counts, page_skips):
                 assert m.dedup_id is not None
                 cache = self.dedup_cache(m.address)
                 if m.dedup_id not in cache:  # its dedup record was still on its way when the broker stopped
@@ -472,7 +476,8 @@ class PostOffice:
         for tx in page_txs:
             if tx not in self.page_txs:
                 self.storage.delete_page_tx(tx)  # its pages are all gone
-        return [qid for qid in cursors if qid not in self.queues_by_id]
+        held = {*cursors, *(page_acks or ()), *(page_counts or ()), *(page_skips or ())}
+        return [qid for qid in held if qid not in self.queues_by_id]
 
     # --------------------------------------------------------------- storing
     def _store(self, message: Message, queues: list[Queue], ops: list[object] | None) -> list[MessageRef]:

@@ -499,15 +499,22 @@ class Queue:
     def _drop(self, refs: list[MessageRef], tx: list[object] | None = None) -> None:
         persist = self.durable and self.storage.persistent
         durable = []
+        depaged: list[MessageRef] = []
         released = 0
         for ref in refs:
             ref.removed = True
             m = ref.message
             released += len(m.raw)
-            if persist and m.durable:
+            if ref.pos is not None:
+                depaged.append(ref)  # still a page record: acknowledged by position (decision 0063)
+            elif persist and m.durable:
                 durable.append(m)
         if durable:
             self.storage.store_acks(durable, self, tx)
+        if depaged:
+            pager = self.addr.pager if self.addr is not None else None
+            if pager is not None:
+                pager.acknowledged(self, depaged, tx)
         if released:
             self._account(-released, -len(refs))
 
@@ -528,7 +535,10 @@ class Queue:
                 self._kill(ref, f"delivery failed {ref.delivery_count} times (max-delivery-attempts)")
                 continue
             if persist and ref.message.durable:
-                self.storage.store_delivery_count(ref.message, self, ref.delivery_count)
+                if ref.pos is None:
+                    self.storage.store_delivery_count(ref.message, self, ref.delivery_count)
+                elif self.addr is not None and self.addr.pager is not None:
+                    self.addr.pager.delivery_counted(self, ref)
             back.append(ref)
         if not back or self.deleted:
             return

@@ -3,7 +3,8 @@
 Core objects call these as they change; the storage turns them into journal
 records. `after_durable` is how a reply waits for the disk without blocking.
 A `tx` list, when given, collects the records instead of appending them, so a
-transaction can commit them as one atomic batch.
+transaction can commit them as one atomic batch; callables in it run once the batch
+is handed to the journal, in order.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ class Storage(Protocol):
         self, queue: Queue, messages: list[tuple[Message, int]], cursor: tuple[int, int], rid: int
     ) -> None: ...
     def delete_cursor(self, queue: Queue) -> None: ...
+    def store_page_acks(
+        self,
+        queue: Queue,
+        acks: list[tuple[int, int, int]],
+        cursor: tuple[int, int] | None,
+        rid: int,
+        tx: list[object] | None = None,
+    ) -> None: ...
+    def store_page_delivery_count(self, queue: Queue, pos: tuple[int, int], count: int, rid: int) -> None: ...
+    def store_page_skip(self, queue: Queue, start: tuple[int, int], end: tuple[int, int], rid: int) -> None: ...
     def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None: ...
     def delete_page_tx(self, tx: int) -> None: ...
     def after_durable(self, cb: Callable[[], None]) -> None: ...

@@ -108,7 +108,16 @@ def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: 
     if isinstance(storage, JournalStorage):
         pages = storage.pages
         pages.on_durable = po.pages_durable
-        for qid in po.restore_paging(pages.listing(), state.page_cursors, state.page_txs, state.page_tx_seqs):
+        gone = po.restore_paging(
+            pages.listing(),
+            state.page_cursors,
+            state.page_txs,
+            state.page_tx_seqs,
+            state.page_acks,
+            state.page_counts,
+            state.page_skips,
+        )
+        for qid in gone:
             storage.delete_cursor_record(qid)
     return n
 

@@ -35,7 +35,9 @@ from .records import (
     DuplicateIdRecord,
     LargeRecord,
     MessageRecord,
+    PageAckRecord,
     PageCursorRecord,
+    PageDeliveryCountRecord,
     QueueRecord,
     RecordType,
     encoder,
@@ -54,6 +56,8 @@ _dec_dc = msgspec.msgpack.Decoder(DeliveryCountRecord)
 _dec_counter = msgspec.msgpack.Decoder(CounterRecord)
 _dec_dedup = msgspec.msgpack.Decoder(DuplicateIdRecord)
 _dec_cursor = msgspec.msgpack.Decoder(PageCursorRecord)
+_dec_page_ack = msgspec.msgpack.Decoder(PageAckRecord)
+_dec_page_dc = msgspec.msgpack.Decoder(PageDeliveryCountRecord)
 _encode = encoder.encode
 
 BINDINGS_FILE_SIZE = 1024 * 1024
@@ -84,6 +88,11 @@ class LoadedState:
     page_cursors: dict[int, tuple[int, int]] = field(default_factory=dict)  # queue id -> (page, index)
     page_txs: set[int] = field(default_factory=set)  # committed page transactions (PAGE_TX records)
     page_tx_seqs: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # tx -> (queue, first, count)
+    # Decision 0063: per queue id, the page records it acknowledged ahead of its cursor, and the
+    # delivery counts of those it read back and had delivered without an acknowledgement.
+    page_acks: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
+    page_counts: dict[int, dict[tuple[int, int], int]] = field(default_factory=dict)
+    page_skips: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] = field(default_factory=dict)  # purged spans
 
 
 class JournalStorage:
@@ -110,6 +119,12 @@ class JournalStorage:
         self._drop_at_start: list[int] = []  # records found broken before the journal ran
         self._leftovers: dict[int, LiveRecord] | None = None
         self._cursor_rids: dict[int, int] = {}  # queue id -> its PAGE_CURSOR record
+        self._cursors: dict[int, tuple[int, int]] = {}  # queue id -> its journaled cursor
+        # queue id -> (page, index) -> its PAGE_ACK / PAGE_DELIVERY_COUNT record (decision 0063)
+        self._page_acks: dict[int, dict[tuple[int, int], int]] = {}
+        self._page_dcs: dict[int, dict[tuple[int, int], int]] = {}
+        self._page_skips: dict[int, dict[int, tuple[tuple[int, int], tuple[int, int]]]] = {}  # qid -> rid -> span
+        self._dc_values: dict[int, int] = {}  # (load only) PAGE_DELIVERY_COUNT record -> its count
         (self.data_dir / "paging").mkdir(parents=True, exist_ok=True)
         self.large = LargeMessageStore(self.data_dir / LARGE_DIRECTORY, tap, self.messages.after_durable)
         self.pages = PageFiles(self.data_dir / "paging", settings.datasync, tap)
@@ -136,6 +151,9 @@ class JournalStorage:
                 state.page_txs.add(rid)
                 if lr.body:
                     state.page_tx_seqs[rid] = _dec_tx_seqs.decode(lr.body)
+            elif lr.user_type in (RecordType.PAGE_ACK, RecordType.PAGE_DELIVERY_COUNT):
+                self._page_record_loaded(rid, lr.user_type, lr.body)
+        self._page_records_state(state)
         state.messages = self._iter_messages(live)
         return state
 
@@ -177,6 +195,33 @@ class JournalStorage:
             self._cursor_rids[c.queue_id] = rid
             state.page_cursors[c.queue_id] = (c.page, c.index)
 
+    def _page_record_loaded(self, rid: int, utype: int, body: bytes) -> None:
+        if utype == RecordType.PAGE_ACK:
+            a = _dec_page_ack.decode(body)
+            if a.end_page:
+                self._page_skips.setdefault(a.queue_id, {})[rid] = ((a.page, a.index), (a.end_page, a.end_index))
+            else:
+                self._page_acks.setdefault(a.queue_id, {})[(a.page, a.index)] = rid
+        else:
+            d = _dec_page_dc.decode(body)
+            dcs = self._page_dcs.setdefault(d.queue_id, {})
+            old = dcs.get((d.page, d.index))
+            if old is None or old < rid:  # a replacement is added before its predecessor is deleted
+                dcs[(d.page, d.index)] = rid
+                self._dc_values[rid] = d.count
+
+    def _page_records_state(self, state: LoadedState) -> None:
+        """The loaded PAGE_ACK / PAGE_DELIVERY_COUNT records ahead of their queue's cursor (any
+        behind it are left over from nothing: a cursor's batch deletes those it passes)."""
+        self._cursors.update(state.page_cursors)
+        for qid, acks in self._page_acks.items():
+            state.page_acks[qid] = set(acks)
+        for qid, dcs in self._page_dcs.items():
+            state.page_counts[qid] = {pos: self._dc_values[rid] for pos, rid in dcs.items()}
+        for qid, spans in self._page_skips.items():
+            state.page_skips[qid] = sorted(spans.values())
+        self._dc_values.clear()
+
     def set_tap(self, tap: Tap | None) -> None:
         """Before `start`: stream every change from now on (a backup that took over replicates in turn)."""
         self.bindings.tap = tap
@@ -204,6 +249,9 @@ class JournalStorage:
                 state.page_txs.add(rid)
                 if lr.body:
                     state.page_tx_seqs[rid] = _dec_tx_seqs.decode(lr.body)
+            elif lr.user_type in (RecordType.PAGE_ACK, RecordType.PAGE_DELIVERY_COUNT):
+                self._page_record_loaded(rid, lr.user_type, lr.body)
+        self._page_records_state(state)
         self._leftovers = mlive  # the follower's message objects carry on; its records are freed later
         self._check_followed_large(mlive)
         return state
@@ -380,17 +428,86 @@ class JournalStorage:
                 raw = msgspec.Raw(raw)
             body = _encode(MessageRecord([(queue.id, seq)], raw, m.expiration or 0, message_id=m.id))
             ops.append(Op(ADD, RecordType.MESSAGE, m.rid or m.id, body))
-        ops.append(Op(ADD, RecordType.PAGE_CURSOR, rid, _encode(PageCursorRecord(queue.id, cursor[0], cursor[1]))))
-        old = self._cursor_rids.get(queue.id)
+        self._cursor_ops(queue.id, cursor, rid, ops)
+        self.messages.batch(ops)
+
+    def _cursor_ops(self, qid: int, cursor: tuple[int, int], rid: int, ops: list[Op]) -> None:
+        """A queue's new cursor (record `rid`), replacing the previous one; the PAGE_ACK and
+        PAGE_DELIVERY_COUNT records it passes go in the same batch (decision 0063)."""
+        ops.append(Op(ADD, RecordType.PAGE_CURSOR, rid, _encode(PageCursorRecord(qid, cursor[0], cursor[1]))))
+        old = self._cursor_rids.get(qid)
         if old is not None:
             ops.append(Op(DELETE, 0, old, b""))
-        self._cursor_rids[queue.id] = rid
+        self._cursor_rids[qid] = rid
+        self._cursors[qid] = cursor
+        for held in (self._page_acks.get(qid), self._page_dcs.get(qid)):
+            if held:
+                behind = [pos for pos in held if pos < cursor]
+                for pos in behind:
+                    ops.append(Op(DELETE, 0, held.pop(pos), b""))
+        spans = self._page_skips.get(qid)
+        if spans:
+            for srid in [srid for srid, (_start, end) in spans.items() if end <= cursor]:
+                del spans[srid]
+                ops.append(Op(DELETE, 0, srid, b""))
+
+    def store_page_acks(
+        self,
+        queue: Queue,
+        acks: list[tuple[int, int, int]],
+        cursor: tuple[int, int] | None,
+        rid: int,
+        tx: list[object] | None = None,
+    ) -> None:
+        """A queue acknowledged page records it read back (decision 0063): a PAGE_ACK record
+        (id, page, index) for each, and, outside a transaction, its new cursor (record `rid`)
+        when that moved, in one batch (an acknowledgement the cursor passes needs no record).
+        In a transaction the records join `tx`; the cursor moves once it is committed."""
+        qid = queue.id
+        ops: list[Op] = []
+        dcs = self._page_dcs.get(qid)
+        mine = self._page_acks.setdefault(qid, {})
+        fresh: list[tuple[tuple[int, int], int]] = []
+        for arid, page, index in acks:
+            pos = (page, index)
+            if dcs and pos in dcs:
+                ops.append(Op(DELETE, 0, dcs.pop(pos), b""))
+            if cursor is not None and pos < cursor:
+                continue
+            ops.append(Op(ADD, RecordType.PAGE_ACK, arid, _encode(PageAckRecord(qid, page, index))))
+            fresh.append((pos, arid))
+        if tx is not None:
+            tx.extend(ops)
+            tx.append(partial(mine.update, fresh))  # known once the transaction's batch is handed over
+            return
+        mine.update(fresh)
+        if cursor is not None:
+            self._cursor_ops(qid, cursor, rid, ops)
+        self.messages.batch(ops)
+
+    def store_page_skip(self, queue: Queue, start: tuple[int, int], end: tuple[int, int], rid: int) -> None:
+        """A purge acknowledged every page record of `queue` from `start` up to `end` while its
+        cursor is held behind them (by a message read back and in delivery): one PAGE_ACK record
+        for the span, deleted once the cursor reaches its end."""
+        qid = queue.id
+        self._page_skips.setdefault(qid, {})[rid] = (start, end)
+        self.messages.add(rid, RecordType.PAGE_ACK, _encode(PageAckRecord(qid, *start, *end)))
+
+    def store_page_delivery_count(self, queue: Queue, pos: tuple[int, int], count: int, rid: int) -> None:
+        """Failed deliveries of a page record read back (record `rid`, replacing the last one)."""
+        if self.messages.failed is not None:  # advisory, as store_delivery_count
+            return
+        qid = queue.id
+        dcs = self._page_dcs.setdefault(qid, {})
+        ops = [Op(ADD, RecordType.PAGE_DELIVERY_COUNT, rid, _encode(PageDeliveryCountRecord(qid, *pos, count)))]
+        old = dcs.get(pos)
+        if old is not None:
+            ops.append(Op(DELETE, 0, old, b""))
+        dcs[pos] = rid
         self.messages.batch(ops)
 
     def delete_cursor(self, queue: Queue) -> None:
-        old = self._cursor_rids.pop(queue.id, None)
-        if old is not None:
-            self.messages.delete(old)
+        self.delete_cursor_record(queue.id)
 
     def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:
         """The record that makes page transaction `tx`'s paged messages visible (decision 0049),
@@ -403,10 +520,19 @@ class JournalStorage:
         self.messages.delete(tx)
 
     def delete_cursor_record(self, queue_id: int) -> None:
-        """Reload clean-up: the cursor of a queue that no longer exists."""
+        """A queue deleted (or, at a reload, gone): its cursor and its page acknowledgements."""
+        rids = [*self._page_acks.pop(queue_id, {}).values(), *self._page_dcs.pop(queue_id, {}).values()]
+        rids += self._page_skips.pop(queue_id, {})
         old = self._cursor_rids.pop(queue_id, None)
+        self._cursors.pop(queue_id, None)
         if old is not None:
-            self.messages.delete(old)
+            rids.append(old)
+        if rids:
+            self.messages.delete_many(rids)
+
+    def page_record_queues(self) -> set[int]:
+        """Queues with page records in the journal (a reload deletes those of queues gone)."""
+        return set(self._cursor_rids) | set(self._page_acks) | set(self._page_dcs) | set(self._page_skips)
 
     def store_message(self, message: Message, refs: list[tuple[int, int]], tx: list[object] | None = None) -> None:
         raw = message.raw
@@ -483,14 +609,19 @@ class JournalStorage:
             self.messages.batch(ops)
 
     def commit(self, tx: list[object]) -> None:
+        """One atomic batch of `tx`'s journal operations; then its callables, in order (what
+        must follow the batch: a page cursor passing acknowledgements in it, decision 0063)."""
         ops = [op for op in tx if isinstance(op, Op)]
-        if len(ops) != len(tx):
+        after = [f for f in tx if not isinstance(f, Op)]
+        if not all(callable(f) for f in after):
             raise JournalError("transaction holds something that is not a journal operation")
         self.messages.batch(ops)
         if self.large.records:
             for op in ops:
                 if op.kind == DELETE:
                     self.large.record_deleted(op.id)
+        for f in after:
+            f()  # type: ignore[operator]
 
     def delete_message(self, message_id: int) -> None:
         """Reload clean-up: a message none of whose queues still exist."""
@@ -583,7 +714,9 @@ class NullStorage:
         pass
 
     def commit(self, tx: list[object]) -> None:
-        pass
+        for f in tx:
+            if callable(f):
+                f()
 
     def delete_message(self, message_id: int) -> None:
         pass
@@ -594,6 +727,22 @@ class NullStorage:
         pass
 
     def delete_cursor(self, queue: Queue) -> None:
+        pass
+
+    def store_page_acks(
+        self,
+        queue: Queue,
+        acks: list[tuple[int, int, int]],
+        cursor: tuple[int, int] | None,
+        rid: int,
+        tx: list[object] | None = None,
+    ) -> None:
+        pass
+
+    def store_page_delivery_count(self, queue: Queue, pos: tuple[int, int], count: int, rid: int) -> None:
+        pass
+
+    def store_page_skip(self, queue: Queue, start: tuple[int, int], end: tuple[int, int], rid: int) -> None:
         pass
 
     def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:

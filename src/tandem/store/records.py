@@ -20,6 +20,8 @@ class RecordType(IntEnum):
     DUPLICATE_ID = 13
     PAGE_CURSOR = 14  # where a queue reads its address's page files next
     PAGE_TX = 15  # a committed transaction's paged messages are visible (decision 0049)
+    PAGE_ACK = 16  # a queue acknowledged one record of its pages, ahead of its cursor (decision 0063)
+    PAGE_DELIVERY_COUNT = 17  # failed deliveries of a page record read back by a queue (decision 0063)
     # page files (paging/)
     PAGED_MESSAGE = 20
 
@@ -87,6 +89,27 @@ class PageCursorRecord(msgspec.Struct, array_like=True, gc=False):
     queue_id: int
     page: int
     index: int
+
+
+class PageAckRecord(msgspec.Struct, array_like=True, gc=False):
+    """A queue acknowledged record `index` of `page` (one it read back; its cursor is behind it);
+    with `end_page`, every record of the queue from there up to (`end_page`, `end_index`): a purge
+    while messages read back are in delivery."""
+
+    queue_id: int
+    page: int
+    index: int
+    end_page: int = 0
+    end_index: int = 0
+
+
+class PageDeliveryCountRecord(msgspec.Struct, array_like=True, gc=False):
+    """Failed deliveries so far of record `index` of `page` in a queue (replaced as it grows)."""
+
+    queue_id: int
+    page: int
+    index: int
+    count: int
 
 
 class CounterRecord(msgspec.Struct, array_like=True, gc=False):
