@@ -477,3 +477,61 @@ def test_fuzzed_logins_are_refused_clearly_and_only_the_right_pair_gets_in(
     assert logs_in(b, "app", "secret") and b.running
     log = b.log_text()
     assert "internal error" not in log and "Traceback" not in log, log[-3000:]
+
+
+# ================================================================ revocation
+
+
+def test_removing_a_user_or_changing_it_closes_its_open_connections(broker_factory: Factory) -> None:
+    """A reload that removes a user, or changes its roles or password, closes that user's open
+    connections (native with an ERROR naming the reason, STOMP with an ERROR frame): what it was
+    allowed when it logged in no longer holds. Other users' connections go on."""
+    import stomp
+
+    users = {**APP, "bob": ("bob-pw", ["app"]), "carol": ("carol-pw", ["app"]), "dave": ("dave-pw", ["app"])}
+    b = secured(broker_factory, users, security_invalidation_interval=600_000).start()
+    native = {u: tandem.connect(url_with(b, u, f"{u}-pw")) for u in ("bob", "carol", "dave")}
+    try:
+        for conn in native.values():
+            assert conn.manage("broker.status")["state"] == "active"
+        errors: list[str] = []
+
+        class Listener(stomp.ConnectionListener):  # type: ignore[misc]
+            def on_error(self, frame: Any) -> None:
+                errors.append(frame.headers.get("message", ""))
+
+        sc = stomp.Connection12([("127.0.0.1", b.ports["stomp"])], reconnect_attempts_max=1)
+        sc.set_listener("l", Listener())
+        sc.connect("bob", "bob-pw", wait=True)
+        assert sc.is_connected()
+        # bob removed, carol's roles changed, dave's password changed; app untouched
+        write_users(
+            users_path(b),
+            {**APP, "carol": ("carol-pw", ["other"]), "dave": ("dave-new-pw", ["app"])},
+        )
+        b.signal(signal.SIGHUP)
+        for user in ("bob", "carol", "dave"):
+            deadline = time.monotonic() + WAIT
+            while True:
+                try:
+                    native[user].manage("broker.status")
+                except tandem.TandemError as exc:
+                    assert "users file" in str(exc) or isinstance(exc, tandem.ConnectionLost), exc
+                    break
+                assert time.monotonic() < deadline, f"{user}'s connection is still open:\n{b.log_text()}"
+                time.sleep(0.1)
+        deadline = time.monotonic() + WAIT
+        while sc.is_connected() or not errors:
+            assert time.monotonic() < deadline, "bob's STOMP connection is still open"
+            time.sleep(0.1)
+        assert "bob" in errors[0] and "users file" in errors[0], errors
+        assert "'bob'" in b.log_text() and "'carol'" in b.log_text() and "'dave'" in b.log_text()
+        with tandem.connect(url_with(b, "app", "secret")) as conn:  # others go on
+            assert conn.manage("broker.status")["connections"] == 1
+        assert logs_in(b, "carol", "carol-pw") and logs_in(b, "dave", "dave-new-pw") and not logs_in(b, "bob", "bob-pw")
+    finally:
+        for conn in native.values():
+            try:
+                conn.close()
+            except tandem.TandemError:
+                pass
