@@ -608,6 +608,24 @@ class Broker:
     def reload_users(self) -> None:
         """(SIGHUP) read the users file again now."""
         self.authenticator.reload(force=True)
+        self._revoke(self.authenticator.take_changed())
+
+    def _revoke(self, users: set[str]) -> None:
+        """Close the connections of users a reload removed or changed (as RabbitMQ closes a deleted
+        user's): a client that reconnects is checked against the file as it is now."""
+        if not users:
+            return
+        for conn in list(self.connections):
+            subject = getattr(conn, "subject", None)
+            if subject is None or subject.cluster or subject.user not in users:
+                continue
+            audit.audit("connection.revoked", subject, conn.peer, None, True)
+            if getattr(conn, "detached", False):
+                conn.close()  # its sessions waited for a reattachment: they go now
+            else:
+                conn.fatal(
+                    Unauthorized(f"user {subject.user!r} was removed or changed in the users file: log in again")
+                )
 
     async def _watch_users(self) -> None:
         """Pick up changes to the users file every `security-invalidation-interval`."""
@@ -615,6 +633,7 @@ class Broker:
         while True:
             await asyncio.sleep(period)
             self.authenticator.reload()
+            self._revoke(self.authenticator.take_changed())
             self.authenticator.housekeeping()
 
     def reload_tls(self, force: bool = False) -> None:

@@ -85,6 +85,7 @@ class Authenticator:
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self._users: dict[str, User] = {}
+        self._changed: set[str] = set()  # users removed or changed by a reload, not yet taken
         # Successful logins for `security-invalidation-interval`, keyed by a keyed hash of the
         # name and password (the key never leaves this process): a storm of reconnections after
         # a failover costs a microsecond each, not a scrypt check each. Cleared on every reload.
@@ -111,7 +112,8 @@ class Authenticator:
                 f"users file {self.path}: user {self._cluster_subject.user!r} is also `cluster-user`: "
                 "the cluster pair is for server-to-server links; give the application user another name"
             )
-        self._users = users
+        old, self._users = self._users, users
+        self._changed |= {name for name, u in old.items() if users.get(name) != u}
         self._cache.clear()
         self._stamp = self._file_stamp()
         mode = os.stat(self.path).st_mode
@@ -135,7 +137,8 @@ class Authenticator:
 
         A file that cannot be used (plain text, bad TOML) leaves the users as they were, with an
         error in the log; a file that is gone leaves nobody but the cluster pair. Connections
-        already logged in stay: a change applies to logins from then on."""
+        logged in as a user the reload removed or changed are the broker's to close
+        (`take_changed`)."""
         if not self.enabled:
             return False
         stamp = self._file_stamp()
@@ -143,6 +146,7 @@ class Authenticator:
             return False
         if stamp is None:
             log.warning("users file %s is gone: only the cluster pair can log in until it is back", self.path)
+            self._changed |= set(self._users)
             self._users, self._stamp = {}, None
             self._cache.clear()
             return True
@@ -154,6 +158,12 @@ class Authenticator:
             return False
         log.info("users file %s reloaded: %d users", self.path, len(self._users))
         return True
+
+    def take_changed(self) -> set[str]:
+        """The users that reloads removed, or whose password or roles they changed, since the last
+        call: what they were allowed at their login no longer holds."""
+        changed, self._changed = self._changed, set()
+        return changed
 
     def subject_for(self, user: str) -> Subject | None:
         """The subject of a user of the users file, without a password (a TLS client certificate
