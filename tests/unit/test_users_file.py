@@ -228,10 +228,13 @@ def test_a_reload_picks_up_changes_and_keeps_the_users_when_the_file_is_broken(t
     new = u.User("new", u.parse_hash(u.hash_password("pw", n=1024)), frozenset())
     u.write_users(tmp_path / "users.toml", {"new": new})
     assert auth.reload() and auth.subject_for("new") is not None and auth.subject_for("app") is None
+    assert auth.take_changed() == {"app"} and auth.take_changed() == set(), "removed; taken once"
     (tmp_path / "users.toml").write_text('[users."new"]\npassword = "plain"\n')
     assert not auth.reload() and auth.subject_for("new") is not None
+    assert auth.take_changed() == set(), "a file not taken changes nobody"
     (tmp_path / "users.toml").unlink()
     assert auth.reload() and auth.subject_for("new") is None
+    assert auth.take_changed() == {"new"}
 
 
 # -------------------------------------------------------------- tandem user (stdin)
