@@ -7,12 +7,22 @@ tests/secured.py; the security-settings give the user `app` everything on `#` an
 
 from __future__ import annotations
 
+import socket
+import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import msgspec
 
 import tandem
 from broker_process import BrokerProcess
 from secured import secured, url_for
+from tandem.certs import DevCerts, write_dev_certs
+from tandem.core.message import MessageData
+from tandem.protocol import native as p
 
 Factory = Callable[..., BrokerProcess]
 
@@ -52,3 +62,105 @@ def test_adopting_an_existing_durable_queue_as_temporary_needs_no_permission_and
         with conn.session() as s:
             m = s.create_consumer("orders").receive(timeout=5)
             assert m is not None and m.body == b"order 1"
+
+
+def _tls_acceptor(certs: DevCerts, trust: Path) -> str:
+    return (
+        '[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\nssl-enabled = true\n'
+        f'cert-path = "{certs.server}"\nkey-path = "{certs.server_key}"\ntrust-store-path = "{trust}"\n'
+    )
+
+
+class RawTls:
+    """A native connection over TLS with a client certificate, packet by packet; reads bounded."""
+
+    def __init__(self, port: int, ca: Path, cert: Path, key: Path) -> None:
+        ctx = ssl.create_default_context(cafile=str(ca))
+        ctx.load_cert_chain(str(cert), str(key))
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        self.reader = p.FrameReader(p.ServerPacket, 1 << 24, expect_magic=False)
+        self.got: list[Any] = []
+
+    def send(self, *packets: p.Packet, magic: bool = False) -> None:
+        self.sock.sendall((p.MAGIC if magic else b"") + b"".join(p.encode(x) for x in packets))
+
+    def until(self, want: Callable[[Any], bool], timeout: float = 10.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            for x in self.got:
+                if want(x):
+                    return x
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except (TimeoutError, ssl.SSLError, OSError):
+                return None
+            if not data:
+                return None
+            self.got.extend(self.reader.feed(data))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_session_cannot_be_reattached_by_another_certificate_user(broker_factory: Factory, tmp_path: Path) -> None:
+    """REATTACH compares the HELLO user names (server/native.py on_reattach: `old.username !=
+    self.username`), not who logged in: two clients that log in by certificate (cert-user-mapping)
+    send no user name, so one takes over the other's live connection, and its sessions keep the
+    owner's permissions. The connection id it needs is the client's uuid, which every durable
+    message it sends carries in its dedup id (auto_dedup), so any consumer of its messages has it."""
+    app = write_dev_certs(tmp_path / "app")  # CN tandem-client -> user app
+    ops = write_dev_certs(tmp_path / "ops", client_cn="ops-1")  # -> user ops
+    trust = tmp_path / "trust.pem"
+    trust.write_bytes(app.ca.read_bytes() + ops.ca.read_bytes())
+    settings = (
+        '[[cert-user-mapping]]\nuser = "app"\ncn = "tandem-client"\n'
+        '[[cert-user-mapping]]\nuser = "ops"\ncn = "ops-1"\n'
+        '[security-settings."#"]\nsend = ["app"]\nconsume = ["app"]\n'
+        '[security-settings."shared"]\nsend = ["app"]\nconsume = ["app", "ops"]\n'
+        '[[addresses]]\nname = "shared"\n[[addresses.queues]]\nname = "shared"\n'
+        '[[addresses]]\nname = "secret"\n[[addresses.queues]]\nname = "secret"\n'
+    )
+    b = broker_factory(**secured(tmp_path, {"app": ["app"], "ops": ["ops"]}, settings + _tls_acceptor(app, trust)))
+    b.start()
+    q = f"ca={quote(str(app.ca))}&cert={quote(str(app.client))}&key={quote(str(app.client_key))}"
+    with tandem.connect(f"tcps://127.0.0.1:{b.port}?{q}&confirmation_window_size=65536") as conn:
+        s = conn.session()
+        s.create_producer("secret").send(b"for app only", durable=True)
+        s.create_producer("shared").send(b"hello ops", durable=True)
+        # ops consumes from `shared`, as it may, and reads app's connection id off the message
+        ops_conn = RawTls(b.port, app.ca, ops.client, ops.client_key)
+        try:
+            ops_conn.send(p.Hello(p.PROTOCOL_VERSION, client_name="ops"), magic=True)
+            assert ops_conn.until(lambda x: isinstance(x, p.HelloOk)) is not None, ops_conn.got
+            ops_conn.send(p.CreateSession(1, 1), p.CreateConsumer(1, 2, 1, "shared", window=-1))
+            d = ops_conn.until(lambda x: isinstance(x, p.Deliver))
+            assert d is not None, ops_conn.got
+            dedup = msgspec.msgpack.decode(bytes(d.message), type=MessageData).dedup_id
+            assert dedup is not None
+            conn_id = dedup.split(":")[0]
+            ops_conn.close()
+            # ops again, with app's connection id: it must not get app's sessions
+            thief = RawTls(b.port, app.ca, ops.client, ops.client_key)
+            try:
+                thief.send(
+                    p.Hello(p.PROTOCOL_VERSION, client_name="ops", confirmation_window=65536, connection_id=conn_id),
+                    magic=True,
+                )
+                assert thief.until(lambda x: isinstance(x, p.HelloOk)) is not None, thief.got
+                thief.send(p.Reattach(conn_id, []))
+                answer = thief.until(lambda x: isinstance(x, p.Reattached))
+                assert answer is not None, thief.got
+                # With app's session (channel 1), ops reads the queue only app may consume.
+                thief.send(p.CreateConsumer(1, 1000, 9, "secret", window=-1))
+                stolen = thief.until(lambda x: isinstance(x, p.Deliver), timeout=3)
+                assert not answer.ok, f"user ops took over user app's connection; it then read {stolen!r}"
+                assert stolen is None
+            finally:
+                thief.close()
+        finally:
+            ops_conn.close()
