@@ -164,3 +164,30 @@ def test_a_session_cannot_be_reattached_by_another_certificate_user(broker_facto
                 thief.close()
         finally:
             ops_conn.close()
+
+
+def test_a_user_without_permissions_cannot_spend_another_users_transaction_id(
+    broker_factory: Factory, tmp_path: Path
+) -> None:
+    """Transaction dedup ids live in one cache for the whole broker (core/dedup.py TX_CACHE), and
+    committing an empty transaction needs no permission, yet records its id. A user who may do
+    nothing commits another user's next id first; that user's commit then answers "already
+    committed" and its messages are dropped, while its client reports success. The client's own
+    ids are `<client uuid>:tx:<channel>:<n>` (auto_dedup), the uuid readable off its messages."""
+    b = broker_factory(**secured(tmp_path, USERS, EVERYTHING)).start()
+    with tandem.connect(url_for(b.url, "app")) as conn:
+        conn.manage("queue.create", name="payments")
+    with tandem.connect(url_for(b.url, "nobody")) as conn, conn.session(transacted=True) as s:
+        try:
+            s.commit(dedup_id="payments-batch-7")  # nothing in it: no permission is asked for
+        except tandem.Unauthorized:
+            pass
+    with tandem.connect(url_for(b.url, "app")) as conn:
+        with conn.session(transacted=True) as s:
+            s.create_producer("payments").send(b"pay 100", durable=True)
+            s.commit(dedup_id="payments-batch-7")  # succeeds, as far as app can tell
+        with conn.session() as s:
+            m = s.create_consumer("payments").receive(timeout=3)
+            assert m is not None and m.body == b"pay 100", (
+                "a committed message was dropped: its id was spent by another user"
+            )
