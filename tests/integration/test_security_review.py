@@ -7,6 +7,7 @@ tests/secured.py; the security-settings give the user `app` everything on `#` an
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import time
@@ -18,6 +19,7 @@ from urllib.parse import quote
 import msgspec
 
 import tandem
+import tandem.aio as aio
 from broker_process import BrokerProcess
 from secured import secured, url_for
 from tandem.certs import DevCerts, write_dev_certs
@@ -191,3 +193,31 @@ def test_a_user_without_permissions_cannot_spend_another_users_transaction_id(
             assert m is not None and m.body == b"pay 100", (
                 "a committed message was dropped: its id was spent by another user"
             )
+
+
+def test_range_reads_tell_whether_a_queue_exists_only_to_who_may_consume_there(
+    broker_factory: Factory, tmp_path: Path
+) -> None:
+    """READ_RANGE and ACK_UP_TO look the queue up before the `consume` check (server/native.py),
+    so a user who may not consume there learns which queue names exist: QUEUE_DOES_NOT_EXIST
+    for a missing one, UNAUTHORIZED for an existing one. A consumer, `queue.stat` and
+    `queue.delete` check the name first and answer UNAUTHORIZED either way (commit 2a2b93b)."""
+    b = broker_factory(**secured(tmp_path, USERS, EVERYTHING)).start()
+
+    async def attempt(op: str) -> BaseException | None:
+        conn = await aio.connect(url_for(b.url, "nobody"))
+        try:
+            s = await conn.create_session()
+            if op == "read":
+                await s.read_range("no.such.queue", 0, 10)
+            else:
+                await s.ack_upto("no.such.queue", 10)
+        except tandem.TandemError as exc:
+            return exc
+        finally:
+            await conn.close()
+        return None
+
+    for op in ("read", "ack"):
+        got = asyncio.run(attempt(op))
+        assert isinstance(got, tandem.Unauthorized), f"{op}: a user without `consume` is told {got!r}"
