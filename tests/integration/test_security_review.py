@@ -221,3 +221,28 @@ def test_range_reads_tell_whether_a_queue_exists_only_to_who_may_consume_there(
     for op in ("read", "ack"):
         got = asyncio.run(attempt(op))
         assert isinstance(got, tandem.Unauthorized), f"{op}: a user without `consume` is told {got!r}"
+
+
+def test_credit_requests_waiting_on_a_full_address_go_with_their_connection(broker_factory: Factory) -> None:
+    """A producer's REQUEST_CREDITS on a full BLOCK address waits in the address's `blocked`
+    list (core/address.py request_credit): one entry per request, with no bound per connection,
+    and nothing takes a closed connection's entries out, so each closed client's requests (and,
+    through their callbacks, its connection object) stay until the address has room again, which
+    may be never. One client leaves as many as it sends."""
+    b = broker_factory(address_settings={"full": {"max-size-bytes": 1000, "address-full-policy": "BLOCK"}}).start()
+    with tandem.connect(b.url) as conn, conn.session() as s:
+        s.create_producer("full").send(b"x" * 2000)  # over max-size-bytes: the address is full
+    n = 5000
+    with socket.create_connection(("127.0.0.1", b.port), timeout=10) as raw:
+        hello = p.Hello(p.PROTOCOL_VERSION, client_name="t")
+        packets = [p.CreateSession(1, 1)] + [p.RequestCredits(1, 2 + i, "full", 1000) for i in range(n)]
+        raw.sendall(p.MAGIC + p.encode(hello) + b"".join(p.encode(x) for x in packets))
+        time.sleep(1.0)  # let the broker read them (none is answered: the address is full)
+    deadline = time.monotonic() + 5
+    with tandem.connect(b.url) as conn:
+        while True:
+            row = next(a for a in conn.manage("address.list") if a["name"] == "full")
+            if row["blocked_producers"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert row["blocked_producers"] == 0, f"a closed connection's credit requests still wait: {row}"
