@@ -21,7 +21,7 @@ import msgspec
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
-from secured import secured, url_for
+from secured import password_of, secured, url_for
 from tandem.certs import DevCerts, write_dev_certs
 from tandem.core.message import MessageData
 from tandem.protocol import native as p
@@ -74,13 +74,16 @@ def _tls_acceptor(certs: DevCerts, trust: Path) -> str:
 
 
 class RawTls:
-    """A native connection over TLS with a client certificate, packet by packet; reads bounded."""
+    """A native connection, packet by packet (over TLS with a client certificate when given); reads bounded."""
 
-    def __init__(self, port: int, ca: Path, cert: Path, key: Path) -> None:
-        ctx = ssl.create_default_context(cafile=str(ca))
-        ctx.load_cert_chain(str(cert), str(key))
-        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    def __init__(self, port: int, ca: Path | None = None, cert: Path | None = None, key: Path | None = None) -> None:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if ca is not None:
+            ctx = ssl.create_default_context(cafile=str(ca))
+            if cert is not None:
+                ctx.load_cert_chain(str(cert), str(key))
+            sock = ctx.wrap_socket(sock, server_hostname="127.0.0.1")
+        self.sock = sock
         self.reader = p.FrameReader(p.ServerPacket, 1 << 24, expect_magic=False)
         self.got: list[Any] = []
 
@@ -246,3 +249,49 @@ def test_credit_requests_waiting_on_a_full_address_go_with_their_connection(brok
                 break
             time.sleep(0.2)
     assert row["blocked_producers"] == 0, f"a closed connection's credit requests still wait: {row}"
+
+
+def _login(port: int, user: str, conn_id: str) -> RawTls:
+    r = RawTls(port)
+    r.send(
+        p.Hello(
+            p.PROTOCOL_VERSION,
+            username=user,
+            password=password_of(user),
+            client_name="t",
+            confirmation_window=65536,
+            connection_id=conn_id,
+        ),
+        magic=True,
+    )
+    assert r.until(lambda x: isinstance(x, p.HelloOk)) is not None, r.got
+    return r
+
+
+def test_another_user_cannot_take_a_connection_id_away_from_its_owner(broker_factory: Factory, tmp_path: Path) -> None:
+    """A connection id is registered for a reattach by whoever says it last (HELLO, then
+    CREATE_SESSION sets `broker.reattachable[id]`), whatever user it is. A user who knows
+    another's id (every auto-dedup message carries it) says it and opens a session: the owner's
+    REATTACH after its socket failed then finds the other user's connection under its id and
+    is refused ("belongs to another user"), and its sessions are lost."""
+    b = broker_factory(**secured(tmp_path, USERS, EVERYTHING)).start()
+    conn_id = "0123456789abcdef0123456789abcdef"
+    owner = _login(b.port, "app", conn_id)
+    owner.send(p.CreateSession(1, 1))
+    assert owner.until(lambda x: isinstance(x, p.Response) and x.channel == 1) is not None, owner.got
+    owner.close()  # the owner's socket fails: its session waits for a reattach (its TTL)
+    time.sleep(0.3)
+    other = _login(b.port, "nobody", conn_id)
+    try:
+        other.send(p.CreateSession(1, 1))
+        assert other.until(lambda x: isinstance(x, p.Response) and x.channel == 1) is not None, other.got
+        back = _login(b.port, "app", conn_id)
+        try:
+            back.send(p.Reattach(conn_id, [p.ReattachChannel(1, -1)]))
+            answer = back.until(lambda x: isinstance(x, p.Reattached))
+            assert answer is not None, back.got
+            assert answer.ok, f"the owner could not reattach its own sessions: {answer.reason}"
+        finally:
+            back.close()
+    finally:
+        other.close()
