@@ -295,3 +295,57 @@ def test_another_user_cannot_take_a_connection_id_away_from_its_owner(broker_fac
             back.close()
     finally:
         other.close()
+
+
+STOMP_ACCEPTOR = '[[acceptors]]\nname = "stomp"\nprotocol = "stomp"\nbind = "127.0.0.1:0"\n'
+NATIVE_ACCEPTOR = '[[acceptors]]\nname = "native"\nbind = "127.0.0.1:0"\n'
+
+
+def _stomp_until(sock: socket.socket, needle: bytes, timeout: float = 10.0) -> bytes:
+    got = b""
+    deadline = time.monotonic() + timeout
+    while needle not in got:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {needle!r} from the broker; got {got!r}"
+        sock.settimeout(left)
+        data = sock.recv(65536)
+        assert data, f"closed before {needle!r}; got {got!r}"
+        got += data
+    return got
+
+
+def test_creations_by_a_send_and_a_durable_unsubscribe_are_audited(broker_factory: Factory, tmp_path: Path) -> None:
+    """The audit log is to have a line for every creation and deletion (issue 17), but only
+    management operations, logins, denials and a consumer's or SUBSCRIBE's auto-created queue
+    write one: an address and queue auto-created by a producer's send (native or STOMP), and a
+    durable subscription ended by STOMP UNSUBSCRIBE (its queue deleted), leave no line."""
+    settings = secured(tmp_path, USERS, EVERYTHING + NATIVE_ACCEPTOR + STOMP_ACCEPTOR)
+    b = broker_factory(audit_log=True, log_level="warning", **settings).start()
+    with tandem.connect(url_for(b.url, "app")) as conn, conn.session() as s:
+        s.create_producer("made.by.native.send").send(b"x")
+    with socket.create_connection(("127.0.0.1", b.ports["stomp"]), timeout=10) as st:
+        st.sendall(f"CONNECT\naccept-version:1.2\nhost:x\nlogin:app\npasscode:{password_of('app')}\n\n\0".encode())
+        _stomp_until(st, b"CONNECTED")
+        st.sendall(b"SEND\ndestination:/queue/made.by.stomp.send\nreceipt:s1\n\nx\0")
+        _stomp_until(st, b"receipt-id:s1")
+        st.sendall(b"DISCONNECT\nreceipt:d\n\n\0")
+        _stomp_until(st, b"receipt-id:d")
+    with socket.create_connection(("127.0.0.1", b.ports["stomp"]), timeout=10) as st:
+        connect = f"CONNECT\naccept-version:1.2\nhost:x\nlogin:app\npasscode:{password_of('app')}\nclient-id:c1\n\n\0"
+        st.sendall(connect.encode())
+        _stomp_until(st, b"CONNECTED")
+        st.sendall(b"SUBSCRIBE\nid:1\ndestination:/topic/news\ndurable-subscription-name:d1\nreceipt:r1\n\n\0")
+        _stomp_until(st, b"receipt-id:r1")
+        st.sendall(b"UNSUBSCRIBE\nid:1\ndurable-subscription-name:d1\nreceipt:r2\n\n\0")
+        _stomp_until(st, b"receipt-id:r2")
+    with tandem.connect(url_for(b.url, "app")) as conn:
+        assert "c1.d1" not in {q["name"] for q in conn.manage("queue.stat")}  # the subscription ended
+        conn.manage("broker.status")  # (the lines above are written by now)
+    lines = [line for line in b.log_text().splitlines() if " tandem.audit: " in line]
+    wanted = (
+        ("target=made.by.native.send ", "allowed=yes"),
+        ("target=made.by.stomp.send ", "allowed=yes"),
+        ("event=queue.delete ", "target=c1.d1 "),
+    )
+    missing = [needles for needles in wanted if not any(all(n in line for n in needles) for line in lines)]
+    assert not missing, f"no audit line with {missing}:\n" + "\n".join(lines)
