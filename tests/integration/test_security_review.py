@@ -349,3 +349,28 @@ def test_creations_by_a_send_and_a_durable_unsubscribe_are_audited(broker_factor
     )
     missing = [needles for needles in wanted if not any(all(n in line for n in needles) for line in lines)]
     assert not missing, f"no audit line with {missing}:\n" + "\n".join(lines)
+
+
+def test_a_refused_cluster_announce_is_audited_as_refused(broker_factory: Factory, tmp_path: Path) -> None:
+    """cluster.announce with a wrong cluster pair closes the connection (admin.cluster_announce
+    calls conn.fatal and returns), so Admin.handle sees no exception and writes the attempt to
+    the audit log as `allowed=yes`: a guess at the cluster password reads as a success."""
+    settings = secured(tmp_path, USERS, EVERYTHING)
+    b = broker_factory(audit_log=True, log_level="warning", **settings).start()
+    with tandem.connect(url_for(b.url, "app")) as conn:
+        node_id = conn.manage("broker.status")["node_id"]
+    conn = tandem.connect(url_for(b.url, "nobody"), reconnect_attempts=0)
+    try:
+        conn.manage("cluster.announce", user="tandem.cluster", password="guess", node_id=node_id, connector="x:1")
+    except tandem.TandemError:
+        pass  # refused, and the connection closed
+    finally:
+        try:
+            conn.close()
+        except tandem.TandemError:
+            pass
+    with tandem.connect(url_for(b.url, "app")) as c2:
+        c2.manage("broker.status")  # (the lines above are written by now)
+    lines = [line for line in b.log_text().splitlines() if " tandem.audit: " in line and "cluster.announce" in line]
+    assert lines, b.log_text()
+    assert all("allowed=no" in line for line in lines), "\n".join(lines)
