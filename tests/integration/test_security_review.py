@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 import msgspec
+import pytest
 
 import tandem
 import tandem.aio as aio
@@ -374,3 +375,36 @@ def test_a_refused_cluster_announce_is_audited_as_refused(broker_factory: Factor
     lines = [line for line in b.log_text().splitlines() if " tandem.audit: " in line and "cluster.announce" in line]
     assert lines, b.log_text()
     assert all("allowed=no" in line for line in lines), "\n".join(lines)
+
+
+def test_a_large_send_denied_in_a_transaction_rolls_it_back(broker_factory: Factory, tmp_path: Path) -> None:
+    """A denied send rolls its transaction back (test_permissions: "a denied send in a
+    transaction rolls it back"), but a large message denied at LARGE_BEGIN (server/large.py
+    begin: the Unauthorized goes into the upload and END answers it) never marks the
+    transaction failed, so the commit applies the transaction's other sends."""
+    settings = '[security-settings."tx.ok.#"]\nsend = ["app"]\nconsume = ["app"]\n'
+    decl = '[[addresses]]\nname = "tx.ok"\n[[addresses.queues]]\nname = "tx.ok"\n'
+    decl += '[[addresses]]\nname = "tx.no"\n[[addresses.queues]]\nname = "tx.no"\n'
+    b = broker_factory(**secured(tmp_path, {"app": ["app"]}, decl + settings)).start()
+
+    async def go() -> bool:
+        conn = await aio.connect(url_for(b.url, "app") + "&min_large_message_size=1024")
+        try:
+            s = await conn.create_session(transacted=True)
+            await s.create_producer("tx.ok").send(b"kept?")
+            denied = s.create_producer("tx.no").send_nowait(b"x" * 200_000)  # a large message
+            assert denied is not None
+            with pytest.raises(tandem.Unauthorized, match=r"'send' on address 'tx.no'"):
+                await denied
+            try:
+                await s.commit()
+            except tandem.TransactionRolledBack:
+                return False
+            return True
+        finally:
+            await conn.close()
+
+    committed = asyncio.run(go())
+    with tandem.connect(url_for(b.url, "app")) as conn, conn.session() as s:
+        leaked = s.create_consumer("tx.ok").receive(timeout=1)
+    assert not committed and leaked is None, f"commit after a denied large send: {committed}, applied: {leaked!r}"
