@@ -118,7 +118,9 @@ class Admin:
         last_value_key: str | None = None,
         reader_only: bool = False,
     ) -> None:
-        q = self.broker.require_active().create_queue(
+        po = self.broker.require_active()
+        existed = name in po.queues
+        q = po.create_queue(
             name,
             address,
             _routing(routing_type),
@@ -131,7 +133,7 @@ class Admin:
             last_value_key=last_value_key,
             reader_only=reader_only,
         )
-        if temporary and conn is not None:
+        if temporary and conn is not None and not existed:  # never adopt a queue this call did not make
             conn.temp_queues.add(q.name)
             q.owner = conn
         self._after_bindings(reply, q.stat())

@@ -27,7 +27,14 @@ VIEW_OPS = frozenset({"queue.stat", "address.list", "broker.status", "broker.act
 EDIT_OPS = frozenset({"queue.purge", "broker.stop"})
 # What a client's session does through MANAGE: checked as Artemis checks a session's create/delete.
 RESOURCE_OPS = frozenset({"queue.create", "queue.delete", "address.create", "address.delete"})
-OPEN_OPS = frozenset({"cluster.announce"})  # carries and checks the cluster pair itself
+OPEN_OPS = frozenset({"cluster.announce"})
+_USES_QUEUE = (
+    Permission.CONSUME,
+    Permission.SEND,
+    Permission.BROWSE,
+    Permission.CREATE_DURABLE_QUEUE,
+    Permission.CREATE_NON_DURABLE_QUEUE,
+)  # carries and checks the cluster pair itself
 
 
 def authorize_management(access: Access, postoffice: Callable[[], PostOffice], op: str, args: dict[str, Any]) -> None:
@@ -65,7 +72,11 @@ def _authorize_resource(access: Access, po: PostOffice, op: str, args: dict[str,
         access.check(Permission.DELETE_DURABLE_QUEUE if durable else Permission.DELETE_NON_DURABLE_QUEUE, q.address)
     else:  # queue.create: only what would be created is checked (exists-ok on an existing queue creates nothing)
         address = args.get("address") or name
-        if args.get("exists_ok") and name in po.queues:
+        existing = po.queues.get(name)
+        if args.get("exists_ok") and existing is not None:
+            # It answers the queue's state: only to a user who may use the queue or make queues there.
+            if not any(access.allowed(perm, existing.address) for perm in _USES_QUEUE):
+                access.check(Permission.CREATE_DURABLE_QUEUE, existing.address)
             return
         durable = args.get("durable", True) and not args.get("temporary", False)
         access.check(Permission.CREATE_DURABLE_QUEUE if durable else Permission.CREATE_NON_DURABLE_QUEUE, address)
