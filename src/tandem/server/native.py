@@ -749,7 +749,9 @@ class NativeConnection(asyncio.Protocol):
         if self.window > 0:
             kind = TrackedSession
             self.top_channel = max(self.top_channel, pkt.channel)
-            b.reattachable[self.connection_id] = self  # the client's current connection: a reattach takes this one
+            held = b.reattachable.get(self.connection_id)
+            if held is None or held is self or held.owner == self.owner:  # never another user's id
+                b.reattachable[self.connection_id] = self  # the client's current connection: a reattach takes this one
         self.sessions[pkt.channel] = kind(self, pkt.channel, core)
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
@@ -765,6 +767,12 @@ class NativeConnection(asyncio.Protocol):
                 r.drop_oldest()
             trim_closed(self.replay, self.sessions)
 
+    @property
+    def owner(self) -> tuple[str | None, bool, str | None]:
+        """Who may take this connection's sessions over: who logged in (a certificate's user has no
+        HELLO user name) and, with security off, the name it gave."""
+        return (self.subject.user, self.subject.cluster, self.username)
+
     def on_reattach(self, pkt: p.Reattach) -> None:
         """Take over the sessions of the failed connection `pkt.connection_id` (see server/reattach.py)."""
         b = self.broker
@@ -776,7 +784,7 @@ class NativeConnection(asyncio.Protocol):
         elif gone or old is None:
             b.reattachable[pkt.connection_id] = self  # it starts afresh under the id
             why = "no such connection (its TTL expired, or the server restarted or failed over)"
-        elif old.username != self.username:
+        elif old.owner != self.owner:
             why = "the connection belongs to another user"
         elif not b.active:
             why = "the server is not active"
