@@ -12,6 +12,12 @@ from collections import deque
 TX_CACHE = "$tandem.tx"  # the cache of whole-transaction dedup ids
 
 
+def tx_key(user: str | None, dedup_id: str) -> str:
+    """A transaction's dedup id as the cache keeps it: each user's ids apart (a retry comes from
+    the same user), so no user can spend another's; unchanged with security off (`user` None)."""
+    return dedup_id if user is None else f"{len(user)}:{user}:{dedup_id}"
+
+
 class DuplicateIdCache:
     __slots__ = ("_order", "address", "ids", "size")
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..core.dedup import tx_key
 from ..core.message import RoutingType
 from ..errors import InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
 from .audit import audit
@@ -197,7 +198,8 @@ class Admin:
 
     def tx_status(self, conn: NativeConnection | None, reply: Reply, dedup_id: str) -> None:
         """Was a transaction with this dedup id committed? (A client asks after a commit lost in a failover.)"""
-        seen = self.broker.require_active().transaction_seen(dedup_id)
+        user = getattr(getattr(conn, "subject", None), "user", None)
+        seen = self.broker.require_active().transaction_seen(tx_key(user, dedup_id))
         # "Committed" must hold after a crash: answer once that commit (if still in flight) is durable.
         self.broker.storage.after_durable(lambda: reply(seen))
 

@@ -19,6 +19,7 @@ import msgspec
 
 from ..config import HANDSHAKE_FRAME_LIMIT
 from ..core.consumer import Consumer, DeliveryAccount
+from ..core.dedup import tx_key
 from ..core.message import MessageRef
 from ..core.permissions import Access, Permission
 from ..core.session import ServerSession
@@ -905,9 +906,10 @@ class NativeConnection(asyncio.Protocol):
         """Answers True when `dedup_id` was already committed (a retry after a lost answer): only
         once that first commit is on disk, so "already committed" never outlives a crash."""
         s = self._session(pkt.channel)
-        already = pkt.dedup_id is not None and s.core.postoffice.transaction_seen(pkt.dedup_id)
+        key = None if pkt.dedup_id is None else tx_key(self.subject.user, pkt.dedup_id)
+        already = key is not None and s.core.postoffice.transaction_seen(key)
         try:
-            wrote = s.core.commit(pkt.dedup_id)
+            wrote = s.core.commit(key)
         except DuplicateId as exc:  # says the originals are stored: only once they are durable
             self.broker.storage.after_durable(partial(self._failed_unless_closed, pkt, exc))
             return
