@@ -941,11 +941,18 @@ class NativeConnection(asyncio.Protocol):
         else:
             addr.request_credit(max(pkt.amount, 1), grant)
 
+    def _consumable(self, name: str) -> Queue:
+        """Queue `name`, checked for `consume` first: whether it exists is told only to who may
+        consume there (a missing queue's name stands for its address, as for queue.delete)."""
+        po = self.broker.require_active()
+        if self.access is not None:
+            found = po.queues.get(name)
+            self.access.check(Permission.CONSUME, found.address if found is not None else name)
+        return po.queue(name)
+
     def on_read_range(self, pkt: p.ReadRange) -> None:
         s = self._session(pkt.channel)
-        q = self.broker.require_active().queue(pkt.queue)
-        if self.access is not None:  # a range reader (Spark's source) consumes
-            self.access.check(Permission.CONSUME, q.address)
+        q = self._consumable(pkt.queue)  # a range reader (Spark's source) consumes
         q.read_range_soon(pkt.start, pkt.end, pkt.limit, partial(self._range_read, pkt, q, s))
 
     def _range_read(self, pkt: p.ReadRange, q: Queue, s: NativeSession, refs: list[MessageRef], first: int) -> None:
@@ -984,9 +991,7 @@ class NativeConnection(asyncio.Protocol):
 
     def on_ack_up_to(self, pkt: p.AckUpTo) -> None:
         self._session(pkt.channel)
-        q = self.broker.require_active().queue(pkt.queue)
-        if self.access is not None:
-            self.access.check(Permission.CONSUME, q.address)
+        q = self._consumable(pkt.queue)
         channel, cmd = pkt.channel, pkt.cmd
 
         def acked(n: int) -> None:
