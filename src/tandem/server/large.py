@@ -80,6 +80,9 @@ def begin(session: NativeSession, pkt: p.LargeBegin) -> None:
             file = large.upload(message.id)
         except OSError as exc:
             error = InternalError(f"cannot store a large message: {exc}")
+    tx = session.core.tx
+    if error is not None and tx is not None:  # a refused send rolls its transaction back, as a small one does
+        tx.failure = tx.failure or error
     up = Upload(message if error is None else None, file, pkt.size, pkt.compressed)
     up.error = error
     session.upload = up
