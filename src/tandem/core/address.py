@@ -120,7 +120,8 @@ class Address:
         self.settings = settings or AddressSettings()
         self.queues: dict[str, Queue] = {}
         self.size_bytes = 0
-        self.blocked: deque[tuple[int, Callable[[int], None]]] = deque()  # producers waiting for credit
+        # producers waiting for credit: (amount, grant, owner: the connection that asked)
+        self.blocked: deque[tuple[int, Callable[[int], None], object]] = deque()
         self._rr = 0
         self.limits = limits
         self.pager: AddressPager | None = None  # created when the address first pages
@@ -177,22 +178,32 @@ class Address:
     def paging(self) -> bool:
         return self.pager is not None and self.pager.active
 
-    def request_credit(self, amount: int, grant: Callable[[int], None]) -> None:
-        """Grant producer credit now, or when the address has room again (BLOCK policy)."""
+    def request_credit(self, amount: int, grant: Callable[[int], None], owner: object = None) -> bool:
+        """Grant producer credit now, or when the address has room again (BLOCK policy): True
+        when the request waits (`forget(owner)` takes it back)."""
         if self.settings.address_full_policy != "BLOCK" or not self.bounded:
             grant(-1)  # unlimited: nothing to wait for (FAIL and DROP act at send time)
         elif not self.full and not self.blocked:
             grant(amount)
         else:
-            self.blocked.append((amount, grant))
+            self.blocked.append((amount, grant, owner))
             self.limits.waiting.add(self)
+            return True
+        return False
 
     def release_blocked(self) -> None:
         while self.blocked and not self.full:
-            amount, grant = self.blocked.popleft()
+            amount, grant, _owner = self.blocked.popleft()
             grant(amount)
         if not self.blocked:
             self.limits.waiting.discard(self)
+
+    def forget(self, owner: object) -> None:
+        """`owner` is gone: its waiting requests (and, through their grants, the owner) go too."""
+        if any(entry[2] is owner for entry in self.blocked):
+            self.blocked = deque(entry for entry in self.blocked if entry[2] is not owner)
+            if not self.blocked:
+                self.limits.waiting.discard(self)
 
     def drop(self, message_id: int) -> None:
         """address-full-policy = DROP: count it; one log line each time the address starts dropping."""

@@ -29,6 +29,7 @@ from ..errors import (
     IllegalState,
     InternalError,
     ProtocolError,
+    ResourceLimit,
     SessionDoesNotExist,
     TandemError,
     Unauthorized,
@@ -55,6 +56,7 @@ from .security import ANONYMOUS, Subject
 from .tls import cert_user
 
 if TYPE_CHECKING:
+    from ..core.address import Address
     from ..core.queue import Queue
     from .context import BrokerContext
 
@@ -64,6 +66,7 @@ HIGH_WATER = 1 << 22  # bytes queued in the transport before we stop reading and
 LOW_WATER = 1 << 20
 _SEND = p.Send
 _LARGE_END = p.LargeEnd
+MAX_CREDIT_WAITS = 256  # credit requests one connection may have waiting on one full address
 PACKETS_PER_PASS = 128  # packets of one read handled before the loop gets a turn (see `_handle`)
 
 _encode = p.encode
@@ -268,6 +271,7 @@ class NativeConnection(asyncio.Protocol):
         self.ttl_ms = broker.config.effective_ttl_ms
         self.replica: Any = None  # a backup replicating over this connection (ha/source.py's BackupStream)
         self._drain_waiters: list[asyncio.Future[None]] = []
+        self._credit_waits: dict[Address, int] = {}  # credit requests waiting on full addresses
         self._writer: LinkWriter | None = None  # writes from threads (a backup's link), see write_from_threads
         self.username: str | None = None
         self.subject: Subject = ANONYMOUS  # who logged in (server/security.py), from HELLO
@@ -642,6 +646,9 @@ class NativeConnection(asyncio.Protocol):
         if self.connection_id and self.broker.reattachable.get(self.connection_id) is self:
             del self.broker.reattachable[self.connection_id]
         if self.successor is None:  # else its successor has them now
+            for addr in self._credit_waits:  # its credit requests waiting on full addresses
+                addr.forget(self)
+            self._credit_waits.clear()
             for s in self.sessions.values():
                 s.drop_large()
                 s.core.close()
@@ -928,18 +935,31 @@ class NativeConnection(asyncio.Protocol):
         session = self._session(pkt.channel)
         channel, cmd = pkt.channel, pkt.cmd
 
-        def grant(amount: int) -> None:
-            self.send(p.Response(channel, cmd, amount))
-
         po = self.broker.require_active()
         session.core.authorize_producer(pkt.address)  # a producer asks: it needs `send`
         addr = po.addresses.get(pkt.address)
         if addr is None:
             s = po.settings_for(pkt.address)
             bounded = s.max_size_bytes >= 0 or po.limits.limited
-            grant(pkt.amount if bounded and s.address_full_policy == "BLOCK" else -1)
-        else:
-            addr.request_credit(max(pkt.amount, 1), grant)
+            self.send(p.Response(channel, cmd, pkt.amount if bounded and s.address_full_policy == "BLOCK" else -1))
+            return
+        waits = self._credit_waits
+        if waits.get(addr, 0) >= MAX_CREDIT_WAITS:
+            raise ResourceLimit(
+                f"this connection already waits for credit on address {clip(addr.name, 200)!r} "
+                f"{MAX_CREDIT_WAITS} times (the address is full)"
+            )
+
+        def grant(amount: int) -> None:
+            left = waits.get(addr, 0) - 1
+            if left > 0:
+                waits[addr] = left
+            else:
+                waits.pop(addr, None)
+            self.send(p.Response(channel, cmd, amount))
+
+        waits[addr] = waits.get(addr, 0) + 1  # (taken back at once when granted now)
+        addr.request_credit(max(pkt.amount, 1), grant, self)
 
     def _consumable(self, name: str) -> Queue:
         """Queue `name`, checked for `consume` first: whether it exists is told only to who may

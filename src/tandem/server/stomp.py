@@ -482,6 +482,9 @@ class StompConnection(asyncio.Protocol):
             self._beat_timer.cancel()
             self._beat_timer = None
         self.broker.connections.discard(self)
+        if "full" in self._held and self.session is not None:  # its wait for room on a full address
+            for addr in self.session.postoffice.addresses.values():
+                addr.forget(self)
         if self._acked:
             self._flush_acks()
         for tx in self.transactions.values():
@@ -850,7 +853,7 @@ class StompConnection(asyncio.Protocol):
                 self._release("full")
                 self._run_backlog()
 
-        addr.request_credit(1, room)
+        addr.request_credit(1, room, self)
 
     # ----------------------------------------------------------- subscribe
     def on_subscribe(self, frame: st.Frame) -> None:
