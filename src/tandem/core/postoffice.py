@@ -72,6 +72,8 @@ class PostOffice:
         self.persist_id_cache = persist_id_cache and storage.persistent
         self.limits = limits
         self.pages = pages if storage.persistent else None  # None (no persistence): nothing is paged
+        # (event, name) of what sends auto-created, for the server's audit log; None: not wanted
+        self.auto_created: list[tuple[str, str]] | None = None
         self.addresses: dict[str, Address] = {}
         self.queues: dict[str, Queue] = {}
         self.queues_by_id: dict[int, Queue] = {}
@@ -366,8 +368,13 @@ class PostOffice:
             raise AddressDoesNotExist(f"address {name!r} does not exist")
         rt = RoutingType(message.routing_type) if message.routing_type else s.default_address_routing_type
         addr = self.create_address(name, {rt}, auto_created=True)
+        made = self.auto_created
+        if made is not None:
+            made.append(("address.create", name))
         if rt == RoutingType.ANYCAST and s.auto_create_queues:
             self.create_queue(name, name, RoutingType.ANYCAST, durable=True, auto_created=True)
+            if made is not None:
+                made.append(("queue.create", name))
         return addr
 
     # ---------------------------------------------------------------- paging

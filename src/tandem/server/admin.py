@@ -214,8 +214,7 @@ class Admin:
             if conn is not None:  # closed, and counted as a failed login: each guess costs a new, slowed one
                 self.broker.authenticator.refused(user, conn.peer, "native (cluster.announce)")
                 conn.fatal(refused)
-                return
-            raise refused
+            raise refused  # (audited as refused by `handle`)
         if node_id != self.broker.node_id:
             raise InvalidArgument(f"cluster.announce: node {node_id} is not this store's node {self.broker.node_id}")
         if conn is None:

@@ -58,3 +58,11 @@ def _value(v: Any) -> str:
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     escaped = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in escaped)
     return f'"{escaped}"'
+
+
+def created_by_send(made: list[tuple[str, str]] | None, subject: Any, peer: str, protocol: str) -> None:
+    """Audit what a send just auto-created (PostOffice.auto_created, kept only with the audit log on)."""
+    if made:
+        for event, name in made:
+            audit(event, subject, peer, name, True, by="send", protocol=protocol)
+        made.clear()

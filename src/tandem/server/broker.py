@@ -495,6 +495,7 @@ class Broker:
             self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
         except Unauthorized:  # a wrong cluster pair: counted as a failed login (the link closes)
             self.authenticator.refused(pkt.user, conn.peer, "native (replication)")
+            audit.audit("replica.start", conn.subject, conn.peer, None, False, login=pkt.user)
             raise
         self.backup_announced(conn, pkt.connector)
 
@@ -536,6 +537,8 @@ class Broker:
                 self.storage.pages if isinstance(self.storage, JournalStorage) else None,
             )
             self._restore(state)
+            if audit.enabled():
+                self.postoffice.auto_created = []
         finally:
             gc.enable()
             gc.freeze()

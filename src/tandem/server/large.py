@@ -24,6 +24,7 @@ from ..core.message import Message, MessageRef
 from ..errors import IllegalState, InternalError, InvalidArgument, ProtocolError, TandemError
 from ..protocol import native as p
 from ..protocol.large import ChunkCounter
+from .audit import created_by_send
 
 if TYPE_CHECKING:
     from ..core.consumer import Consumer
@@ -185,6 +186,7 @@ class Seal:
         message.large = self.file.body(self.compressed)
         try:
             durable = session.core.send_message(message)
+            created_by_send(session.core.postoffice.auto_created, session.conn.subject, session.conn.peer, "native")
         except TandemError as e:  # not routed: the message goes, and its file with it
             session.conn.command_failed(self.pkt, e)
             self._done()

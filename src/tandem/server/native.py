@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..protocol import native as p
 from . import large
-from .audit import audit
+from .audit import audit, created_by_send
 from .audit import enabled as audit_enabled
 from .authorization import access_for
 from .limits import REFUSED_LINGER, OutputWatch, abort_later
@@ -870,6 +870,8 @@ class NativeConnection(asyncio.Protocol):
                 self.command_failed(packets[k], SessionDoesNotExist(f"no session on channel {packets[k].channel}"))
             return
         results = s.core.send_run([packets[k].message for k in range(i, j)])
+        if s.core.postoffice.auto_created:
+            created_by_send(s.core.postoffice.auto_created, self.subject, self.peer, "native")
         completed = s.completed
         for k, r in zip(range(i, j), results, strict=True):
             if r is True or r is False:

@@ -28,7 +28,7 @@ from ..core.permissions import Access, Permission
 from ..core.session import ServerSession, Transaction
 from ..errors import DuplicateId, TandemError, Unauthorized, clip
 from ..protocol import stomp as st
-from .audit import audit
+from .audit import audit, created_by_send
 from .audit import enabled as audit_enabled
 from .authorization import access_for
 from .limits import REFUSED_LINGER, OutputWatch, abort_later
@@ -826,6 +826,7 @@ class StompConnection(asyncio.Protocol):
         assert session is not None
         address = message.address
         wrote = session.send_message(message, tx)
+        created_by_send(session.postoffice.auto_created, self.subject, self.peer, "stomp")
         if "receipt" in h:
             self._receipt(frame, durable=wrote)
         if tx is None:
@@ -937,6 +938,7 @@ class StompConnection(asyncio.Protocol):
             po.delete_queue(sub.temporary, force=True)
         elif sub.durable_queue is not None and ends:
             po.delete_queue(sub.durable_queue, force=True)  # unsubscribing by name ends the durable subscription
+            audit("queue.delete", self.subject, self.peer, sub.durable_queue, True, by="unsubscribe", protocol="stomp")
         self._receipt(frame)
 
     # --------------------------------------------------------------- acks
