@@ -45,7 +45,8 @@ def test_every_key_loads(tmp_path: Path) -> None:
         tmp_path,
         'security-enabled = true\ncluster-password = "x-secret"\n[management]\nbind = "0.0.0.0:9000"\n'
         'ssl-enabled = true\ncert-path = "c.pem"\nkey-path = "k.pem"\ntrust-store-path = "ca.pem"\n'
-        'need-client-auth = true\nenabled-protocols = ["TLSv1.3"]\nenabled-cipher-suites = ["ECDHE-RSA-AES256-GCM-SHA384"]\n'
+        'need-client-auth = true\nenabled-protocols = ["TLSv1.3"]\n'
+        'enabled-cipher-suites = ["ECDHE-RSA-AES256-GCM-SHA384"]\n'
         "session-timeout = 60000\n",
     )
     assert m == ManagementConfig(
@@ -60,7 +61,8 @@ def test_every_key_loads(tmp_path: Path) -> None:
         session_timeout=60_000,
     )
     acc = m.tls_acceptor()
-    assert (acc.cert_path, acc.key_path, acc.trust_store_path, acc.need_client_auth) == ("c.pem", "k.pem", "ca.pem", True)
+    assert (acc.cert_path, acc.key_path, acc.trust_store_path) == ("c.pem", "k.pem", "ca.pem")
+    assert acc.need_client_auth and acc.ssl_enabled
 
 
 @pytest.mark.parametrize(
