@@ -26,7 +26,7 @@ def test_overview_of_a_broker_with_messages(broker_factory: Factory) -> None:
         for i in range(5):
             p.send(f"m{i}".encode())
     o = api.ok("GET", "/api/overview")
-    assert o["name"] == b.config_path.stem or o["name"]  # the broker's name
+    assert o["name"] == "b"  # broker_factory names it
     assert o["state"] == "active"
     assert o["role"] == "live-only"
     assert o["messages"] == 5
@@ -36,6 +36,9 @@ def test_overview_of_a_broker_with_messages(broker_factory: Factory) -> None:
     assert o["connections"] == 0
     assert set(o["rates"]) == {"in", "out"}
     assert isinstance(o["version"], str) and o["node_id"]
+    a = api.get("/api/overview")
+    assert a.headers["content-type"].startswith("application/json")
+    assert a.headers["server"] == "tandem" and a.headers["cache-control"] == "no-store"
 
 
 def test_errors_are_json_with_a_code(broker_factory: Factory) -> None:

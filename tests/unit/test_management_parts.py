@@ -132,3 +132,17 @@ def test_every_route_op_has_a_permission_class() -> None:
     for route in ROUTES:
         assert route.op in VIEW_OPS or route.op in EDIT_OPS, route.op
         assert (route.op in VIEW_OPS) == (route.method == "GET"), route
+
+
+def test_a_queue_created_within_the_window_has_a_rate_from_its_first_sample() -> None:
+    clock = Clock()
+    r = RateTracker(clock)
+    r.sample([Q("old")])
+    clock.now += 1
+    new = Q("new")
+    r.sample([Q("old"), new])
+    assert r.of("new") == {"added": None, "acked": None}  # one sample only
+    clock.now += 2
+    new.messages_added = 8
+    r.sample([Q("old"), new])
+    assert r.of("new") == {"added": 4.0, "acked": 0.0}

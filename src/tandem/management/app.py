@@ -60,6 +60,14 @@ def _peer(request: web.Request) -> str:
     return request.remote or "?"
 
 
+async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+    """No version in a Server header; API answers are not cached nor sniffed as another type."""
+    response.headers["Server"] = "tandem"
+    if request.path.startswith("/api/"):
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+
+
 class ManagementServer:
     """The `[management]` listener of one broker."""
 
@@ -83,6 +91,7 @@ class ManagementServer:
     # ------------------------------------------------------------ lifecycle
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=MAX_BODY)
+        app.on_response_prepare.append(_headers)
         app.router.add_post("/api/login", self._login)
         app.router.add_post("/api/logout", self._logout)
         app.router.add_get("/api/whoami", self._whoami)
