@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import stomp
@@ -240,3 +241,15 @@ def test_ha_of_a_shared_store_pair_across_a_kill(tmp_path: Path) -> None:
         assert backup.ok("GET", "/api/queues")["total"] >= 0
     finally:
         pair.kill_all()
+
+
+def test_queue_names_with_reserved_characters_are_percent_encoded(broker_factory: Factory) -> None:
+    b, api = start(broker_factory)
+    names = ["orders/eu", "a b", "wild.#", "q?x=1", "ünï"]
+    for name in names:
+        send(b.url, name, 1)
+    for name in names:
+        path = "/api/queues/" + quote(name, safe="")
+        assert api.ok("GET", path)["name"] == name, name
+        assert api.ok("DELETE", path + "/messages") == {"removed": 1}, name
+    assert api.ok("GET", "/api/queues?name=" + quote("a b"))["items"][0]["name"] == "a b"

@@ -114,7 +114,7 @@ class Admin:
         known or not, goes to the audit log (server/audit.py)."""
         subject = conn.subject if conn is not None else None
         peer = conn.peer if conn is not None else "local"
-        target = args.get("name", args.get("dedup_id"))
+        target = args.get("name", args.get("dedup_id", args.get("id")))  # a queue, a tx, a connection
         try:
             self._run(op, args, conn, reply)
         except TandemError as exc:
