@@ -18,6 +18,7 @@ import stomp
 from broker_process import BrokerProcess
 from ha_pair import Cluster
 from mgmt_http import Api, management_toml
+from replicated_pair import ReplicatedPair
 from tandem.client.blocking import connect
 from tandem.errors import TandemError
 
@@ -253,3 +254,27 @@ def test_queue_names_with_reserved_characters_are_percent_encoded(broker_factory
         assert api.ok("GET", path)["name"] == name, name
         assert api.ok("DELETE", path + "/messages") == {"removed": 1}, name
     assert api.ok("GET", "/api/queues?name=" + quote("a b"))["items"][0]["name"] == "a b"
+
+
+def test_ha_of_a_replicated_pair_shows_replication_and_its_lag(tmp_path: Path) -> None:
+    pair = ReplicatedPair(tmp_path)
+    for server in pair.servers:
+        with server.config_path.open("a") as f:
+            f.write(management_toml())
+    try:
+        pair.start_all()
+        primary, backup = Api.of(pair.primary), Api.of(pair.backup)
+        send(pair.url_of(0), "replicated", 20)
+        p = until(lambda: (h := primary.ok("GET", "/api/ha"))["replication_lag"]["records"] == 0 and h, "caught up")
+        assert p["role"] == "primary" and p["replication"] == "in-sync"
+        assert p["replication_peer"] == f"127.0.0.1:{pair.ports[1]}"
+        assert p["replication_lag"]["oldest_unacknowledged_s"] >= 0
+        assert p["members"][0]["backup"] == f"127.0.0.1:{pair.ports[1]}"
+        assert primary.ok("GET", "/api/overview")["replication_lag"] == p["replication_lag"]
+        k = backup.ok("GET", "/api/ha")
+        assert k["role"] == "backup" and k["state"] == "passive" and k["replication"] == "in-sync"
+        assert k["node_id"] == p["node_id"]
+        links = [c for c in primary.ok("GET", "/api/connections") if c["replica"]]
+        assert len(links) == 1 and links[0]["protocol"] == "native"
+    finally:
+        pair.kill_all()
