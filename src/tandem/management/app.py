@@ -23,7 +23,7 @@ from ..errors import CallTimeout, IllegalState, InvalidArgument, TandemError, Un
 from ..server.audit import audit
 from ..server.authorization import access_for
 from ..server.security import ANONYMOUS, Subject
-from ..server.tls import AcceptorTls
+from ..server.tls import AcceptorTls, cert_user
 from . import auth
 from .errors import error_response, from_tandem, json_response
 from .routes import ROUTES, Route
@@ -163,10 +163,24 @@ class ManagementServer:
         headers = {} if "X-Requested-With" in request.headers else {"WWW-Authenticate": 'Basic realm="tandem"'}
         return error_response(401, "UNAUTHORIZED", message, headers)
 
+    def _cert_user(self, request: web.Request) -> str | None:
+        if self.tls is None or request.transport is None:
+            return None
+        return cert_user(self.broker.config, request.transport)
+
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Sets request["caller"] on every API request, or answers 401/403 itself."""
         peer = _peer(request)
+        headers = request.headers
+        if auth.cross_site(request.method, headers.get("Host"), headers.get("Origin"), headers.get("Sec-Fetch-Site")):
+            raise Unauthorized("a change sent from another site's page is refused (its Origin is not this listener)")
+        if not self.security and self.loopback:
+            # Nobody logs in here: a page of another site must not reach it by a name of its own
+            # that resolves to 127.0.0.1 (DNS rebinding); this machine's loopback names only.
+            host = auth.host_name(headers.get("Host", ""))
+            if host and not is_loopback_host(host):
+                raise Unauthorized(f"Host {host!r} is not a loopback name: this listener answers loopback names only")
         if not self.security:
             request["caller"] = HttpCaller(ANONYMOUS, peer, None)
             return await handler(request)
@@ -183,6 +197,13 @@ class ManagementServer:
             if subject is None:
                 audit("login", None, peer, None, False, login=creds[0], protocol="http")
                 return self._refused(request, "wrong user name or password")
+        elif (cert := self._cert_user(request)) is not None and auth.COOKIE not in request.cookies:
+            # A verified client certificate that cert-user-mapping maps to a user (mutual TLS):
+            # that user, no password; a browser's cookie, when there is one, says who instead.
+            found = self.broker.authenticator.subject_for(cert)
+            if found is None:
+                return self._refused(request, f"the client certificate maps to {cert!r}, who is not a user")
+            subject = found
         else:
             token = request.cookies.get(auth.COOKIE)
             session = self.sessions.get(token) if token else None
