@@ -35,6 +35,7 @@ def test_overview_of_a_broker_with_messages(broker_factory: Factory) -> None:
     assert o["queues"] >= 1
     assert o["connections"] == 0
     assert set(o["rates"]) == {"in", "out"}
+    assert o["management"] == f"http://127.0.0.1:{b.ports['management']}"
     assert isinstance(o["version"], str) and o["node_id"]
     a = api.get("/api/overview")
     assert a.headers["content-type"].startswith("application/json")

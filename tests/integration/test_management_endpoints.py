@@ -219,6 +219,12 @@ def test_ha_of_a_single_broker(broker_factory: Factory) -> None:
     assert ha["activation"]["coordinator"] == "none"
 
 
+def k_none(api: Api) -> bool:
+    """A passive backup has taken nothing over yet."""
+    h = api.ok("GET", "/api/ha")
+    return h["last_failover"] is None and h["activated_at"] is None
+
+
 def test_ha_of_a_shared_store_pair_across_a_kill(tmp_path: Path) -> None:
     pair = Cluster(tmp_path)
     for server in pair.servers:  # each with its own listener
@@ -229,6 +235,7 @@ def test_ha_of_a_shared_store_pair_across_a_kill(tmp_path: Path) -> None:
         primary, backup = Api.of(pair.primary), Api.of(pair.backup)
         p = primary.ok("GET", "/api/ha")
         assert p["role"] == "primary" and p["active"] is True and p["state"] == "active"
+        assert p["last_failover"] is None and k_none(backup)
         assert p["members"][0]["backup"] == f"127.0.0.1:{pair.ports[1]}"
         k = backup.ok("GET", "/api/ha")
         assert k["role"] == "backup" and k["active"] is False and k["state"] == "passive"
@@ -239,6 +246,7 @@ def test_ha_of_a_shared_store_pair_across_a_kill(tmp_path: Path) -> None:
         pair.primary.kill()
         took = until(lambda: (h := backup.ok("GET", "/api/ha"))["active"] and h, "the backup takes over")
         assert took["state"] == "active" and took["activated_at"] <= time.time()
+        assert took["last_failover"] == took["activated_at"]
         assert backup.ok("GET", "/api/queues")["total"] >= 0
     finally:
         pair.kill_all()

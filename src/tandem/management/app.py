@@ -131,6 +131,14 @@ class ManagementServer:
         if runner is not None:
             await runner.cleanup()
 
+    @property
+    def url(self) -> str | None:
+        """Where it listens, as a URL (None before it does)."""
+        if self.bound is None:
+            return None
+        host, port = self.bound
+        return f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
     def reload_tls(self, force: bool = False) -> None:
         if self.tls is not None:
             self.tls.reload(force)

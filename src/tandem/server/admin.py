@@ -351,6 +351,8 @@ class Admin:
         out: dict[str, Any] = {k: status[k] for k in keys if k in status}
         out["active"] = self.broker.active
         out["activated_at"] = status.get("activated_at")
+        # A backup serving its node took it over: when (None for a primary, which had it from the start).
+        out["last_failover"] = out["activated_at"] if status.get("role") == "backup" else None
         out["members"] = self.broker.topology()
         task = asyncio.get_running_loop().create_task(self.broker.activation_info())
         self._pending.add(task)

@@ -674,6 +674,7 @@ class Broker:
             "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
             "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
+            "management": self.management.url if self.management is not None else None,
             "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
         }
