@@ -21,6 +21,7 @@ from mgmt_http import Api, management_toml
 from replicated_pair import ReplicatedPair
 from tandem.client.blocking import connect
 from tandem.errors import TandemError
+from tandem.testing import FaultProxy, free_port
 
 Factory = Callable[..., BrokerProcess]
 BOTH = (
@@ -286,3 +287,28 @@ def test_ha_of_a_replicated_pair_shows_replication_and_its_lag(tmp_path: Path) -
         assert len(links) == 1 and links[0]["protocol"] == "native"
     finally:
         pair.kill_all()
+
+
+def test_closing_a_detached_connection_drops_the_sessions_it_kept(broker_factory: Factory) -> None:
+    """A connection whose socket died keeps its sessions for a reattach until its TTL: listed as
+    `detached`, and closing it lets them go at once."""
+    port = free_port()
+    b = broker_factory(
+        connection_check_period=100,
+        connector_ref="via-proxy",
+        extra_toml=f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{port}"\n' + BOTH + management_toml(),
+    ).start()
+    api = Api.of(b)
+    with FaultProxy(b.port, port=port) as proxy:
+        conn = connect(proxy.url, connection_ttl=60_000, confirmation_window_size=1024, reconnect_attempts=0)
+        try:
+            conn.session().create_queue("kept-for-reattach")
+            proxy.refuse_new()
+            proxy.reset()
+            [row] = until(lambda: [r for r in api.ok("GET", "/api/connections") if r["detached"]], "detached")
+            assert row["sessions"] == 1
+            assert api.ok("DELETE", f"/api/connections/{row['id']}") == {"closed": row["id"]}
+            until(lambda: api.ok("GET", "/api/connections") == [], "the detached connection gone")
+            assert api.ok("GET", "/api/overview")["detached_connections"] == 0
+        finally:
+            conn.close()

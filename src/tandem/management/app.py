@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -50,7 +50,6 @@ class HttpCaller:
     peer: str
     access: Access | None
     protocol: str = "http"
-    temp_queues: set[str] = field(default_factory=set)
 
 
 def _peer(request: web.Request) -> str:

@@ -279,7 +279,10 @@ class Admin:
             if self.connection_ids.of(c) == id:
                 who = conn.subject.user if conn is not None and conn.subject is not None else None
                 by = f" by {who}" if who else ""
-                c.fatal(IllegalState(f"connection closed by an administrator{by} (connection.close)"))
+                if getattr(c, "detached", False):
+                    c.close()  # its socket is gone already: drop the sessions it kept for a reattach
+                else:
+                    c.fatal(IllegalState(f"connection closed by an administrator{by} (connection.close)"))
                 reply({"closed": id})
                 return
         raise ConnectionDoesNotExist(f"no open connection {id} (see connection.list)")
