@@ -290,11 +290,8 @@ class Admin:
     def consumer_list(self, conn: Caller | None, reply: Reply) -> None:
         """Every consumer and browser of every queue (`GET /api/consumers`)."""
         po = self.broker.require_active()
-        rows = []
-        for _n, q in sorted(po.queues.items()):
-            for c in [*q.consumers, *q.browsers]:
-                rows.append(inventory.describe_consumer(c, self.connection_ids))
-        reply(rows)
+        busy = sorted((q for q in po.queues.values() if q.consumers or q.browsers), key=lambda q: q.name)
+        reply([inventory.describe_consumer(c, self.connection_ids) for q in busy for c in [*q.consumers, *q.browsers]])
 
     # ---------------------------------------------------------------- broker
     def broker_status(self, conn: Caller | None, reply: Reply) -> None:
