@@ -84,6 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
         except ValueError as exc:  # e.g. a network address with security off (config.check_network_exposure)
             raise ConfigError(f"--{option.replace('_', '-')} {value}: {exc}") from None
+    if args.management_bind:
+        cfg = _with_management_bind(cfg, args.management_bind)
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with
@@ -92,6 +94,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(BROKER_SWITCH_INTERVAL)
     one_malloc_arena()  # before the broker's threads: server/memory.py says why
     return asyncio.run(_run_broker(cfg, Broker, quiet=args.quiet))
+
+
+def _with_management_bind(cfg: BrokerConfig, value: str) -> BrokerConfig:
+    """`--management-bind`: the listener on, at this address (the file's [management] keys kept)."""
+    import msgspec
+
+    from .config import ManagementConfig
+
+    try:
+        mgmt = msgspec.structs.replace(cfg.management or ManagementConfig(), bind=value)
+        return msgspec.structs.replace(cfg, management=mgmt)
+    except ValueError as exc:  # a bad address, or a network address with security off
+        raise ConfigError(f"--management-bind {value}: {exc}") from None
 
 
 async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
@@ -117,6 +132,9 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
         print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role})")
         for name, (host, port) in broker.bound.items():
             print(f"  listening  {name}: {host}:{port}")
+        if broker.management is not None and broker.management.bound is not None:
+            host, port = broker.management.bound
+            print(f"  listening  management: {host}:{port}  ({broker.management.scheme}://{host}:{port}/api/overview)")
         if broker.active:
             print(f"  data       {cfg.data_path.resolve()}  ({broker.loaded_messages} messages reloaded)")
         elif cfg.ha_policy == "replication-backup":
@@ -300,6 +318,22 @@ def cmd_address(args: argparse.Namespace) -> int:
     elif args.action == "delete":
         _manage(args.url, "address.delete", name=args.name, force=args.force)
         print(f"deleted address {args.name!r}")
+    return 0
+
+
+def cmd_connection(args: argparse.Namespace) -> int:
+    """`tandem connection list|close`: the ops of `GET /api/connections` and `DELETE /api/connections/{id}`."""
+    if args.action == "close":
+        _manage(args.url, "connection.close", id=args.id)
+        print(f"closed connection {args.id}")
+        return 0
+    rows = _manage(args.url, "connection.list")
+    if not args.json:
+        for r in rows:
+            r["since"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["since"])) if r["since"] else "-"
+            r["user"] = r["user"] if r["user"] is not None else "-"
+            r["tls"] = "yes" if r["tls"] else "no"
+    _json_or_table(rows, ["id", "peer", "protocol", "user", "tls", "since", "sessions", "consumers"], args.json)
     return 0
 
 
@@ -504,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", help="data directory (overrides data-directory)")
     r.add_argument("--bind", help="native acceptor host:port (default 127.0.0.1:61616)")
     r.add_argument("--stomp-bind", help="also accept STOMP 1.0-1.2 on host:port (e.g. 127.0.0.1:61613)")
+    r.add_argument(
+        "--management-bind", help="HTTP management API on host:port (e.g. 127.0.0.1:8161; docs/management.md)"
+    )
     r.add_argument("--name", help="broker name")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     r.add_argument("--quiet", action="store_true", help="do not print the start-up banner")
@@ -575,6 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "delete":
             x.add_argument("--force", action="store_true", help="also delete its queues")
     a.set_defaults(func=cmd_address)
+
+    cn = sub.add_parser("connection", help="open connections (list, close one)")
+    cns = cn.add_subparsers(dest="action", required=True)
+    x = cns.add_parser("list", help="every open connection: id, peer, protocol, user, TLS, since, sessions, consumers")
+    _add_url(x)
+    x.add_argument("--json", action="store_true")
+    x = cns.add_parser("close", help="close a connection by the id `connection list` shows (its client gets an ERROR)")
+    _add_url(x)
+    x.add_argument("id", type=int)
+    cn.set_defaults(func=cmd_connection)
 
     ad = sub.add_parser("admin", help="broker administration")
     ads = ad.add_subparsers(dest="action", required=True)

@@ -1,4 +1,5 @@
-"""Management operations, reachable over the native protocol (MANAGE packets) and the CLI."""
+"""Management operations, reachable over the native protocol (MANAGE packets), the CLI and the
+HTTP management API (management/app.py): one implementation, one permission check, one audit line."""
 
 from __future__ import annotations
 
@@ -6,22 +7,59 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from ..core.dedup import tx_key
 from ..core.message import RoutingType
-from ..errors import InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
+from ..errors import ConnectionDoesNotExist, IllegalState, InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
+from . import inventory
 from .audit import audit
 from .authorization import authorize_management
+from .rates import RateTracker
 from .security import is_cluster_pair
 
 if TYPE_CHECKING:
+    from ..core.permissions import Access
     from .context import BrokerContext
-    from .native import NativeConnection
+    from .security import Subject
 
 Reply = Callable[[Any], None]
+
+MAX_PAGE_SIZE = 1000  # queues in one page of queue.list
+# queue.list's `sort` values -> the value sorted on
+QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {
+    "name": lambda q: q.name,
+    "address": lambda q: q.address,
+    "message_count": lambda q: q.message_count,
+    "delivering_count": lambda q: q.delivering_count,
+    "consumer_count": lambda q: len(q.consumers),
+    "messages_added": lambda q: q.messages_added,
+    "messages_acknowledged": lambda q: q.messages_acked,
+    "paged_count": lambda q: q.paged_count,
+}
+
+
+class Caller(Protocol):
+    """Who runs an operation: a native connection (server/native.py) or an HTTP request
+    (management/app.py). A caller may also have `temp_queues` (a set of names): the temporary
+    queues it creates are its own, deleted when it closes."""
+
+    @property
+    def subject(self) -> Subject | None:
+        """Who logged in (None or ANONYMOUS: security off)."""
+        ...
+
+    @property
+    def peer(self) -> str:
+        """host:port of the client, for the audit log."""
+        ...
+
+    @property
+    def access(self) -> Access | None:
+        """Its permissions (None: security off, nothing is checked)."""
+        ...
 
 
 def _routing(text: object) -> RoutingType:
@@ -44,15 +82,24 @@ class Admin:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._pending: set[asyncio.Task[Any]] = set()  # answers that wait for ZooKeeper
+        self.rates = RateTracker()  # msg/s in and out, per queue and in all (server/rates.py)
+        self.connection_ids = inventory.ConnectionIds()
         self._ops: dict[str, Callable[..., Any]] = {
             "queue.create": self.queue_create,
             "queue.delete": self.queue_delete,
             "queue.purge": self.queue_purge,
             "queue.stat": self.queue_stat,
+            "queue.list": self.queue_list,
+            "connection.list": self.connection_list,
+            "connection.close": self.connection_close,
+            "consumer.list": self.consumer_list,
+            "broker.ha": self.broker_ha,
+            "broker.journal": self.broker_journal,
             "address.create": self.address_create,
             "address.delete": self.address_delete,
             "address.list": self.address_list,
             "broker.status": self.broker_status,
+            "broker.overview": self.broker_overview,
             "broker.activation": self.broker_activation,
             "broker.stop": self.broker_stop,
             "cluster.announce": self.cluster_announce,
@@ -63,11 +110,12 @@ class Admin:
     def ops(self) -> list[str]:
         return sorted(self._ops)
 
-    def handle(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
-        """Run `op`; every attempt, known or not, goes to the audit log (server/audit.py)."""
-        subject = getattr(conn, "subject", None)
-        peer = getattr(conn, "peer", "local")
-        target = args.get("name", args.get("dedup_id"))
+    def handle(self, op: str, args: dict[str, Any], conn: Caller | None, reply: Reply) -> None:
+        """Run `op` for `conn` (None: not over a connection, nothing checked); every attempt,
+        known or not, goes to the audit log (server/audit.py)."""
+        subject = conn.subject if conn is not None else None
+        peer = conn.peer if conn is not None else "local"
+        target = args.get("name", args.get("dedup_id", args.get("id")))  # a queue, a tx, a connection
         try:
             self._run(op, args, conn, reply)
         except TandemError as exc:
@@ -76,7 +124,7 @@ class Admin:
             raise
         audit(op, subject, peer, target, True)
 
-    def _run(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
+    def _run(self, op: str, args: dict[str, Any], conn: Caller | None, reply: Reply) -> None:
         fn = self._ops.get(op)
         if fn is None:
             raise InvalidArgument(f"unknown management operation {op!r}; known: {', '.join(self.ops)}")
@@ -94,7 +142,7 @@ class Admin:
             bound = inspect.signature(fn).bind(conn=conn, reply=reply, **checked)
         except TypeError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
-        access = getattr(conn, "access", None)  # None: security off, or not over a connection
+        access = conn.access if conn is not None else None  # None: security off, or not over a connection
         if access is not None:
             authorize_management(access, self.broker.require_active, op, checked)
         fn(*bound.args, **bound.kwargs)
@@ -105,7 +153,7 @@ class Admin:
     # ---------------------------------------------------------------- queues
     def queue_create(
         self,
-        conn: NativeConnection | None,
+        conn: Caller | None,
         reply: Reply,
         name: str,
         address: str | None = None,
@@ -134,33 +182,80 @@ class Admin:
             last_value_key=last_value_key,
             reader_only=reader_only,
         )
-        if temporary and conn is not None and not existed:  # never adopt a queue this call did not make
-            conn.temp_queues.add(q.name)
+        owned = getattr(conn, "temp_queues", None)
+        if temporary and owned is not None and not existed:  # never adopt a queue this call did not make
+            owned.add(q.name)
             q.owner = conn
         self._after_bindings(reply, q.stat())
 
-    def queue_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
+    def queue_delete(self, conn: Caller | None, reply: Reply, name: str, force: bool = False) -> None:
         removed = self.broker.require_active().delete_queue(name, force=force)
-        if conn is not None:
-            conn.temp_queues.discard(name)
+        owned = getattr(conn, "temp_queues", None)
+        if owned is not None:
+            owned.discard(name)
         self.broker.storage.after_durable(lambda: self._after_bindings(reply, {"removed": removed}))
 
-    def queue_purge(self, conn: NativeConnection | None, reply: Reply, name: str) -> None:
+    def queue_purge(self, conn: Caller | None, reply: Reply, name: str) -> None:
         removed = self.broker.require_active().queue(name).purge()
         self.broker.storage.after_durable(lambda: reply({"removed": removed}))
 
-    def queue_stat(self, conn: NativeConnection | None, reply: Reply, name: str | None = None) -> None:
+    def queue_stat(self, conn: Caller | None, reply: Reply, name: str | None = None, detail: bool = False) -> None:
+        """Every queue's counters, or one queue's; with `detail` (one queue) also its rates, the
+        address settings in force and its consumers (`GET /api/queues/{name}`)."""
         po = self.broker.require_active()
         if name is not None:
-            if name not in po.queues:
+            q = po.queues.get(name)
+            if q is None:
                 raise QueueDoesNotExist(f"queue {name!r} does not exist")
-            reply([po.queues[name].stat()])
+            row = q.stat()
+            if detail:
+                self.sample_rates()
+                row["rates"] = self.rates.of(name)
+                row["max_consumers"] = q.max_consumers
+                row["settings"] = inventory.settings_in_force(q.settings)
+                consumers = [*q.consumers, *q.browsers]
+                row["consumers"] = [inventory.describe_consumer(c, self.connection_ids) for c in consumers]
+            reply([row])
             return
+        if detail:
+            raise InvalidArgument("queue.stat: `detail` needs a queue `name`")
         reply([q.stat() for _n, q in sorted(po.queues.items())])
+
+    def queue_list(
+        self,
+        conn: Caller | None,
+        reply: Reply,
+        name: str | None = None,
+        page: int = 1,
+        page_size: int = 100,
+        sort: str = "name",
+    ) -> None:
+        """A page of queues whose names hold `name`, sorted by a stat field (`-field`: descending),
+        each with its rates (`GET /api/queues`): thousands of queues come a page at a time."""
+        if page < 1:
+            raise InvalidArgument(f"queue.list: `page` must be >= 1, got {page}")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise InvalidArgument(f"queue.list: `page_size` must be between 1 and {MAX_PAGE_SIZE}, got {page_size}")
+        field = sort.removeprefix("-")
+        if field not in QUEUE_SORT_KEYS:
+            raise InvalidArgument(f"queue.list: cannot sort by {sort!r}; by: {', '.join(sorted(QUEUE_SORT_KEYS))}")
+        po = self.broker.require_active()
+        self.sample_rates()
+        queues = [q for n, q in po.queues.items() if name is None or name in n]
+        queues.sort(key=lambda q: q.name)  # ties in name order, whichever the direction
+        if field != "name" or sort.startswith("-"):
+            queues.sort(key=QUEUE_SORT_KEYS[field], reverse=sort.startswith("-"))
+        start = (page - 1) * page_size
+        items = []
+        for q in queues[start : start + page_size]:
+            row = q.stat()
+            row["rates"] = self.rates.of(q.name)
+            items.append(row)
+        reply({"total": len(queues), "page": page, "page_size": page_size, "items": items})
 
     # ------------------------------------------------------------- addresses
     def address_create(
-        self, conn: NativeConnection | None, reply: Reply, name: str, routing_types: list[str] | None = None
+        self, conn: Caller | None, reply: Reply, name: str, routing_types: list[str] | None = None
     ) -> None:
         if routing_types is not None and not isinstance(routing_types, list):
             raise InvalidArgument(f"address.create: `routing_types` must be a list, got {type(routing_types).__name__}")
@@ -168,18 +263,62 @@ class Admin:
         addr = self.broker.require_active().create_address(name, rts)
         self._after_bindings(reply, addr.stat())
 
-    def address_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
+    def address_delete(self, conn: Caller | None, reply: Reply, name: str, force: bool = False) -> None:
         self.broker.require_active().delete_address(name, force=force)
         self.broker.storage.after_durable(lambda: self._after_bindings(reply, None))
 
-    def address_list(self, conn: NativeConnection | None, reply: Reply) -> None:
+    def address_list(self, conn: Caller | None, reply: Reply) -> None:
         reply([a.stat() for _n, a in sorted(self.broker.require_active().addresses.items())])
 
+    # ----------------------------------------------------------- connections
+    def connection_list(self, conn: Caller | None, reply: Reply) -> None:
+        """Every open connection, native and STOMP (`GET /api/connections`, `tandem connection list`)."""
+        rows = [inventory.describe_connection(c, self.connection_ids.of(c)) for c in list(self.broker.connections)]
+        reply(sorted(rows, key=lambda r: r["id"]))
+
+    def connection_close(self, conn: Caller | None, reply: Reply, id: int) -> None:
+        """Close one connection with an ERROR saying why (its client does not reconnect by itself)."""
+        for c in list(self.broker.connections):
+            if self.connection_ids.of(c) == id:
+                who = conn.subject.user if conn is not None and conn.subject is not None else None
+                by = f" by {who}" if who else ""
+                if getattr(c, "detached", False):
+                    c.close()  # its socket is gone already: drop the sessions it kept for a reattach
+                else:
+                    c.fatal(IllegalState(f"connection closed by an administrator{by} (connection.close)"))
+                reply({"closed": id})
+                return
+        raise ConnectionDoesNotExist(f"no open connection {id} (see connection.list)")
+
+    def consumer_list(self, conn: Caller | None, reply: Reply) -> None:
+        """Every consumer and browser of every queue (`GET /api/consumers`)."""
+        po = self.broker.require_active()
+        busy = sorted((q for q in po.queues.values() if q.consumers or q.browsers), key=lambda q: q.name)
+        reply([inventory.describe_consumer(c, self.connection_ids) for q in busy for c in [*q.consumers, *q.browsers]])
+
     # ---------------------------------------------------------------- broker
-    def broker_status(self, conn: NativeConnection | None, reply: Reply) -> None:
+    def broker_status(self, conn: Caller | None, reply: Reply) -> None:
         reply(self.broker.status())
 
-    def broker_activation(self, conn: NativeConnection | None, reply: Reply) -> None:
+    def sample_rates(self, force: bool = False) -> None:
+        """Take a sample of the queues' counters (at most one a second unless `force`)."""
+        if self.broker.active:
+            self.rates.sample(self.broker.postoffice.queues.values(), force)
+        else:
+            self.rates.clear()
+
+    def broker_overview(self, conn: Caller | None, reply: Reply) -> None:
+        """broker.status and the totals a dashboard shows first (`GET /api/overview`)."""
+        out = self.broker.status()
+        if self.broker.active:
+            queues = self.broker.postoffice.queues.values()
+            out["delivering"] = sum(q.delivering_count for q in queues)
+            out["paged"] = sum(q.paged_count for q in queues)
+            self.sample_rates()
+        out["rates"] = self.rates.totals()
+        reply(out)
+
+    def broker_activation(self, conn: Caller | None, reply: Reply) -> None:
         """The activation sequence, this server's copy and ZooKeeper's (`tandem admin activation show`)."""
         task = asyncio.get_running_loop().create_task(self.broker.activation_info())
         self._pending.add(task)
@@ -191,12 +330,69 @@ class Admin:
 
         task.add_done_callback(done)
 
-    def broker_stop(self, conn: NativeConnection | None, reply: Reply, failover: bool = False) -> None:
+    def broker_ha(self, conn: Caller | None, reply: Reply) -> None:
+        """The pair as this server sees it (`GET /api/ha`): its role and state, the servers of its
+        node, replication and its lag, the activation sequence (read from ZooKeeper if coordinated)."""
+        status = self.broker.status()
+        keys = (
+            "name",
+            "node_id",
+            "role",
+            "ha_policy",
+            "state",
+            "peer",
+            "replication",
+            "replication_peer",
+            "replication_lag",
+            "coordinator",
+            "activation_sequence",
+            "following",
+            "warm_activation",
+            "active_for_s",
+            "uptime_s",
+        )
+        out: dict[str, Any] = {k: status[k] for k in keys if k in status}
+        out["active"] = self.broker.active
+        out["activated_at"] = status.get("activated_at")
+        # A backup serving its node took it over: when (None for a primary, which had it from the start).
+        out["last_failover"] = out["activated_at"] if status.get("role") == "backup" else None
+        out["members"] = self.broker.topology()
+        task = asyncio.get_running_loop().create_task(self.broker.activation_info())
+        self._pending.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._pending.discard(t)
+            if t.cancelled():
+                return
+            exc = t.exception()
+            info = {"error": str(exc)} if exc is not None else t.result()
+            out["activation"] = {k: v for k, v in info.items() if k not in out}
+            reply(out)
+
+        task.add_done_callback(done)
+
+    def broker_journal(self, conn: Caller | None, reply: Reply) -> None:
+        """The store's journals (`GET /api/journal`): files, sizes, live records, compactions."""
+        self.broker.require_active()
+        storage = self.broker.storage
+        journals = getattr(storage, "journals", None)
+        if not journals:
+            reply({"persistence": False, "journals": {}})
+            return
+        reply(
+            {
+                "persistence": True,
+                "data_directory": str(self.broker.config.data_path),
+                "journals": {j.prefix: inventory.journal_info(j) for j in journals},
+            }
+        )
+
+    def broker_stop(self, conn: Caller | None, reply: Reply, failover: bool = False) -> None:
         """Stop the broker: cleanly (state P: no failover) or leaving state L so its backup takes over."""
         reply({"stopping": True, "failover": failover})
         asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.broker.stop(failover)))
 
-    def tx_status(self, conn: NativeConnection | None, reply: Reply, dedup_id: str) -> None:
+    def tx_status(self, conn: Caller | None, reply: Reply, dedup_id: str) -> None:
         """Was a transaction with this dedup id committed? (A client asks after a commit lost in a failover.)"""
         user = getattr(getattr(conn, "subject", None), "user", None)
         seen = self.broker.require_active().transaction_seen(tx_key(user, dedup_id))
@@ -204,20 +400,23 @@ class Admin:
         self.broker.storage.after_durable(lambda: reply(seen))
 
     def cluster_announce(
-        self, conn: NativeConnection | None, reply: Reply, user: str, password: str, node_id: str, connector: str
+        self, conn: Caller | None, reply: Reply, user: str, password: str, node_id: str, connector: str
     ) -> None:
         """A waiting server of the same store tells us where it is; we pass it on to clients."""
         self.broker.require_active()
+        from .native import NativeConnection
+
         cfg = self.broker.config
         if not is_cluster_pair(cfg, user, password):
             refused = Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
-            if conn is not None:  # closed, and counted as a failed login: each guess costs a new, slowed one
+            if isinstance(conn, NativeConnection):
+                # Closed, and counted as a failed login: each guess costs a new, slowed one.
                 self.broker.authenticator.refused(user, conn.peer, "native (cluster.announce)")
                 conn.fatal(refused)
             raise refused  # (audited as refused by `handle`)
         if node_id != self.broker.node_id:
             raise InvalidArgument(f"cluster.announce: node {node_id} is not this store's node {self.broker.node_id}")
-        if conn is None:
-            raise InvalidArgument("cluster.announce needs a connection")
+        if not isinstance(conn, NativeConnection):
+            raise InvalidArgument("cluster.announce needs a native connection")
         self.broker.backup_announced(conn, connector)
         reply(self.broker.topology())

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import __version__
 from ..config import BrokerConfig, parse_host_port
@@ -45,6 +45,9 @@ from .native import NativeConnection
 from .pacing import UploadPacer
 from .security import Authenticator, Subject
 from .tls import AcceptorTls
+
+if TYPE_CHECKING:
+    from ..management.app import ManagementServer
 
 log = logging.getLogger("tandem.broker")
 
@@ -206,6 +209,7 @@ class Broker:
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.tls: dict[str, AcceptorTls] = {}  # acceptor name -> its TLS contexts (ssl-enabled ones)
+        self.management: ManagementServer | None = None  # the HTTP management API, with [management]
         self.started_at = 0.0
         self.activated_at = 0.0
         self.load_seconds = 0.0
@@ -255,6 +259,11 @@ class Broker:
         try:
             await self.activation.start()
             await self._listen()
+            if cfg.management is not None:  # HTTP management (docs/management.md), as long as the acceptors
+                from ..management.app import ManagementServer
+
+                self.management = ManagementServer(self, cfg.management)
+                await self.management.start()
         except BaseException:
             await self._abort_start()
             raise
@@ -344,6 +353,8 @@ class Broker:
         await self._stop_following()
         for server in self.servers:
             server.close()
+        if self.management is not None:
+            await self.management.stop()
         was_active = self.active
         await self.stop_live()
         if self.activation is not None:
@@ -417,6 +428,8 @@ class Broker:
     async def _abort_start(self) -> None:
         for server in self.servers:
             server.close()
+        if self.management is not None:
+            await self.management.stop()
         try:
             await self.storage.stop()
         finally:
@@ -643,6 +656,8 @@ class Broker:
         """New TLS contexts for new connections (server/tls.py): on SIGHUP (`force`) and when files change."""
         for tls in self.tls.values():
             tls.reload(force)
+        if self.management is not None:
+            self.management.reload_tls(force)
 
     def own_connector(self) -> str:
         cfg = self.config
@@ -687,11 +702,13 @@ class Broker:
             "state": self.ha_state,
             "uptime_s": round(now - self.started_at, 3),
             "active_for_s": round(now - self.activated_at, 3) if self.active else 0.0,
+            "activated_at": round(self.activated_at, 3) if self.active else None,  # Unix time
             "peer": self._peer(),
             "connections": sum(1 for c in self.connections if not getattr(c, "detached", False)),
             "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
             "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
+            "management": self.management.url if self.management is not None else None,
             "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
         }
@@ -736,6 +753,7 @@ class Broker:
             now = loop.time()
             self._check_alive(now)
             self.reload_tls()
+            self.admin.sample_rates()
             if churn.observe(len(self.connections)):
                 await churn.release(len(self.connections))
             if not self.active:
