@@ -28,6 +28,7 @@ from . import compactor
 from . import files as jf
 from . import records as rec
 from .faults import Faults
+from .histogram import JournalMetrics
 from .storeio import StoreIO, Tap
 from .writer import Batch, Writer
 
@@ -155,7 +156,10 @@ class Journal:
         self.torn: list[FileEnd] = []
         self.torn_tails: list[str] = []
         self.compactions = 0
+        self.compaction_seconds = 0.0  # the compactions' durations added up (freeze to swap)
+        self.metrics = JournalMetrics()  # the writer thread's per-batch histograms (decision 0068)
         # Compaction state
+        self._compact_began = 0.0
         self._compacting = False
         self._freeze_key = -1
         self._compact_after: Batch | None = None
@@ -396,6 +400,7 @@ class Journal:
             failed,
             self._faults,
             StoreIO(self.directory, self.tap),
+            self.metrics,
         )
         for key, f in self._files.items():
             w.adopt(key, f.path)
@@ -805,6 +810,7 @@ class Journal:
         if self._compacting or not self._files:
             return
         self._compacting = True
+        self._compact_began = time.monotonic()
         self._freeze_key = max(self._files)
         self._seal()  # the next append rolls to a new file
         if self._pending.writes:
@@ -864,6 +870,7 @@ class Journal:
         self._install(plan)
         self._compacting = False
         self.compactions += 1
+        self.compaction_seconds += time.monotonic() - self._compact_began
         log.info("journal %s compacted: %d records copied, %d dropped", self.prefix, plan.copied, plan.dead)
         # The batches that completed meanwhile were not judged (and the last of a drained queue's
         # acknowledgements may be among them): judge now, or the garbage waits for the next append.

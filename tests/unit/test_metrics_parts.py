@@ -1,0 +1,75 @@
+"""The metrics' parts that need no broker: the journal's histograms and the queue pattern."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tandem.journal.histogram import BATCH_BOUNDS, Histogram
+from tandem.management.metrics import QueueFilter, check_queue_pattern
+
+
+def test_histogram_buckets_are_cumulative_with_an_infinite_last() -> None:
+    h = Histogram((10, 100, 1000))
+    for v in (1, 10, 11, 500, 5000, 5000):
+        h.observe(v)
+    snap = h.snapshot(0.5)
+    assert snap.buckets == [(5.0, 2), (50.0, 3), (500.0, 4), (float("inf"), 6)]
+    assert snap.count == 6
+    assert snap.total == pytest.approx(0.5 * (1 + 10 + 11 + 500 + 5000 + 5000))
+
+
+def test_histogram_bounds_must_increase() -> None:
+    with pytest.raises(ValueError, match="increasing"):
+        Histogram((10, 10, 20))
+    assert list(BATCH_BOUNDS) == sorted(BATCH_BOUNDS)
+
+
+def test_a_reader_on_another_thread_never_sees_counts_go_down() -> None:
+    h = Histogram((100, 1000))
+    stop = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        while not stop.is_set() and i < 2_000_000:
+            h.observe(i % 2000)
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    last = 0
+    try:
+        for _ in range(2000):
+            snap = h.snapshot()
+            counts = [n for _le, n in snap.buckets]
+            assert counts == sorted(counts)
+            assert snap.count >= last
+            last = snap.count
+    finally:
+        stop.set()
+        t.join(10)
+    assert last > 0
+
+
+@pytest.mark.parametrize(
+    ("pattern", "yes", "no"),
+    [
+        ("#", ["a", "a.b", "DLQ"], []),
+        ("", [], ["a", "DLQ"]),
+        ("orders.#", ["orders", "orders.main", "orders.a.b"], ["DLQ", "order.x"]),
+        ("*.dlq", ["a.dlq"], ["dlq", "a.b.dlq"]),
+        ("DLQ", ["DLQ"], ["DLQ.x", "dlq"]),
+    ],
+)
+def test_queue_pattern(pattern: str, yes: list[str], no: list[str]) -> None:
+    f = QueueFilter(pattern)
+    assert [f(n) for n in yes] == [True] * len(yes)
+    assert [f(n) for n in no] == [False] * len(no)
+    assert [f(n) for n in yes] == [True] * len(yes)  # cached answers agree
+
+
+def test_a_bad_queue_pattern_is_refused() -> None:
+    for bad in ("a..b", "a#", "x.*y"):
+        with pytest.raises(ValueError, match="metrics-queues"):
+            check_queue_pattern(bad)
