@@ -14,6 +14,7 @@ from ..core.message import RoutingType
 from ..errors import InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
 from .audit import audit
 from .authorization import authorize_management
+from .rates import RateTracker
 from .security import is_cluster_pair
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class Admin:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._pending: set[asyncio.Task[Any]] = set()  # answers that wait for ZooKeeper
+        self.rates = RateTracker()  # msg/s in and out, per queue and in all (server/rates.py)
         self._ops: dict[str, Callable[..., Any]] = {
             "queue.create": self.queue_create,
             "queue.delete": self.queue_delete,
@@ -52,6 +54,7 @@ class Admin:
             "address.delete": self.address_delete,
             "address.list": self.address_list,
             "broker.status": self.broker_status,
+            "broker.overview": self.broker_overview,
             "broker.activation": self.broker_activation,
             "broker.stop": self.broker_stop,
             "cluster.announce": self.cluster_announce,
@@ -175,6 +178,24 @@ class Admin:
     # ---------------------------------------------------------------- broker
     def broker_status(self, conn: NativeConnection | None, reply: Reply) -> None:
         reply(self.broker.status())
+
+    def sample_rates(self, force: bool = False) -> None:
+        """Take a sample of the queues' counters (at most one a second unless `force`)."""
+        if self.broker.active:
+            self.rates.sample(self.broker.postoffice.queues.values(), force)
+        else:
+            self.rates.clear()
+
+    def broker_overview(self, conn: NativeConnection | None, reply: Reply) -> None:
+        """broker.status and the totals a dashboard shows first (`GET /api/overview`)."""
+        out = self.broker.status()
+        if self.broker.active:
+            queues = self.broker.postoffice.queues.values()
+            out["delivering"] = sum(q.delivering_count for q in queues)
+            out["paged"] = sum(q.paged_count for q in queues)
+            self.sample_rates()
+        out["rates"] = self.rates.totals()
+        reply(out)
 
     def broker_activation(self, conn: NativeConnection | None, reply: Reply) -> None:
         """The activation sequence, this server's copy and ZooKeeper's (`tandem admin activation show`)."""
