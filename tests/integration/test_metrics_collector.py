@@ -37,7 +37,7 @@ def test_a_scrape_reads_what_was_sent_acked_expired_and_dead_lettered(tmp_path: 
         try:
             host, port = b.bound["native"]
             await run_workload(f"tcp://{host}:{port}", w)
-            return parse(MetricsRegistry(b, "orders.#").exposition().decode())
+            return parse(MetricsRegistry(b, "orders.#").exposition()[0].decode())
         finally:
             await b.stop()
 

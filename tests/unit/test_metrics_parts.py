@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
+from tandem.config import check_metrics_queues
 from tandem.journal.histogram import BATCH_BOUNDS, Histogram
-from tandem.management.metrics import QueueFilter, check_queue_pattern
+from tandem.management.metrics import QueueFilter
 
 
 def test_histogram_buckets_are_cumulative_with_an_infinite_last() -> None:
@@ -72,4 +73,4 @@ def test_queue_pattern(pattern: str, yes: list[str], no: list[str]) -> None:
 def test_a_bad_queue_pattern_is_refused() -> None:
     for bad in ("a..b", "a#", "x.*y"):
         with pytest.raises(ValueError, match="metrics-queues"):
-            check_queue_pattern(bad)
+            check_metrics_queues(bad)

@@ -22,6 +22,7 @@ from ..core.permissions import Access
 from ..errors import CallTimeout, IllegalState, InvalidArgument, TandemError
 from ..server.security import ANONYMOUS, Subject
 from ..server.tls import AcceptorTls
+from . import metrics
 from .errors import error_response, from_tandem, json_response
 from .routes import ROUTES, Route
 
@@ -78,6 +79,7 @@ class ManagementServer:
         app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY)
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self._handler(route))
+        metrics.add_route(app, self)  # GET /metrics (management/metrics.py)
         return app
 
     async def start(self) -> None:

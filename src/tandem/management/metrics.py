@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,13 +24,16 @@ from prometheus_client.core import (
     Metric,
     SummaryMetricFamily,
 )
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..config import check_metrics_queues
+from ..core.permissions import MANAGEMENT_ADDRESS
 from ..core.settings import words_match
 from ..journal.histogram import HistogramSnapshot
 
-__all__ = ["CONTENT_TYPE_LATEST", "BrokerCollector", "MetricsRegistry", "check_queue_pattern"]
+__all__ = ["BrokerCollector", "MetricsRegistry", "add_route"]
 
 HA_STATES = ("starting", "waiting", "passive", "active", "stopped")
 QUEUE_LABELS = ["queue", "address"]
@@ -73,20 +77,11 @@ class Observed(Protocol):
     def failovers(self) -> int: ...
 
 
-def check_queue_pattern(pattern: str) -> None:
-    """Raise ValueError unless `pattern` is "" (no per-queue series) or a valid wildcard pattern."""
-    if pattern == "":
-        return
-    for word in pattern.split("."):
-        if word == "" or (("#" in word or "*" in word) and len(word) > 1):
-            raise ValueError(f"`metrics-queues` {pattern!r}: wildcards (`#`, `*`) must be whole words")
-
-
 class QueueFilter:
     """Which queues get series of their own: names matching the pattern (answers cached by name)."""
 
     def __init__(self, pattern: str) -> None:
-        check_queue_pattern(pattern)
+        check_metrics_queues(pattern)
         self.pattern = pattern
         self._words = tuple(pattern.split(".")) if pattern else ()
         self._all = pattern == "#"
@@ -295,6 +290,28 @@ class MetricsRegistry:
         self.registry.register(self.collector)
         ProcessCollector(namespace="tandem", registry=self.registry)
 
-    def exposition(self) -> bytes:
-        """The Prometheus text format of every metric now (content type `CONTENT_TYPE_LATEST`)."""
-        return generate_latest(self.registry)
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """Every metric now, and its content type: OpenMetrics if the `Accept` header asks for it
+        (Prometheus does), else the Prometheus text format 0.0.4 that every scraper reads."""
+        encode, content_type = choose_encoder(accept)  # type: ignore[arg-type]  # (None is handled)
+        return encode(self.registry), content_type
+
+
+def add_route(app: web.Application, server: Any) -> None:
+    """`GET /metrics` on the management listener (`server`: management/app.py's ManagementServer).
+
+    With security on the listener has authenticated the request (HTTP basic, as Prometheus's
+    `basic_auth` sends, or the console's cookie); a scrape then needs `view` (or `manage`) on the
+    management address, as every read-only operation (decision 0069). No audit line: a scraper
+    every 15 s would bury the audit log's real entries.
+    """
+    registry = MetricsRegistry(server.broker, server.config.metrics_queues)
+
+    async def scrape(request: web.Request) -> web.Response:
+        caller = request.get("caller") or server.caller(request)
+        if caller.access is not None:
+            caller.access.check_management(False, MANAGEMENT_ADDRESS)
+        body, content_type = registry.exposition(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    app.router.add_get("/metrics", scrape)
