@@ -4,13 +4,9 @@ checked against what was sent, acknowledged, expired and dead-lettered (docs/met
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from broker_process import BrokerProcess
 from metrics_workload import DLQ, MAIN, SETTINGS, SHORT, Workload, parse, queue_series, run_workload, value
@@ -18,7 +14,6 @@ from mgmt_http import Api, management_toml
 from secured import password_of, secured
 
 Factory = Callable[..., BrokerProcess]
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _scrape(b: BrokerProcess, **kw: Any) -> dict[str, Any]:
@@ -118,53 +113,3 @@ def test_with_security_a_scrape_needs_a_login_with_view(broker_factory: Factory,
     fams = _scrape(b, basic=("prom", password_of("prom")))
     assert value(fams, "tandem_failed_logins_total") == 1  # the wrong password above
     assert value(fams, "tandem_ha_active") == 1
-
-
-def _dashboard_metrics(dashboard: dict[str, Any]) -> set[str]:
-    exprs: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k in ("expr", "query") and isinstance(v, str):
-                    exprs.append(v)
-                else:
-                    walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(dashboard)
-    assert exprs, "the dashboard has no queries"
-    return {name for e in exprs for name in _names(e)}
-
-
-_NAME = re.compile(r"\btandem_[a-z0-9_]+\b")
-
-
-def _names(expr: str) -> set[str]:
-    return set(_NAME.findall(expr))
-
-
-def _exported(fams: dict[str, Any]) -> set[str]:
-    return {s.name for f in fams.values() for s in f.samples}
-
-
-def test_the_example_dashboard_and_alerts_use_only_exported_metrics(broker_factory: Factory) -> None:
-    """Every `tandem_*` name in examples/grafana and examples/prometheus is one a broker exports
-    (a live-only broker, and the primary of a replicated pair for the replication ones)."""
-    b = broker_factory(extra_toml=management_toml(), address_settings=SETTINGS).start()
-    asyncio.run(run_workload(b.url, Workload(sent=5, acked=1, dead=1, expired=1)))
-    exported = _exported(_scrape(b))
-    exported |= {"tandem_replication_in_sync", "tandem_replication_lag_records", "tandem_replication_lag_bytes"}
-    dashboard = json.loads((EXAMPLES / "grafana" / "tandem-dashboard.json").read_text())
-    used = _dashboard_metrics(dashboard)
-    assert {"tandem_queue_messages", "tandem_journal_fsync_seconds_bucket", "tandem_ha_state"} <= used
-    assert used <= exported, used - exported
-    rules = yaml.safe_load((EXAMPLES / "prometheus" / "alerts.yml").read_text())
-    alerts = [r for g in rules["groups"] for r in g["rules"]]
-    assert len(alerts) >= 4
-    for r in alerts:
-        assert r["alert"] and r["expr"] and r["annotations"]["summary"], r
-        names = _names(r["expr"])
-        assert names and names <= exported, (r["alert"], names - exported)

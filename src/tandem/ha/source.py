@@ -512,10 +512,14 @@ class ReplicationSource:
         b = self.backup
         return b.state() if b is not None and not b.closed else "unreplicated"
 
-    def lag(self) -> tuple[int, int] | None:
-        """The backup's lag (records, bytes); None without a backup."""
+    def lag(self) -> dict[str, int] | None:
+        """The backup's lag (stream records and bytes not acknowledged) and the bytes streamed
+        to it so far; None without a backup."""
         b = self.backup
-        return b.lag() if b is not None and not b.closed else None
+        if b is None or b.closed:
+            return None
+        records, nbytes = b.lag()
+        return {"records": records, "bytes": nbytes, "streamed_bytes": b.sent_bytes}
 
     @property
     def peer(self) -> str | None:

@@ -185,6 +185,11 @@ class BrokerCollector(Collector):
                     "Bytes of those records (what the backup has not acknowledged)",
                     lag["bytes"],
                 )
+                yield CounterMetricFamily(
+                    "tandem_replication_streamed_bytes",
+                    "Bytes of stream records made for the current backup (from 0 at each new backup)",
+                    lag["streamed_bytes"],
+                )
 
     # ------------------------------------------------------------ queues
     def _queues(self, po: Any) -> Iterator[Metric]:
