@@ -313,7 +313,7 @@ def add_route(app: web.Application, server: Any) -> None:
     registry = MetricsRegistry(server.broker, server.config.metrics_queues)
 
     async def scrape(request: web.Request) -> web.Response:
-        caller = request.get("caller") or server.caller(request)
+        caller = request["caller"]  # set by the listener's authentication (management/app.py)
         if caller.access is not None:
             caller.access.check_management(False, MANAGEMENT_ADDRESS)
         body, content_type = registry.exposition(request.headers.get("Accept"))

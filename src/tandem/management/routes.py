@@ -71,4 +71,5 @@ def _first(rows: Any) -> Any:
 
 ROUTES: list[Route] = [
     Route("GET", "/api/overview", "broker.overview"),
+    Route("DELETE", "/api/queues/{name}/messages", "queue.purge"),
 ]
