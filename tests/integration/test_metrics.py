@@ -113,3 +113,21 @@ def test_with_security_a_scrape_needs_a_login_with_view(broker_factory: Factory,
     fams = _scrape(b, basic=("prom", password_of("prom")))
     assert value(fams, "tandem_failed_logins_total") == 1  # the wrong password above
     assert value(fams, "tandem_ha_active") == 1
+
+
+def test_prometheus_gets_openmetrics_when_it_asks(broker_factory: Factory) -> None:
+    """Prometheus sends `Accept: application/openmetrics-text;...`: it gets that format (ending in
+    `# EOF`), which prometheus-client's OpenMetrics parser reads; the same numbers as the text one."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+    b = broker_factory(extra_toml=management_toml()).start()
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    a = Api.of(b).get("/metrics", headers={"Accept": accept})
+    assert a.status == 200
+    assert a.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    text = a.body.decode()
+    assert text.endswith("# EOF\n")
+    fams = {f.name: f for f in openmetrics_families(text)}
+    assert fams["tandem_ha_active"].samples[0].value == 1
+    assert fams["tandem_failovers"].type == "counter"
+    assert fams["tandem_journal_fsync_seconds"].type == "histogram"
