@@ -14,7 +14,7 @@ from dataclasses import dataclass
 SYNC_BOUNDS_NS: tuple[int, ...] = tuple(
     int(s * 1e9) for s in (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 )
-# Bytes of one batch (256 B .. 16 MiB).
+# Bytes of one batch (256 B .. 64 MiB, times 4 each).
 BATCH_BOUNDS: tuple[int, ...] = tuple(256 * 4**i for i in range(10))
 
 
