@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from client_io import send_confirmed
+from ha_pair import Cluster
 from metrics_workload import SETTINGS, Workload, parse, queue_series, run_workload, value
 from mgmt_http import Api
 
@@ -57,6 +58,29 @@ def test_replication_metrics_and_a_failover(pair: Any) -> None:
     assert value(after, "tandem_failovers_total") == 1
     assert value(after, "tandem_ha_state", role="backup", state="active") == 1
     assert value(after, "tandem_queue_messages", queue="work") == 200
+
+
+def test_a_shared_store_pair_shows_its_backup_and_counts_the_failover(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    for b in c.servers:
+        with b.config_path.open("a") as f:
+            f.write('\n[management]\nbind = "127.0.0.1:0"\n')
+    try:
+        c.start_all()
+        primary, backup = _scrape(c.primary), _scrape(c.backup)
+        assert value(primary, "tandem_ha_state", role="primary", ha_policy="shared-store-primary", state="active") == 1
+        assert value(primary, "tandem_ha_backup_connected") == 1
+        assert "tandem_replication_in_sync" not in primary  # not a replication policy
+        assert value(backup, "tandem_ha_state", role="backup", state="passive") == 1
+        assert value(backup, "tandem_ha_backup_connected") == 0
+        c.primary.kill()
+        c.wait_state(1, "active")
+        after = _scrape(c.backup)
+        assert value(after, "tandem_failovers_total") == 1
+        assert value(after, "tandem_ha_active") == 1
+        assert value(after, "tandem_ha_backup_connected") == 0  # alone now: TandemNoBackup would fire
+    finally:
+        c.kill_all()
 
 
 def _dashboard_metrics(dashboard: dict[str, Any]) -> set[str]:
