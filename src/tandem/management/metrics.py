@@ -1,9 +1,11 @@
 """Prometheus metrics, read at scrape time from what the broker keeps anyway (decision 0068).
 
-A custom collector on its own `CollectorRegistry` (never the process-wide default one: two
-brokers in one process each have theirs): every scrape walks the queues once and reads the
-counters they keep for `queue.stat`, the journals' per-batch histograms (journal/histogram.py),
-the connection set, the activation's state. Nothing is counted per message for metrics' sake.
+A custom collector, rendered by prometheus-client through a `CollectorRegistry` of each scrape's
+own (never the process-wide default one: two brokers in one process must not mix): every scrape
+walks the queues once and reads the counters they keep for `queue.stat`, the journals' per-batch
+histograms (journal/histogram.py), the connection set, the activation's state. Nothing is
+counted per message for metrics' sake. The reading is on the broker's loop, the formatting on a
+worker thread (`MetricsRegistry.scrape`).
 
 Per-queue series are limited by the `[management]` key `metrics-queues` (an address-settings
 style pattern on the queue name; decision 0069); temporary queues never get series of their own.
@@ -337,7 +339,7 @@ class MetricsRegistry:
 
     async def scrape(self, accept: str | None = None) -> tuple[bytes, str]:
         """Read on the loop, render on a worker thread: the loop is held only for the reading
-        (about 2 ms per thousand queues), not for formatting their series."""
+        (a few ms per thousand queues), not for formatting their series."""
         snap = self.collector.snapshot()
         return await asyncio.to_thread(self.render, snap, accept)
 
