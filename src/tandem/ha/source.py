@@ -512,14 +512,21 @@ class ReplicationSource:
         b = self.backup
         return b.state() if b is not None and not b.closed else "unreplicated"
 
-    def lag(self) -> dict[str, int] | None:
-        """The backup's lag (stream records and bytes not acknowledged) and the bytes streamed
-        to it so far; None without a backup."""
+    def lag(self) -> dict[str, Any] | None:
+        """How far the backup is behind: frames sent and not acknowledged yet, their bytes, how
+        long the oldest of those waiting for its acknowledgement has waited (s), and the bytes
+        streamed to it so far. None: no backup."""
         b = self.backup
         if b is None or b.closed:
             return None
         records, nbytes = b.lag()
-        return {"records": records, "bytes": nbytes, "streamed_bytes": b.sent_bytes}
+        oldest = b.sent_at[0][1] if b.sent_at else None
+        return {
+            "records": records,
+            "bytes": nbytes,
+            "oldest_unacknowledged_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
+            "streamed_bytes": b.sent_bytes,
+        }
 
     @property
     def peer(self) -> str | None:

@@ -156,10 +156,11 @@ class Journal:
         self.torn: list[FileEnd] = []
         self.torn_tails: list[str] = []
         self.compactions = 0
-        self.compaction_seconds = 0.0  # the compactions' durations added up (freeze to swap)
+        self.compaction_seconds = 0.0  # the compactions' durations added up (/metrics)
+        self.last_compaction: tuple[float, float] | None = None  # (Unix time it ended, seconds it took)
+        self._compaction_began = 0.0
         self.metrics = JournalMetrics()  # the writer thread's per-batch histograms (decision 0068)
         # Compaction state
-        self._compact_began = 0.0
         self._compacting = False
         self._freeze_key = -1
         self._compact_after: Batch | None = None
@@ -810,7 +811,6 @@ class Journal:
         if self._compacting or not self._files:
             return
         self._compacting = True
-        self._compact_began = time.monotonic()
         self._freeze_key = max(self._files)
         self._seal()  # the next append rolls to a new file
         if self._pending.writes:
@@ -824,6 +824,7 @@ class Journal:
         return [(k, f.path, f.used) for k, f in self._files.items() if k <= self._freeze_key]
 
     def _start_compactor(self) -> None:
+        self._compaction_began = time.monotonic()
         plan = compactor.Plan(self._frozen())
         loop = self._loop
         assert loop is not None
@@ -870,7 +871,8 @@ class Journal:
         self._install(plan)
         self._compacting = False
         self.compactions += 1
-        self.compaction_seconds += time.monotonic() - self._compact_began
+        self.last_compaction = (time.time(), time.monotonic() - self._compaction_began)
+        self.compaction_seconds += self.last_compaction[1]
         log.info("journal %s compacted: %d records copied, %d dropped", self.prefix, plan.copied, plan.dead)
         # The batches that completed meanwhile were not judged (and the last of a drained queue's
         # acknowledgements may be among them): judge now, or the garbage waits for the next append.
