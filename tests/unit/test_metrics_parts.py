@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
 from tandem.config import check_metrics_queues
+from tandem.journal import Journal, JournalSettings
 from tandem.journal.histogram import BATCH_BOUNDS, Histogram
 from tandem.management.metrics import QueueFilter
 
@@ -74,3 +76,21 @@ def test_a_bad_queue_pattern_is_refused() -> None:
     for bad in ("a..b", "a#", "x.*y"):
         with pytest.raises(ValueError, match="metrics-queues"):
             check_metrics_queues(bad)
+
+
+def test_the_journal_writer_observes_each_batch_once(tmp_path: Path) -> None:
+    """One observation per batch written, whatever it holds: the batch's bytes and its write-and-sync time."""
+    j = Journal(tmp_path, "t", JournalSettings(file_size=1024 * 1024, min_files=1, pool_files=0))
+    j.start_sync()
+    written = 0
+    for batch in range(3):
+        for i in range(10):
+            j.add(batch * 100 + i + 1, 1, b"x" * 200)
+        written += j.pending_bytes
+        j.flush_sync()
+    sync = j.metrics.sync_ns.snapshot(1e-9)
+    sizes = j.metrics.batch_bytes.snapshot()
+    assert sync.count == sizes.count == 3
+    assert sync.total > 0
+    assert written <= sizes.total <= written + 3 * 64  # (each batch also zeroes the bytes after it)
+    j.close_sync()
