@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.config import check_metrics_queues
+from tandem.config import check_metrics_queues, load_config
+from tandem.errors import ConfigError
 from tandem.journal import Journal, JournalSettings
 from tandem.journal.histogram import BATCH_BOUNDS, Histogram
 from tandem.management.metrics import QueueFilter
@@ -94,3 +95,15 @@ def test_the_journal_writer_observes_each_batch_once(tmp_path: Path) -> None:
     assert sync.total > 0
     assert written <= sizes.total <= written + 3 * 64  # (each batch also zeroes the bytes after it)
     j.close_sync()
+
+
+def test_metrics_queues_is_read_and_checked_with_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "b.toml"
+    path.write_text('[management]\nbind = "127.0.0.1:0"\nmetrics-queues = "orders.#"\n')
+    cfg = load_config(path)
+    assert cfg.management is not None and cfg.management.metrics_queues == "orders.#"
+    path.write_text('[management]\nmetrics-queues = "orders#"\n')
+    with pytest.raises(ConfigError, match="metrics-queues"):
+        load_config(path)
+    path.write_text("[management]\n")
+    assert load_config(path).management.metrics_queues == "#"  # type: ignore[union-attr]
