@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -35,6 +36,7 @@ def test_overview_of_a_broker_with_messages(broker_factory: Factory) -> None:
     assert o["queues"] >= 1
     assert o["connections"] == 0
     assert set(o["rates"]) == {"in", "out"}
+    assert o["management"] == f"http://127.0.0.1:{b.ports['management']}"
     assert isinstance(o["version"], str) and o["node_id"]
     a = api.get("/api/overview")
     assert a.headers["content-type"].startswith("application/json")
@@ -127,3 +129,14 @@ def test_pages_of_other_sites_cannot_use_the_listener(broker_factory: Factory) -
     assert api.get("/api/overview", headers={"Host": f"localhost:{b.ports['management']}"}).status == 200
     a = api.request("DELETE", "/api/queues/kept/messages", headers={"Origin": f"http://{here}"})
     assert a.status == 200 and a.json == {"removed": 3}
+
+
+def test_a_taken_port_stops_start_up_naming_the_listener(broker_factory: Factory) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        b = broker_factory(extra_toml=management_toml(f"127.0.0.1:{port}"))
+        with pytest.raises(RuntimeError, match=r"exited with 1") as info:
+            b.start()
+    assert f"[management] cannot listen on 127.0.0.1:{port}" in str(info.value)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -50,7 +50,6 @@ class HttpCaller:
     peer: str
     access: Access | None
     protocol: str = "http"
-    temp_queues: set[str] = field(default_factory=set)
 
 
 def _peer(request: web.Request) -> str:
@@ -131,6 +130,14 @@ class ManagementServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    @property
+    def url(self) -> str | None:
+        """Where it listens, as a URL (None before it does)."""
+        if self.bound is None:
+            return None
+        host, port = self.bound
+        return f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
     def reload_tls(self, force: bool = False) -> None:
         if self.tls is not None:
