@@ -79,6 +79,15 @@ class AcceptorConfig(_Conf, frozen=True):
         return self.bind
 
 
+def check_metrics_queues(pattern: str) -> None:
+    """Raise ValueError unless `pattern` is "" (no per-queue series) or a valid wildcard pattern."""
+    if pattern == "":
+        return
+    for word in pattern.split("."):
+        if word == "" or (("#" in word or "*" in word) and len(word) > 1):
+            raise ValueError(f"[management] `metrics-queues` {pattern!r}: wildcards (`#`, `*`) must be whole words")
+
+
 DEFAULT_MANAGEMENT_BIND = "127.0.0.1:8161"  # Artemis's console port
 
 
@@ -96,12 +105,16 @@ class ManagementConfig(_Conf, frozen=True):
     enabled_protocols: list[str] = msgspec.field(default_factory=lambda: list(TLS_PROTOCOLS))
     enabled_cipher_suites: list[str] = []
     session_timeout: int = 1_800_000  # ms a console login lasts without a request
+    # Queues that get series of their own on /metrics: an address-settings style pattern on the
+    # queue name ("#" all, "" none; temporary queues never), docs/metrics.md "Cardinality".
+    metrics_queues: str = "#"
 
     def __post_init__(self) -> None:
         try:
             parse_host_port(self.bind)
         except ValueError as exc:
             raise ValueError(f"[management] `bind` {exc}") from None
+        check_metrics_queues(self.metrics_queues)
         if self.session_timeout < 1000:
             raise ValueError(f"[management] `session-timeout` must be >= 1000, got {self.session_timeout}")
         try:

@@ -117,6 +117,11 @@ class BackupStream:
         self.total = 0
         self.copied = 0
         self.sent_at: deque[tuple[int, float]] = deque()  # gated positions sent, not acknowledged yet
+        # Replication lag in bytes (/metrics): the stream's bytes made for it, and those it acknowledged,
+        # from (position, bytes made up to it) per frame (written per batch, popped per acknowledgement).
+        self.sent_bytes = 0
+        self.acked_bytes = 0
+        self._marks: deque[tuple[int, int]] = deque()
         self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
         self.closed = False  # set under the source's lock
@@ -133,6 +138,9 @@ class BackupStream:
             sent = self.sent_at
             while sent and sent[0][0] <= position:
                 sent.popleft()
+            marks = self._marks
+            while marks and marks[0][0] <= position:
+                self.acked_bytes = marks.popleft()[1]
             self.source._acked(self, position)
 
     def on_synced(self, position: int) -> None:
@@ -151,6 +159,8 @@ class BackupStream:
         loop, or with `direct` on a writer thread under the source's lock."""
         if self.closed:
             return
+        self.sent_bytes += len(frame)
+        self._marks.append((position, self.sent_bytes))
         if self.queue is not None:
             self.queue.append(frame)
             self.queued_bytes += len(frame)
@@ -295,6 +305,10 @@ class BackupStream:
                 self._check_open()
             if not data or off >= size:
                 return
+
+    def lag(self) -> tuple[int, int]:
+        """Stream records and bytes made for this backup that it has not acknowledged yet."""
+        return max(self.last - self.acked, 0), max(self.sent_bytes - self.acked_bytes, 0)
 
     def state(self) -> str:
         if self.synced:
@@ -499,15 +513,19 @@ class ReplicationSource:
         return b.state() if b is not None and not b.closed else "unreplicated"
 
     def lag(self) -> dict[str, Any] | None:
-        """How far the backup is behind: frames sent and not acknowledged yet, and how long the
-        oldest of those waiting for its acknowledgement has waited (s). None: no backup."""
+        """How far the backup is behind: frames sent and not acknowledged yet, their bytes, how
+        long the oldest of those waiting for its acknowledgement has waited (s), and the bytes
+        streamed to it so far. None: no backup."""
         b = self.backup
         if b is None or b.closed:
             return None
+        records, nbytes = b.lag()
         oldest = b.sent_at[0][1] if b.sent_at else None
         return {
-            "records": max(0, b.last - b.acked),
+            "records": records,
+            "bytes": nbytes,
             "oldest_unacknowledged_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
+            "streamed_bytes": b.sent_bytes,
         }
 
     @property

@@ -28,6 +28,7 @@ from . import compactor
 from . import files as jf
 from . import records as rec
 from .faults import Faults
+from .histogram import JournalMetrics
 from .storeio import StoreIO, Tap
 from .writer import Batch, Writer
 
@@ -155,8 +156,10 @@ class Journal:
         self.torn: list[FileEnd] = []
         self.torn_tails: list[str] = []
         self.compactions = 0
+        self.compaction_seconds = 0.0  # the compactions' durations added up (/metrics)
         self.last_compaction: tuple[float, float] | None = None  # (Unix time it ended, seconds it took)
         self._compaction_began = 0.0
+        self.metrics = JournalMetrics()  # the writer thread's per-batch histograms (decision 0068)
         # Compaction state
         self._compacting = False
         self._freeze_key = -1
@@ -398,6 +401,7 @@ class Journal:
             failed,
             self._faults,
             StoreIO(self.directory, self.tap),
+            self.metrics,
         )
         for key, f in self._files.items():
             w.adopt(key, f.path)
@@ -868,6 +872,7 @@ class Journal:
         self._compacting = False
         self.compactions += 1
         self.last_compaction = (time.time(), time.monotonic() - self._compaction_began)
+        self.compaction_seconds += self.last_compaction[1]
         log.info("journal %s compacted: %d records copied, %d dropped", self.prefix, plan.copied, plan.dead)
         # The batches that completed meanwhile were not judged (and the last of a drained queue's
         # acknowledgements may be among them): judge now, or the garbage waits for the next append.

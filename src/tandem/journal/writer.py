@@ -11,12 +11,14 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import files as jf
 from .faults import Faults
+from .histogram import JournalMetrics
 from .storeio import StoreIO
 
 log = logging.getLogger("tandem.journal")
@@ -55,8 +57,10 @@ class Writer:
         failed: Callable[[BaseException], None] | None = None,
         faults: Faults | None = None,
         io: StoreIO | None = None,
+        metrics: JournalMetrics | None = None,
     ) -> None:
         self.directory = directory
+        self.metrics = metrics or JournalMetrics()  # per batch, read by /metrics (decision 0068)
         self.io = io or StoreIO(directory)
         self.prefix = prefix
         self.file_size = file_size
@@ -170,11 +174,15 @@ class Writer:
                 io.note_write(paths[key].name, off, buffers)
         batch.position = io.flush()
         touched: list[int] = []
+        t0 = time.perf_counter_ns()
         for key, off, buffers in runs:
             self._write_run(key, buffers, off, touched)
         for key in touched:  # without RWF_DSYNC (another OS, or refused): sync each file written
             self._hit("sync")
             os.fdatasync(self._fds[key])
+        m = self.metrics
+        m.sync_ns.observe(time.perf_counter_ns() - t0)
+        m.batch_bytes.observe(batch.nbytes)
 
     def _write_run(self, key: int, buffers: list[bytes], offset: int, touched: list[int]) -> None:
         fd = self._fds[key]

@@ -24,7 +24,7 @@ from ..server.audit import audit
 from ..server.authorization import access_for
 from ..server.security import ANONYMOUS, Subject
 from ..server.tls import AcceptorTls, cert_user
-from . import auth
+from . import auth, metrics
 from .errors import error_response, from_tandem, json_response
 from .routes import ROUTES, Route
 
@@ -96,6 +96,7 @@ class ManagementServer:
         app.router.add_get("/api/whoami", self._whoami)
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self._handler(route))
+        metrics.add_route(app, self)  # GET /metrics (management/metrics.py)
         return app
 
     async def start(self) -> None:

@@ -217,6 +217,7 @@ class Broker:
         self.active = False
         self._ha_state = "starting"  # starting | waiting | passive | active | stopped
         self.warm_activation = False
+        self.failovers = 0  # times this server took its node over from another (a backup activating)
         self.on_state: Callable[[str], None] | None = None
         self.activation: Activation | None = None
         self.backups: dict[NativeConnection, str] = {}  # waiting servers that announced themselves
@@ -290,6 +291,8 @@ class Broker:
         """Load the journal and serve (we hold the live lock)."""
         t0 = time.monotonic()
         cfg = self.config
+        if (self.activation is not None and self.activation.role == "backup") or self._ha_state == "passive":
+            self.failovers += 1
         follower = await self._stop_following()
         warm = follower.finish() if follower is not None else None
         self.warm_activation = warm is not None

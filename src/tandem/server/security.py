@@ -81,6 +81,7 @@ class Authenticator:
         self._max_delay = config.login_failure_max_delay / 1000
         self._logged_at = float("-inf")
         self._not_logged = 0  # failed logins since the last line
+        self.failed_logins = 0  # since start, every protocol (the /metrics counter)
         self._peers: dict[str, _Peer] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
@@ -269,6 +270,7 @@ class Authenticator:
 
     def _failed(self, username: str | None, peer: str, protocol: str, state: _Peer | None) -> None:
         now = time.monotonic()
+        self.failed_logins += 1
         if state is not None:
             self._count_failure(state, now)
         if now - self._logged_at < FAILED_LOGIN_LOG_PERIOD:

@@ -1,0 +1,159 @@
+"""What a Prometheus scraper costs the broker: `tandem perf pair` with and without a scraper
+polling GET /metrics every second, interleaved (A B B A ...) on one broker so drift hits both
+alike, and the ratio of the medians (the target: within 2 %, docs/metrics.md).
+
+The broker runs with its management listener on in both modes; only the scraper differs.
+`--queues N` adds N idle queues first, so each scrape walks N more queues (cardinality).
+
+    .venv/bin/python bench/metrics_overhead.py --count 100000 --repeat 5
+    .venv/bin/python bench/metrics_overhead.py --count 2000 --repeat 1   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from brokers.tandem import TandemBroker  # noqa: E402
+from compare import _fmt, _run_json  # noqa: E402
+from memory import _cpu  # noqa: E402
+
+MANAGEMENT = '[management]\nbind = "127.0.0.1:0"\n'
+
+
+class Scraper:
+    """GET /metrics every `interval` seconds on a thread of this (the bench's) process."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        self.url = url
+        self.interval = interval
+        self.times: list[float] = []
+        self.sizes: list[int] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as r:
+                    self.sizes.append(len(r.read()))
+                self.times.append(time.monotonic() - t0)
+            except OSError:
+                self.errors += 1
+            self._stop.wait(max(self.interval - (time.monotonic() - t0), 0.0))
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+async def _make_queues(url: str, n: int) -> None:
+    import tandem.aio as aio
+
+    conn = await aio.connect(url)
+    try:
+        for i in range(n):
+            await conn.manage("queue.create", name=f"idle.{i}", exists_ok=True)
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=100_000, help="messages per perf run")
+    ap.add_argument("--repeat", type=int, default=5, help="runs per mode")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes")
+    ap.add_argument("--queues", type=int, default=0, help="idle queues to add (each scrape walks them)")
+    ap.add_argument("--producers", type=int, default=1)
+    ap.add_argument("--consumers", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=20_000)
+    ap.add_argument("--out", default=str(BENCH / "results" / "metrics_overhead.json"))
+    a = ap.parse_args()
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    runs: list[dict[str, Any]] = []
+    with TandemBroker(extra_toml=MANAGEMENT) as b:
+        metrics_url = f"http://127.0.0.1:{b.ports['management']}/metrics"
+        if a.queues:
+            asyncio.run(_make_queues(b.url, a.queues))
+        perf = [sys.executable, "-m", "tandem", "perf", "pair", "--url", b.url, "--json", "--no-progress",
+                "--producers", str(a.producers), "--consumers", str(a.consumers)]  # fmt: skip
+        _run_json([*perf, "--count", str(a.warmup)], 600)
+        order = []
+        for i in range(a.repeat):  # A B B A A B ...: each mode as often first as second
+            order += ["off", "scraper"] if i % 2 == 0 else ["scraper", "off"]
+        for mode in order:
+            if mode == "scraper":
+                with Scraper(metrics_url, a.interval) as s:
+                    r = _run_json([*perf, "--count", str(a.count)], 1800)
+                r["scrapes"] = len(s.times)
+                r["scrape_errors"] = s.errors
+                r["scrape_ms_median"] = round(statistics.median(s.times) * 1000, 2) if s.times else None
+                r["scrape_ms_max"] = round(max(s.times) * 1000, 2) if s.times else None
+                r["scrape_bytes"] = s.sizes[-1] if s.sizes else None
+            else:
+                r = _run_json([*perf, "--count", str(a.count)], 1800)
+            r["driver"] = mode
+            r["broker"] = "tandem"
+            runs.append(r)
+            extra = f"  scrapes {r['scrapes']} median {r['scrape_ms_median']} ms" if mode == "scraper" else ""
+            print(_fmt(r) + extra, flush=True)
+    summary: dict[str, Any] = {}
+    for mode in ("off", "scraper"):
+        rs = [r for r in runs if r["driver"] == mode]
+        summary[mode] = {
+            "msgs_per_s": round(statistics.median(r["msgs_per_s"] for r in rs)),
+            "p99_ms": round(statistics.median(r["latency_ms"]["p99"] for r in rs), 2),
+            "all_msgs_per_s": [round(r["msgs_per_s"]) for r in rs],
+        }
+    ratio = summary["scraper"]["msgs_per_s"] / summary["off"]["msgs_per_s"]
+    summary["scraper_vs_off"] = round(ratio, 4)
+    summary["difference_pct"] = round((1 - ratio) * 100, 2)
+    summary["target_met"] = abs(1 - ratio) <= 0.02
+    slower = summary["difference_pct"]
+    how = f"{slower} % slower" if slower >= 0 else f"{-slower} % faster (noise)"
+    met = "met" if summary["target_met"] else "NOT met"
+    print(
+        f"\noff {summary['off']['msgs_per_s']:,} msg/s, scraper every {a.interval} s "
+        f"{summary['scraper']['msgs_per_s']:,} msg/s: {how} (target within 2 %: {met})"
+    )
+    result = {
+        "benchmark": "metrics-overhead",
+        "date": started,
+        "machine": _cpu(),
+        "command": " ".join(["bench/metrics_overhead.py", *sys.argv[1:]]),
+        "settings": {
+            "count": a.count,
+            "repeat": a.repeat,
+            "interval_s": a.interval,
+            "queues": a.queues,
+            "producers": a.producers,
+            "consumers": a.consumers,
+        },
+        "summary": summary,
+        "runs": runs,
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
