@@ -408,3 +408,19 @@ def test_a_large_send_denied_in_a_transaction_rolls_it_back(broker_factory: Fact
     with tandem.connect(url_for(b.url, "app")) as conn, conn.session() as s:
         leaked = s.create_consumer("tx.ok").receive(timeout=1)
     assert not committed and leaked is None, f"commit after a denied large send: {committed}, applied: {leaked!r}"
+
+
+def test_a_stomp_subscription_to_a_missing_topic_honours_auto_create_addresses(broker_factory: Factory) -> None:
+    """SUBSCRIBE to a topic that does not exist made its address even where `auto-create-addresses`
+    is false (the subscription's queue was created with the address as a side effect)."""
+    b = broker_factory(
+        address_settings={"news.#": {"auto-create-addresses": False}}, extra_toml=STOMP_ACCEPTOR + NATIVE_ACCEPTOR
+    ).start()
+    with socket.create_connection(("127.0.0.1", b.ports["stomp"]), timeout=10) as st:
+        st.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\0")
+        _stomp_until(st, b"CONNECTED")
+        st.sendall(b"SUBSCRIBE\nid:1\ndestination:/topic/news.sport\nreceipt:r1\n\n\0")
+        got = _stomp_until(st, b"\0")
+        assert got.startswith(b"ERROR") and b"news.sport" in got, got
+    with tandem.connect(b.url) as conn:
+        assert "news.sport" not in {a["name"] for a in conn.manage("address.list")}
