@@ -424,3 +424,32 @@ def test_a_stomp_subscription_to_a_missing_topic_honours_auto_create_addresses(b
         assert got.startswith(b"ERROR") and b"news.sport" in got, got
     with tandem.connect(b.url) as conn:
         assert "news.sport" not in {a["name"] for a in conn.manage("address.list")}
+
+
+def test_a_temporary_queue_is_consumed_only_by_the_connection_that_made_it(
+    broker_factory: Factory, tmp_path: Path
+) -> None:
+    """A temporary queue (a reply queue) is its connection's, as JMS says: another connection,
+    even with `consume` on its address, may send to it but not consume, browse or range-read it."""
+    b = broker_factory(**secured(tmp_path, USERS, EVERYTHING)).start()
+
+    async def go() -> None:
+        owner = await aio.connect(url_for(b.url, "app"))
+        other = await aio.connect(url_for(b.url, "app"))
+        try:
+            s = await owner.create_session()
+            await s.create_queue("replies.1", temporary=True)
+            o = await other.create_session()
+            await o.create_producer("replies.1").send(b"reply")  # sending to it is fine
+            with pytest.raises(tandem.TandemError, match="another connection"):
+                await o.create_consumer("replies.1")
+            with pytest.raises(tandem.TandemError, match="another connection"):
+                await o.read_range("replies.1", 0, 10)
+            c = await s.create_consumer("replies.1")
+            m = await c.receive(5)
+            assert m is not None and m.body == b"reply"
+        finally:
+            await other.close()
+            await owner.close()
+
+    asyncio.run(go())

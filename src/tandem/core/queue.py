@@ -21,7 +21,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import TandemError
+from ..errors import IllegalState, TandemError
 from .browse import Browse
 from .consumer import Consumer, Filter
 from .message import MessageRef, RoutingType
@@ -723,6 +723,12 @@ class Queue:
         for c in [*self.consumers, *self.browsers]:
             self.remove_consumer(c)
             c.sink.consumer_closed(c, error)
+
+    def check_owner(self, who: object) -> None:
+        """A temporary queue is read only by the connection that made it (as JMS says of a
+        temporary destination); anyone may send to it."""
+        if self.temporary and self.owner is not None and who is not self.owner:
+            raise IllegalState(f"temporary queue {self.name!r} belongs to another connection")
 
     def stat(self) -> dict[str, Any]:
         return {

@@ -188,6 +188,7 @@ class ServerSession:
         if self.access is not None:
             self._authorize_consumer(queue_name, browse_only)
         q = self.postoffice.queue_for_consumer(queue_name)
+        q.check_owner(self.owner)
         if window == -2:
             window = q.settings.default_consumer_window_size
         if q.reader_only and not browse_only:

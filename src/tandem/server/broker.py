@@ -756,7 +756,8 @@ class Broker:
             now = loop.time()
             self._check_alive(now)
             self.reload_tls()
-            self.admin.sample_rates()
+            if self.management is not None:  # rates are the management API's (a sample walks every queue)
+                self.admin.sample_rates()
             if churn.observe(len(self.connections)):
                 await churn.release(len(self.connections))
             if not self.active:

@@ -821,6 +821,10 @@ class NativeConnection(asyncio.Protocol):
         self.delivery_account = old.delivery_account
         self.delivery_account.on_room = self._room
         self.temp_queues |= old.temp_queues
+        for name in old.temp_queues:  # ours now: only we may read them
+            tq = b.postoffice.queues.get(name)
+            if tq is not None and tq.owner is old:
+                tq.owner = self
         for s in self.sessions.values():
             s.conn = self
             s.drop_range_bodies()
@@ -970,7 +974,9 @@ class NativeConnection(asyncio.Protocol):
         if self.access is not None:
             found = po.queues.get(name)
             self.access.check(Permission.CONSUME, found.address if found is not None else name)
-        return po.queue(name)
+        q = po.queue(name)
+        q.check_owner(self)
+        return q
 
     def on_read_range(self, pkt: p.ReadRange) -> None:
         s = self._session(pkt.channel)

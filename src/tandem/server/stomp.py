@@ -26,7 +26,7 @@ from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import Message, MessageData, MessageRef, RoutingType
 from ..core.permissions import Access, Permission
 from ..core.session import ServerSession, Transaction
-from ..errors import DuplicateId, TandemError, Unauthorized, clip
+from ..errors import AddressDoesNotExist, DuplicateId, TandemError, Unauthorized, clip
 from ..protocol import stomp as st
 from .audit import audit, created_by_send
 from .audit import enabled as audit_enabled
@@ -882,6 +882,8 @@ class StompConnection(asyncio.Protocol):
         if rt == RoutingType.MULTICAST or (rt == RoutingType.ANY and _is_multicast(po, address)):
             if self.access is not None:  # before its queue is made (create_consumer checks again)
                 self.access.check(Permission.CONSUME, address)
+            if address not in po.addresses and not po.settings_for(address).auto_create_addresses:
+                raise AddressDoesNotExist(f"address {address!r} does not exist (auto-create-addresses is off)")
             if durable_name:
                 if not self.client_id:
                     raise st.StompError("a durable subscription needs a client-id on CONNECT")
