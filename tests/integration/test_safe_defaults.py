@@ -685,3 +685,42 @@ def test_audit_log_has_a_line_for_each_permission_denied(broker_factory: Factory
     line = lines[0]
     assert "user=reader" in line and "permission=send" in line and "target=audit.denied" in line, line
     assert "allowed=no" in line and "peer=127.0.0.1:" in line, line
+
+
+def test_sessions_consumers_and_temporary_queues_per_connection_are_bounded(
+    broker_factory: Factory, wires: Callable[..., Wire]
+) -> None:
+    """One connection cannot open sessions, consumers (STOMP subscriptions too) or temporary queues
+    without bound: the next one gets RESOURCE_LIMIT and the connection goes on."""
+    b = broker_factory(
+        max_sessions_per_connection=3,
+        max_consumers_per_connection=4,
+        max_temporary_queues_per_connection=2,
+        extra_toml=ACCEPTORS,
+    ).start()
+    with tandem.connect(b.url) as conn:
+        sessions = [conn.session() for _ in range(3)]
+        with pytest.raises(ResourceLimit, match="max-sessions-per-connection"):
+            conn.session()
+        sessions[0].create_queue("safe.q", exists_ok=True)
+        for s in sessions[:2]:
+            s.create_consumer("safe.q")
+            s.create_consumer("safe.q")
+        with pytest.raises(ResourceLimit, match="max-consumers-per-connection"):
+            sessions[2].create_consumer("safe.q")
+        sessions[2].create_queue("safe.tmp1", temporary=True)
+        sessions[2].create_queue("safe.tmp2", temporary=True)
+        with pytest.raises(ResourceLimit, match="max-temporary-queues-per-connection"):
+            sessions[2].create_queue("safe.tmp3", temporary=True)
+        sessions[0].close()  # room again
+        sessions[2].create_consumer("safe.q")
+        assert conn.manage("broker.status")["state"] == "active"
+    s = wires(b.ports["stomp"], True)
+    s.connect()
+    for i in range(4):
+        s.send(f"SUBSCRIBE\nid:{i}\ndestination:/topic/safe.t{i}\nreceipt:r{i}\n\n\0".encode())
+    s.send(b"SUBSCRIBE\nid:9\ndestination:/topic/safe.t9\nreceipt:r9\n\n\0")
+    s.read(1.0)
+    errors = [f for f in s.got if f.command == "ERROR"]
+    assert errors and "max-consumers-per-connection" in errors[0].headers.get("message", ""), s.got
+    assert len([f for f in s.got if f.command == "RECEIPT"]) == 4
