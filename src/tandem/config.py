@@ -340,6 +340,11 @@ class BrokerConfig(_Conf, frozen=True):
     # until it acknowledges (-1: no limit).
     max_unacked_messages: int = 100_000
     max_unacked_bytes: int = 100 * MiB
+    # What one connection may open: sessions; consumers and browsers (STOMP subscriptions); the
+    # temporary queues it made (each holds memory for as long as the connection lives).
+    max_sessions_per_connection: int = 1024
+    max_consumers_per_connection: int = 10_000
+    max_temporary_queues_per_connection: int = 10_000
     # A connection that takes none of its pending output (4 MiB queued) for this long is cut (ms).
     slow_client_timeout: int = 30_000
     audit_log: bool = False  # one line per login, creation, deletion, purge, management operation
@@ -466,6 +471,9 @@ class BrokerConfig(_Conf, frozen=True):
         _check_positive(self, "max_connections_per_peer", minimum=-1)
         _check_positive(self, "max_unacked_messages", minimum=-1)
         _check_positive(self, "max_unacked_bytes", minimum=-1)
+        _check_positive(self, "max_sessions_per_connection", minimum=1)
+        _check_positive(self, "max_consumers_per_connection", minimum=1)
+        _check_positive(self, "max_temporary_queues_per_connection", minimum=1)
         _check_positive(self, "slow_client_timeout", minimum=100)
         _check_positive(self, "initial_replication_sync_timeout", minimum=100)
         _check_positive(self, "call_timeout", minimum=100)

@@ -13,7 +13,15 @@ import msgspec
 
 from ..core.dedup import tx_key
 from ..core.message import RoutingType
-from ..errors import ConnectionDoesNotExist, IllegalState, InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
+from ..errors import (
+    ConnectionDoesNotExist,
+    IllegalState,
+    InvalidArgument,
+    QueueDoesNotExist,
+    ResourceLimit,
+    TandemError,
+    Unauthorized,
+)
 from . import inventory
 from .audit import audit
 from .authorization import authorize_management
@@ -169,6 +177,12 @@ class Admin:
     ) -> None:
         po = self.broker.require_active()
         existed = name in po.queues
+        owned = getattr(conn, "temp_queues", None)
+        limit = self.broker.config.max_temporary_queues_per_connection
+        if temporary and owned is not None and not existed and len(owned) >= limit:
+            raise ResourceLimit(
+                f"this connection has {len(owned)} temporary queues (max-temporary-queues-per-connection)"
+            )
         q = po.create_queue(
             name,
             address,
@@ -182,7 +196,6 @@ class Admin:
             last_value_key=last_value_key,
             reader_only=reader_only,
         )
-        owned = getattr(conn, "temp_queues", None)
         if temporary and owned is not None and not existed:  # never adopt a queue this call did not make
             owned.add(q.name)
             q.owner = conn

@@ -752,6 +752,8 @@ class NativeConnection(asyncio.Protocol):
         if pkt.channel in self.sessions or pkt.channel <= 0:
             raise IllegalState(f"channel {pkt.channel} is already in use or reserved")
         b = self.broker
+        if len(self.sessions) >= b.config.max_sessions_per_connection:
+            raise ResourceLimit(f"this connection has {len(self.sessions)} sessions open (max-sessions-per-connection)")
         core = ServerSession(b.require_active(), self, pkt.name, pkt.transacted, access=self.access)
         kind = NativeSession
         if self.window > 0:
@@ -885,6 +887,9 @@ class NativeConnection(asyncio.Protocol):
 
     def on_create_consumer(self, pkt: p.CreateConsumer) -> None:
         s = self._session(pkt.channel)
+        held = sum(len(x.core.consumers) for x in self.sessions.values())
+        if held >= self.broker.config.max_consumers_per_connection:
+            raise ResourceLimit(f"this connection has {held} consumers open (max-consumers-per-connection)")
         queues = s.core.postoffice.queues
         before = len(queues) if audit_enabled() else -1
         c = s.core.create_consumer(pkt.consumer_id, pkt.queue, s, pkt.window, pkt.filter, pkt.browse_only)

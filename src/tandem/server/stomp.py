@@ -26,7 +26,7 @@ from ..core.consumer import Consumer, DeliveryAccount
 from ..core.message import Message, MessageData, MessageRef, RoutingType
 from ..core.permissions import Access, Permission
 from ..core.session import ServerSession, Transaction
-from ..errors import AddressDoesNotExist, DuplicateId, TandemError, Unauthorized, clip
+from ..errors import AddressDoesNotExist, DuplicateId, ResourceLimit, TandemError, Unauthorized, clip
 from ..protocol import stomp as st
 from .audit import audit, created_by_send
 from .audit import enabled as audit_enabled
@@ -875,6 +875,10 @@ class StompConnection(asyncio.Protocol):
         except ValueError:
             raise st.StompError(f"prefetch-count must be a number, got {prefetch_text!r}") from None
         po = self.session.postoffice
+        if len(self.subscriptions) >= self.broker.config.max_consumers_per_connection:
+            raise ResourceLimit(
+                f"this connection has {len(self.subscriptions)} subscriptions (max-consumers-per-connection)"
+            )
         queues_before = set(po.queues) if audit_enabled() else None
         sub = Subscription(self, sid, destination or address, ack, prefetch)
         durable_name = frame.get("durable-subscription-name") or frame.get("activemq.subscriptionName")
