@@ -1,6 +1,6 @@
 """Review of issue 17 as a whole: ways around a permission check, against real broker processes.
 
-Each test here shows one defect found in review (it fails until fixed). Users come from
+Each test here showed one defect found in review (each failed before its fix) and now guards it. Users come from
 tests/secured.py; the security-settings give the user `app` everything on `#` and the user
 `nobody` only `view` on the management address (so it can log in and nothing else).
 """
