@@ -84,6 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             cfg = msgspec.structs.replace(cfg, acceptors=[*others, acc])
         except ValueError as exc:  # e.g. a network address with security off (config.check_network_exposure)
             raise ConfigError(f"--{option.replace('_', '-')} {value}: {exc}") from None
+    if args.management_bind:
+        cfg = _with_management_bind(cfg, args.management_bind)
     logs.setup(cfg.log_level)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with
@@ -92,6 +94,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(BROKER_SWITCH_INTERVAL)
     one_malloc_arena()  # before the broker's threads: server/memory.py says why
     return asyncio.run(_run_broker(cfg, Broker, quiet=args.quiet))
+
+
+def _with_management_bind(cfg: BrokerConfig, value: str) -> BrokerConfig:
+    """`--management-bind`: the listener on, at this address (the file's [management] keys kept)."""
+    import msgspec
+
+    from .config import ManagementConfig
+
+    try:
+        mgmt = msgspec.structs.replace(cfg.management or ManagementConfig(), bind=value)
+        return msgspec.structs.replace(cfg, management=mgmt)
+    except ValueError as exc:  # a bad address, or a network address with security off
+        raise ConfigError(f"--management-bind {value}: {exc}") from None
 
 
 async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
@@ -117,6 +132,9 @@ async def _run_broker(cfg: BrokerConfig, broker_cls: Any, quiet: bool) -> int:
         print(f"Tandem {__version__} broker {cfg.name!r} is up (node {broker.node_id}, {role})")
         for name, (host, port) in broker.bound.items():
             print(f"  listening  {name}: {host}:{port}")
+        if broker.management is not None and broker.management.bound is not None:
+            host, port = broker.management.bound
+            print(f"  listening  management: {host}:{port}  ({broker.management.scheme}://{host}:{port}/api/overview)")
         if broker.active:
             print(f"  data       {cfg.data_path.resolve()}  ({broker.loaded_messages} messages reloaded)")
         elif cfg.ha_policy == "replication-backup":
@@ -504,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", help="data directory (overrides data-directory)")
     r.add_argument("--bind", help="native acceptor host:port (default 127.0.0.1:61616)")
     r.add_argument("--stomp-bind", help="also accept STOMP 1.0-1.2 on host:port (e.g. 127.0.0.1:61613)")
+    r.add_argument(
+        "--management-bind", help="HTTP management API on host:port (e.g. 127.0.0.1:8161; docs/management.md)"
+    )
     r.add_argument("--name", help="broker name")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     r.add_argument("--quiet", action="store_true", help="do not print the start-up banner")

@@ -79,6 +79,51 @@ class AcceptorConfig(_Conf, frozen=True):
         return self.bind
 
 
+DEFAULT_MANAGEMENT_BIND = "127.0.0.1:8161"  # Artemis's console port
+
+
+class ManagementConfig(_Conf, frozen=True):
+    """The `[management]` table: the HTTP management listener (docs/management.md). Present: on.
+
+    Its TLS keys are an acceptor's, read and reloaded the same way (server/tls.py)."""
+
+    bind: str = DEFAULT_MANAGEMENT_BIND
+    ssl_enabled: bool = False
+    cert_path: str | None = None
+    key_path: str | None = None
+    trust_store_path: str | None = None
+    need_client_auth: bool = False
+    enabled_protocols: list[str] = msgspec.field(default_factory=lambda: list(TLS_PROTOCOLS))
+    enabled_cipher_suites: list[str] = []
+    session_timeout: int = 1_800_000  # ms a console login lasts without a request
+
+    def __post_init__(self) -> None:
+        try:
+            parse_host_port(self.bind)
+        except ValueError as exc:
+            raise ValueError(f"[management] `bind` {exc}") from None
+        if self.session_timeout < 1000:
+            raise ValueError(f"[management] `session-timeout` must be >= 1000, got {self.session_timeout}")
+        try:
+            self.tls_acceptor()
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("acceptor 'management'", "[management]")) from None
+
+    def tls_acceptor(self) -> AcceptorConfig:
+        """Its TLS settings as an acceptor's, for server/tls.py (which reads only those)."""
+        return AcceptorConfig(
+            name="management",
+            bind=self.bind,
+            ssl_enabled=self.ssl_enabled,
+            cert_path=self.cert_path,
+            key_path=self.key_path,
+            trust_store_path=self.trust_store_path,
+            need_client_auth=self.need_client_auth,
+            enabled_protocols=self.enabled_protocols,
+            enabled_cipher_suites=self.enabled_cipher_suites,
+        )
+
+
 class QueueConfig(_Conf, frozen=True):
     name: str
     durable: bool = True
@@ -285,6 +330,7 @@ class BrokerConfig(_Conf, frozen=True):
     # A connection that takes none of its pending output (4 MiB queued) for this long is cut (ms).
     slow_client_timeout: int = 30_000
     audit_log: bool = False  # one line per login, creation, deletion, purge, management operation
+    management: ManagementConfig | None = None  # the HTTP management listener; None: off
 
     # STOMP: credit per subscription (messages) when SUBSCRIBE has no prefetch-count header.
     stomp_prefetch_count: int = 256
@@ -532,6 +578,12 @@ def check_network_exposure(cfg: BrokerConfig) -> None:
                 "security on (`security-enabled = true`), bind a loopback address (127.0.0.1, ::1), or set "
                 "`allow-insecure-network = true` to accept the risk"
             )
+    if cfg.management is not None and not is_loopback_host(parse_host_port(cfg.management.bind)[0]):
+        raise ValueError(
+            f"[management] binds {cfg.management.bind}, a network address, and `security-enabled` is false: "
+            "anyone who reaches it could purge queues and close connections without logging in. Turn security "
+            "on, bind a loopback address (127.0.0.1, ::1), or set `allow-insecure-network = true` to accept the risk"
+        )
 
 
 def _check_positive(cfg: BrokerConfig, attr: str, minimum: int) -> None:

@@ -17,6 +17,7 @@ from tandem.config import (
     ConnectorConfig,
     CoordinatorConfig,
     HaConfig,
+    ManagementConfig,
     QueueConfig,
     load_config,
     parse_host_port,
@@ -142,6 +143,9 @@ session-timeout = 10000
 session-percent = 20
 connect-timeout = 3000
 root = "/brokers/tandem"
+
+[management]
+bind = "127.0.0.1:9161"
 """
 
 
@@ -211,6 +215,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         "connectors",
         "cert-user-mapping",
         "ha",
+        "management",  # tests/unit/test_management_config.py
     }
     assert kebab_names(HaConfig) == {"coordinator"}
     assert kebab_names(CoordinatorConfig) <= top
@@ -319,6 +324,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         max_saved_replicated_journal_size=5,
         call_timeout=5000,
         retry_replication_wait=500,
+        management=ManagementConfig(bind="127.0.0.1:9161"),
     )
     # Every field differs from its default, so none of them was silently ignored.
     default = BrokerConfig()

@@ -1,4 +1,5 @@
-"""Management operations, reachable over the native protocol (MANAGE packets) and the CLI."""
+"""Management operations, reachable over the native protocol (MANAGE packets), the CLI and the
+HTTP management API (management/app.py): one implementation, one permission check, one audit line."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -14,13 +15,36 @@ from ..core.message import RoutingType
 from ..errors import InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
 from .audit import audit
 from .authorization import authorize_management
+from .rates import RateTracker
 from .security import is_cluster_pair
 
 if TYPE_CHECKING:
+    from ..core.permissions import Access
     from .context import BrokerContext
-    from .native import NativeConnection
+    from .security import Subject
 
 Reply = Callable[[Any], None]
+
+
+class Caller(Protocol):
+    """Who runs an operation: a native connection (server/native.py) or an HTTP request
+    (management/app.py). A caller may also have `temp_queues` (a set of names): the temporary
+    queues it creates are its own, deleted when it closes."""
+
+    @property
+    def subject(self) -> Subject | None:
+        """Who logged in (None or ANONYMOUS: security off)."""
+        ...
+
+    @property
+    def peer(self) -> str:
+        """host:port of the client, for the audit log."""
+        ...
+
+    @property
+    def access(self) -> Access | None:
+        """Its permissions (None: security off, nothing is checked)."""
+        ...
 
 
 def _routing(text: object) -> RoutingType:
@@ -43,6 +67,7 @@ class Admin:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._pending: set[asyncio.Task[Any]] = set()  # answers that wait for ZooKeeper
+        self.rates = RateTracker()  # msg/s in and out, per queue and in all (server/rates.py)
         self._ops: dict[str, Callable[..., Any]] = {
             "queue.create": self.queue_create,
             "queue.delete": self.queue_delete,
@@ -52,6 +77,7 @@ class Admin:
             "address.delete": self.address_delete,
             "address.list": self.address_list,
             "broker.status": self.broker_status,
+            "broker.overview": self.broker_overview,
             "broker.activation": self.broker_activation,
             "broker.stop": self.broker_stop,
             "cluster.announce": self.cluster_announce,
@@ -62,10 +88,11 @@ class Admin:
     def ops(self) -> list[str]:
         return sorted(self._ops)
 
-    def handle(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
-        """Run `op`; every attempt, known or not, goes to the audit log (server/audit.py)."""
-        subject = getattr(conn, "subject", None)
-        peer = getattr(conn, "peer", "local")
+    def handle(self, op: str, args: dict[str, Any], conn: Caller | None, reply: Reply) -> None:
+        """Run `op` for `conn` (None: not over a connection, nothing checked); every attempt,
+        known or not, goes to the audit log (server/audit.py)."""
+        subject = conn.subject if conn is not None else None
+        peer = conn.peer if conn is not None else "local"
         target = args.get("name", args.get("dedup_id"))
         try:
             self._run(op, args, conn, reply)
@@ -75,7 +102,7 @@ class Admin:
             raise
         audit(op, subject, peer, target, True)
 
-    def _run(self, op: str, args: dict[str, Any], conn: NativeConnection | None, reply: Reply) -> None:
+    def _run(self, op: str, args: dict[str, Any], conn: Caller | None, reply: Reply) -> None:
         fn = self._ops.get(op)
         if fn is None:
             raise InvalidArgument(f"unknown management operation {op!r}; known: {', '.join(self.ops)}")
@@ -93,7 +120,7 @@ class Admin:
             bound = inspect.signature(fn).bind(conn=conn, reply=reply, **checked)
         except TypeError as exc:
             raise InvalidArgument(f"{op}: {exc}") from None
-        access = getattr(conn, "access", None)  # None: security off, or not over a connection
+        access = conn.access if conn is not None else None  # None: security off, or not over a connection
         if access is not None:
             authorize_management(access, self.broker.require_active, op, checked)
         fn(*bound.args, **bound.kwargs)
@@ -104,7 +131,7 @@ class Admin:
     # ---------------------------------------------------------------- queues
     def queue_create(
         self,
-        conn: NativeConnection | None,
+        conn: Caller | None,
         reply: Reply,
         name: str,
         address: str | None = None,
@@ -131,22 +158,24 @@ class Admin:
             last_value_key=last_value_key,
             reader_only=reader_only,
         )
-        if temporary and conn is not None:
-            conn.temp_queues.add(q.name)
+        owned = getattr(conn, "temp_queues", None)
+        if temporary and owned is not None:
+            owned.add(q.name)
             q.owner = conn
         self._after_bindings(reply, q.stat())
 
-    def queue_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
+    def queue_delete(self, conn: Caller | None, reply: Reply, name: str, force: bool = False) -> None:
         removed = self.broker.require_active().delete_queue(name, force=force)
-        if conn is not None:
-            conn.temp_queues.discard(name)
+        owned = getattr(conn, "temp_queues", None)
+        if owned is not None:
+            owned.discard(name)
         self.broker.storage.after_durable(lambda: self._after_bindings(reply, {"removed": removed}))
 
-    def queue_purge(self, conn: NativeConnection | None, reply: Reply, name: str) -> None:
+    def queue_purge(self, conn: Caller | None, reply: Reply, name: str) -> None:
         removed = self.broker.require_active().queue(name).purge()
         self.broker.storage.after_durable(lambda: reply({"removed": removed}))
 
-    def queue_stat(self, conn: NativeConnection | None, reply: Reply, name: str | None = None) -> None:
+    def queue_stat(self, conn: Caller | None, reply: Reply, name: str | None = None) -> None:
         po = self.broker.require_active()
         if name is not None:
             if name not in po.queues:
@@ -157,7 +186,7 @@ class Admin:
 
     # ------------------------------------------------------------- addresses
     def address_create(
-        self, conn: NativeConnection | None, reply: Reply, name: str, routing_types: list[str] | None = None
+        self, conn: Caller | None, reply: Reply, name: str, routing_types: list[str] | None = None
     ) -> None:
         if routing_types is not None and not isinstance(routing_types, list):
             raise InvalidArgument(f"address.create: `routing_types` must be a list, got {type(routing_types).__name__}")
@@ -165,18 +194,36 @@ class Admin:
         addr = self.broker.require_active().create_address(name, rts)
         self._after_bindings(reply, addr.stat())
 
-    def address_delete(self, conn: NativeConnection | None, reply: Reply, name: str, force: bool = False) -> None:
+    def address_delete(self, conn: Caller | None, reply: Reply, name: str, force: bool = False) -> None:
         self.broker.require_active().delete_address(name, force=force)
         self.broker.storage.after_durable(lambda: self._after_bindings(reply, None))
 
-    def address_list(self, conn: NativeConnection | None, reply: Reply) -> None:
+    def address_list(self, conn: Caller | None, reply: Reply) -> None:
         reply([a.stat() for _n, a in sorted(self.broker.require_active().addresses.items())])
 
     # ---------------------------------------------------------------- broker
-    def broker_status(self, conn: NativeConnection | None, reply: Reply) -> None:
+    def broker_status(self, conn: Caller | None, reply: Reply) -> None:
         reply(self.broker.status())
 
-    def broker_activation(self, conn: NativeConnection | None, reply: Reply) -> None:
+    def sample_rates(self, force: bool = False) -> None:
+        """Take a sample of the queues' counters (at most one a second unless `force`)."""
+        if self.broker.active:
+            self.rates.sample(self.broker.postoffice.queues.values(), force)
+        else:
+            self.rates.clear()
+
+    def broker_overview(self, conn: Caller | None, reply: Reply) -> None:
+        """broker.status and the totals a dashboard shows first (`GET /api/overview`)."""
+        out = self.broker.status()
+        if self.broker.active:
+            queues = self.broker.postoffice.queues.values()
+            out["delivering"] = sum(q.delivering_count for q in queues)
+            out["paged"] = sum(q.paged_count for q in queues)
+            self.sample_rates()
+        out["rates"] = self.rates.totals()
+        reply(out)
+
+    def broker_activation(self, conn: Caller | None, reply: Reply) -> None:
         """The activation sequence, this server's copy and ZooKeeper's (`tandem admin activation show`)."""
         task = asyncio.get_running_loop().create_task(self.broker.activation_info())
         self._pending.add(task)
@@ -188,33 +235,36 @@ class Admin:
 
         task.add_done_callback(done)
 
-    def broker_stop(self, conn: NativeConnection | None, reply: Reply, failover: bool = False) -> None:
+    def broker_stop(self, conn: Caller | None, reply: Reply, failover: bool = False) -> None:
         """Stop the broker: cleanly (state P: no failover) or leaving state L so its backup takes over."""
         reply({"stopping": True, "failover": failover})
         asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(self.broker.stop(failover)))
 
-    def tx_status(self, conn: NativeConnection | None, reply: Reply, dedup_id: str) -> None:
+    def tx_status(self, conn: Caller | None, reply: Reply, dedup_id: str) -> None:
         """Was a transaction with this dedup id committed? (A client asks after a commit lost in a failover.)"""
         seen = self.broker.require_active().transaction_seen(dedup_id)
         # "Committed" must hold after a crash: answer once that commit (if still in flight) is durable.
         self.broker.storage.after_durable(lambda: reply(seen))
 
     def cluster_announce(
-        self, conn: NativeConnection | None, reply: Reply, user: str, password: str, node_id: str, connector: str
+        self, conn: Caller | None, reply: Reply, user: str, password: str, node_id: str, connector: str
     ) -> None:
         """A waiting server of the same store tells us where it is; we pass it on to clients."""
         self.broker.require_active()
+        from .native import NativeConnection
+
         cfg = self.broker.config
         if not is_cluster_pair(cfg, user, password):
             refused = Unauthorized("cluster.announce: wrong cluster-user or cluster-password")
-            if conn is not None:  # closed, and counted as a failed login: each guess costs a new, slowed one
+            if isinstance(conn, NativeConnection):
+                # Closed, and counted as a failed login: each guess costs a new, slowed one.
                 self.broker.authenticator.refused(user, conn.peer, "native (cluster.announce)")
                 conn.fatal(refused)
                 return
             raise refused
         if node_id != self.broker.node_id:
             raise InvalidArgument(f"cluster.announce: node {node_id} is not this store's node {self.broker.node_id}")
-        if conn is None:
-            raise InvalidArgument("cluster.announce needs a connection")
+        if not isinstance(conn, NativeConnection):
+            raise InvalidArgument("cluster.announce needs a native connection")
         self.broker.backup_announced(conn, connector)
         reply(self.broker.topology())

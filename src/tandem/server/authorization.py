@@ -23,7 +23,9 @@ def access_for(authorizer: Authorizer | None, subject: Subject, peer: str = "?")
 
 
 # Read-only management operations need `view` (or `manage`), the others `edit` (or `manage`).
-VIEW_OPS = frozenset({"queue.stat", "address.list", "broker.status", "broker.activation", "tx.status"})
+VIEW_OPS = frozenset(
+    {"queue.stat", "address.list", "broker.status", "broker.overview", "broker.activation", "tx.status"}
+)
 EDIT_OPS = frozenset({"queue.purge", "broker.stop"})
 # What a client's session does through MANAGE: checked as Artemis checks a session's create/delete.
 RESOURCE_OPS = frozenset({"queue.create", "queue.delete", "address.create", "address.delete"})

@@ -206,6 +206,7 @@ class Broker:
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.tls: dict[str, AcceptorTls] = {}  # acceptor name -> its TLS contexts (ssl-enabled ones)
+        self.management: Any = None  # management/app.py's ManagementServer, with [management]
         self.started_at = 0.0
         self.activated_at = 0.0
         self.load_seconds = 0.0
@@ -255,6 +256,11 @@ class Broker:
         try:
             await self.activation.start()
             await self._listen()
+            if cfg.management is not None:  # HTTP management (docs/management.md), as long as the acceptors
+                from ..management.app import ManagementServer
+
+                self.management = ManagementServer(self, cfg.management)
+                await self.management.start()
         except BaseException:
             await self._abort_start()
             raise
@@ -344,6 +350,8 @@ class Broker:
         await self._stop_following()
         for server in self.servers:
             server.close()
+        if self.management is not None:
+            await self.management.stop()
         was_active = self.active
         await self.stop_live()
         if self.activation is not None:
@@ -417,6 +425,8 @@ class Broker:
     async def _abort_start(self) -> None:
         for server in self.servers:
             server.close()
+        if self.management is not None:
+            await self.management.stop()
         try:
             await self.storage.stop()
         finally:
@@ -621,6 +631,8 @@ class Broker:
         """New TLS contexts for new connections (server/tls.py): on SIGHUP (`force`) and when files change."""
         for tls in self.tls.values():
             tls.reload(force)
+        if self.management is not None:
+            self.management.reload_tls(force)
 
     def own_connector(self) -> str:
         cfg = self.config
@@ -714,6 +726,7 @@ class Broker:
             now = loop.time()
             self._check_alive(now)
             self.reload_tls()
+            self.admin.sample_rates()
             if churn.observe(len(self.connections)):
                 await churn.release(len(self.connections))
             if not self.active:

@@ -1,0 +1,75 @@
+"""The API's routes, declared: a path and method -> a management operation and where its
+arguments come from. A new endpoint is one `Route` in `ROUTES` (its op, in server/admin.py,
+does the work and the checks; server/authorization.py says which permission it needs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidArgument
+
+# How a query parameter's text becomes an op argument's value.
+QueryType = Callable[[str], Any]
+
+
+def boolean(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def integer(text: str) -> int:
+    return int(text, 10)
+
+
+@dataclass(frozen=True)
+class Route:
+    """`path` in aiohttp's form (`{name}` placeholders); each placeholder is the op argument of
+    the same name. `query`: the query parameters taken (name -> conversion), each the op argument
+    of the same name; any other parameter is a 400. `body`: a JSON object whose keys are op
+    arguments. `fixed`: arguments always given. `shape`: makes the op's result the response's."""
+
+    method: str
+    path: str
+    op: str
+    query: Mapping[str, QueryType] = field(default_factory=dict)
+    body: bool = False
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    shape: Callable[[Any], Any] | None = None
+
+    def args(self, match: Mapping[str, str], query: Mapping[str, str], body: Any) -> dict[str, Any]:
+        """The op's arguments from the request's parts (raises InvalidArgument)."""
+        out: dict[str, Any] = {}
+        if self.body:
+            if body is None:
+                body = {}
+            if not isinstance(body, dict):
+                raise InvalidArgument(f"{self.method} {self.path}: the body must be a JSON object")
+            out.update(body)
+        for key, text in query.items():
+            convert = self.query.get(key)
+            if convert is None:
+                known = ", ".join(self.query) or "none"
+                raise InvalidArgument(f"unknown query parameter `{key}` (known: {known})")
+            try:
+                out[key] = convert(text)
+            except ValueError as exc:
+                raise InvalidArgument(f"query parameter `{key}`: {exc}") from None
+        out.update(match)
+        out.update(self.fixed)
+        return out
+
+
+def _first(rows: Any) -> Any:
+    return rows[0]
+
+
+ROUTES: list[Route] = [
+    Route("GET", "/api/overview", "broker.overview"),
+    Route("DELETE", "/api/queues/{name}/messages", "queue.purge"),
+]
