@@ -25,6 +25,7 @@ from ..server.authorization import access_for
 from ..server.security import ANONYMOUS, Subject
 from ..server.tls import AcceptorTls
 from . import auth
+from .console import add_console, is_console_path
 from .errors import error_response, from_tandem, json_response
 from .routes import ROUTES, Route
 
@@ -88,6 +89,7 @@ class ManagementServer:
         app.router.add_get("/api/whoami", self._whoami)
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self._handler(route))
+        add_console(app)
         return app
 
     async def start(self) -> None:
@@ -161,7 +163,7 @@ class ManagementServer:
         if not self.security:
             request["caller"] = HttpCaller(ANONYMOUS, peer, None)
             return await handler(request)
-        if request.path in PUBLIC_PATHS:
+        if request.path in PUBLIC_PATHS or is_console_path(request.path):
             return await handler(request)
         header = request.headers.get("Authorization")
         if header is not None:

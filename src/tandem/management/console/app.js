@@ -53,6 +53,7 @@
   // ------------------------------------------------------------ formats
   const intFmt = new Intl.NumberFormat("en");
   const rateFmt = new Intl.NumberFormat("en", { maximumFractionDigits: 1 });
+  const axisFmt = new Intl.NumberFormat("en", { maximumFractionDigits: 2 });
 
   function num(v) {
     return typeof v === "number" ? intFmt.format(v) : v === null || v === undefined ? "–" : String(v);
@@ -256,6 +257,7 @@
   // --------------------------------------------------------------- chart
   /** Draws the in/out rates of `series` over the last CHART_SECONDS on `canvas`. */
   function drawChart(canvas, series) {
+    canvas.dataset.points = String(series.length); // how many samples it shows (for tests)
     const dpr = window.devicePixelRatio || 1;
     const w = canvas.clientWidth;
     const hgt = canvas.clientHeight;
@@ -288,7 +290,7 @@
       ctx.moveTo(pad.l, Math.round(y) + 0.5);
       ctx.lineTo(pad.l + pw, Math.round(y) + 0.5);
       ctx.stroke();
-      ctx.fillText(rateFmt.format((top * i) / 4), pad.l - 6, y);
+      ctx.fillText(axisFmt.format((top * i) / 4), pad.l - 6, y);
     }
     ctx.textAlign = "center";
     ctx.textBaseline = "top";

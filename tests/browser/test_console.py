@@ -1,0 +1,213 @@
+"""The web console (docs/console.md) in headless Chromium against real broker processes with
+security on: log in, watch a queue's depth follow the sends, browse, purge, close a connection,
+and watch the HA state of a shared-store pair flip when its primary is killed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from broker_process import BrokerProcess
+from conftest import screenshot
+from ha_pair import Cluster
+from mgmt_http import Api, management_toml
+from secured import password_of, secured, url_for
+from tandem.client.blocking import connect
+
+Factory = Callable[..., BrokerProcess]
+USERS = {"admin": ["admin"], "viewer": ["viewer"], "app": ["app"]}
+SETTINGS = (
+    '[security-settings."#"]\n'
+    'manage = ["admin"]\nview = ["viewer"]\n'
+    'send = ["app", "admin"]\nconsume = ["app", "admin"]\ncreate-address = ["app", "admin"]\n'
+    'create-durable-queue = ["app", "admin"]\n'
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def secured_broker(broker_factory: Factory, tmp_path: Path) -> BrokerProcess:
+    return broker_factory(**secured(tmp_path, USERS, SETTINGS + management_toml())).start()  # type: ignore[no-any-return]
+
+
+def console_url(b: BrokerProcess, route: str = "") -> str:
+    return f"http://127.0.0.1:{b.ports['management']}/{route}"
+
+
+def send(b: BrokerProcess, queue: str, n: int, start: int = 0, **properties: object) -> None:
+    """`n` durable messages `order START`... to `queue`, each confirmed before this returns."""
+    with connect(url_for(b.url, "app")) as conn:
+        p = conn.session().create_producer(queue)
+        for i in range(start, start + n):
+            p.send(f"order {i}".encode(), properties={"n": i, **properties})
+
+
+def log_in(page: Page, b: BrokerProcess, user: str = "admin") -> None:
+    page.goto(console_url(b))
+    expect(page.get_by_role("heading", name="Log in to Tandem")).to_be_visible()
+    page.get_by_label("User").fill(user)
+    page.get_by_label("Password").fill(password_of(user))
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+    expect(page.locator("#who")).to_contain_text(user)
+
+
+def off_the_loop(fn: Callable[[], object], timeout: float = 90.0) -> object:
+    """Run `fn` in another thread: Playwright's sync API keeps an asyncio loop running in this
+    one, and the pair's helpers start their own (asyncio.run)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result(timeout)
+
+
+def admin_api(b: BrokerProcess) -> Api:
+    return Api.of(b, basic=("admin", password_of("admin")))
+
+
+def test_log_in_and_watch_a_queue_fill(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
+    b = secured_broker(broker_factory, tmp_path)
+    send(b, "orders", 3)
+    page.goto(console_url(b, "#/queues"))
+    # Not logged in: the login page, not the browser's own password prompt.
+    expect(page.get_by_role("heading", name="Log in to Tandem")).to_be_visible()
+    screenshot(page, "login")
+    page.get_by_label("User").fill("admin")
+    page.get_by_label("Password").fill("wrong")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_test_id("login-error")).to_have_text("Wrong user name or password.")
+    page.get_by_label("Password").fill(password_of("admin"))
+    page.get_by_role("button", name="Log in").click()
+    # Back where it was asked for, with the queue's depth as the broker has it.
+    expect(page.get_by_role("heading", name="Queues")).to_be_visible()
+    depth = page.locator('tr[data-queue="orders"] td[data-field="message_count"]')
+    expect(depth).to_have_text("3")
+    send(b, "orders", 4, start=3)
+    expect(depth).to_have_text("7")  # the table follows without a reload
+    send(b, "invoices", 2)
+    expect(page.locator('tr[data-queue="invoices"] td[data-field="message_count"]')).to_have_text("2")
+    screenshot(page, "queues")
+    # Search by name part.
+    page.get_by_label("Filter queues by name").fill("inv")
+    expect(page.locator('tr[data-queue="orders"]')).to_have_count(0)
+    expect(page.locator("tr[data-queue]")).to_have_count(1)
+    page.get_by_label("Filter queues by name").fill("nothing-like-it")
+    expect(page.get_by_test_id("queues-table")).to_contain_text("No queue name contains")
+    # The overview's totals are the broker's.
+    page.get_by_role("link", name="Overview").click()
+    expect(page.get_by_test_id("total-messages")).to_have_text("9")
+    assert admin_api(b).ok("GET", "/api/overview")["messages"] == 9
+    # Logged out: every page asks for the login again.
+    page.get_by_role("button", name="Log out").click()
+    expect(page.get_by_role("heading", name="Log in to Tandem")).to_be_visible()
+    page.goto(console_url(b, "#/queues"))
+    expect(page.get_by_role("heading", name="Log in to Tandem")).to_be_visible()
+
+
+def test_browse_a_message_then_purge_the_queue(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
+    b = secured_broker(broker_factory, tmp_path)
+    send(b, "orders", 5, kind="refund")
+    log_in(page, b)
+    page.goto(console_url(b, "#/queue/orders"))
+    messages = page.get_by_test_id("messages-table")
+    expect(messages.locator("tbody tr")).to_have_count(5)
+    first = messages.locator("tbody tr").first
+    expect(first).to_contain_text("order 0")
+    expect(first).to_contain_text("refund")
+    expect(page.get_by_test_id("queue-messages")).to_have_text("5")
+    screenshot(page, "queue")
+    # Cancelled: nothing removed.
+    page.get_by_role("button", name="Purge…").click()
+    dialog = page.locator("#dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("Remove the 5 messages waiting in orders")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_be_hidden()
+    assert admin_api(b).ok("GET", "/api/overview")["messages"] == 5
+    # Confirmed: the broker removed them all.
+    page.get_by_role("button", name="Purge…").click()
+    dialog.get_by_role("button", name="Purge").click()
+    expect(dialog).to_be_hidden()
+    expect(page.get_by_test_id("queue-notice")).to_have_text("Removed 5 messages.")
+    expect(page.get_by_test_id("queue-messages")).to_have_text("0")
+    expect(page.get_by_test_id("no-messages")).to_be_visible()
+    assert admin_api(b).ok("GET", "/api/overview")["messages"] == 0
+
+
+def test_a_viewer_sees_but_cannot_purge(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
+    b = secured_broker(broker_factory, tmp_path)
+    send(b, "orders", 2)
+    log_in(page, b, "viewer")
+    page.goto(console_url(b, "#/queue/orders"))
+    expect(page.get_by_test_id("queue-messages")).to_have_text("2")
+    page.get_by_role("button", name="Purge…").click()
+    dialog = page.locator("#dialog")
+    dialog.get_by_role("button", name="Purge").click()
+    # The broker's refusal, shown in the dialog, which stays open.
+    expect(page.locator("#dialog-error")).to_contain_text(re.compile("not allowed|permission|unauthori", re.I))
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name="Cancel").click()
+    assert admin_api(b).ok("GET", "/api/overview")["messages"] == 2
+
+
+def test_close_a_connection(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
+    b = secured_broker(broker_factory, tmp_path)
+    log_in(page, b)
+    with connect(url_for(b.url, "app"), reconnect_attempts=0) as conn:
+        session = conn.session()
+        session.create_consumer("orders")
+        page.get_by_role("link", name="Connections").click()
+        row = page.locator("tr[data-connection]").filter(has_text="app")
+        expect(row).to_have_count(1)
+        screenshot(page, "connections")
+        row.get_by_role("button", name="Close…").click()
+        page.locator("#dialog").get_by_role("button", name="Close connection").click()
+        expect(page.locator("tr[data-connection]").filter(has_text="app")).to_have_count(0)
+        # The client saw its connection go.
+        listing = admin_api(b).ok("GET", "/api/connections")
+        items = listing if isinstance(listing, list) else listing["items"]
+        assert all(c.get("user") != "app" for c in items)
+
+
+class AdminCluster(Cluster):
+    """The pair's status asked as `admin` (security on)."""
+
+    def url_of(self, i: int) -> str:
+        return url_for(super().url_of(i), "admin")
+
+
+def test_ha_state_flips_when_the_primary_is_killed(page: Page, other_page: Page, tmp_path: Path) -> None:
+    """A shared-store pair: the backup's console shows it waiting, then active once the primary
+    is killed (-9); the primary's console shows that its broker no longer answers."""
+    users = secured(tmp_path, USERS, "")
+    pair = AdminCluster(tmp_path, security_enabled=True, cluster_password=users["cluster_password"])
+    for server in pair.servers:  # tables after the pair's own lines
+        server.config_path.write_text(server.config_path.read_text() + SETTINGS + management_toml())
+    try:
+        off_the_loop(pair.start_all)
+        primary, backup = pair.primary, pair.backup
+        send(primary, "orders", 3)
+        log_in(page, backup)
+        expect(page.get_by_test_id("ha-state")).to_have_text("passive")
+        expect(page.get_by_test_id("ha-role")).to_have_text("backup")
+        expect(page.get_by_test_id("broker-badge")).to_have_attribute("data-state", "passive")
+        log_in(other_page, primary)
+        expect(other_page.get_by_test_id("ha-state")).to_have_text("active")
+        screenshot(page, "ha-backup-waiting")
+
+        primary.kill()
+
+        expect(page.get_by_test_id("ha-state")).to_have_text("active")
+        expect(page.get_by_test_id("broker-badge")).to_have_attribute("data-state", "active")
+        expect(other_page.get_by_test_id("broker-badge")).to_have_attribute("data-state", "unreachable")
+        expect(other_page.locator("#banner")).to_contain_text("does not answer")
+        # The backup serves the primary's messages now.
+        page.get_by_role("link", name="Queues").click()
+        expect(page.locator('tr[data-queue="orders"] td[data-field="message_count"]')).to_have_text("3")
+        page.get_by_role("link", name="Overview").click()
+        screenshot(page, "ha-backup-active")
+    finally:
+        pair.kill_all()
