@@ -321,6 +321,22 @@ def cmd_address(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_connection(args: argparse.Namespace) -> int:
+    """`tandem connection list|close`: the ops of `GET /api/connections` and `DELETE /api/connections/{id}`."""
+    if args.action == "close":
+        _manage(args.url, "connection.close", id=args.id)
+        print(f"closed connection {args.id}")
+        return 0
+    rows = _manage(args.url, "connection.list")
+    if not args.json:
+        for r in rows:
+            r["since"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["since"])) if r["since"] else "-"
+            r["user"] = r["user"] if r["user"] is not None else "-"
+            r["tls"] = "yes" if r["tls"] else "no"
+    _json_or_table(rows, ["id", "peer", "protocol", "user", "tls", "since", "sessions", "consumers"], args.json)
+    return 0
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     if args.action == "stop":
         _manage(args.url, "broker.stop", failover=args.failover)
@@ -596,6 +612,16 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "delete":
             x.add_argument("--force", action="store_true", help="also delete its queues")
     a.set_defaults(func=cmd_address)
+
+    cn = sub.add_parser("connection", help="open connections (list, close one)")
+    cns = cn.add_subparsers(dest="action", required=True)
+    x = cns.add_parser("list", help="every open connection: id, peer, protocol, user, TLS, since, sessions, consumers")
+    _add_url(x)
+    x.add_argument("--json", action="store_true")
+    x = cns.add_parser("close", help="close a connection by the id `connection list` shows (its client gets an ERROR)")
+    _add_url(x)
+    x.add_argument("id", type=int)
+    cn.set_defaults(func=cmd_connection)
 
     ad = sub.add_parser("admin", help="broker administration")
     ads = ad.add_subparsers(dest="action", required=True)

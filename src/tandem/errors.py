@@ -30,6 +30,7 @@ class ErrorCode(IntEnum):
     CONSUMER_DOES_NOT_EXIST = 25
     SESSION_DOES_NOT_EXIST = 26
     MESSAGE_DOES_NOT_EXIST = 27
+    CONNECTION_DOES_NOT_EXIST = 28
     DUPLICATE_ID = 30
     TRANSACTION_ROLLED_BACK = 31
     INVALID_SELECTOR = 32
@@ -133,6 +134,12 @@ class SessionDoesNotExist(TandemError):
 
 class MessageDoesNotExist(TandemError):
     code = ErrorCode.MESSAGE_DOES_NOT_EXIST
+
+
+class ConnectionDoesNotExist(TandemError):
+    """No open connection of that id (`connection.close`)."""
+
+    code = ErrorCode.CONNECTION_DOES_NOT_EXIST
 
 
 class DuplicateId(TandemError):

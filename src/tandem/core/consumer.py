@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
@@ -77,6 +78,7 @@ class Consumer:
         "on_idle",
         "owner",
         "queue",
+        "since",
         "sink",
         "window",
     )
@@ -93,6 +95,7 @@ class Consumer:
     ) -> None:
         self.id = cid
         self.queue = queue
+        self.since = time.time()  # when it subscribed (the management API shows it)
         self.sink = sink
         self.window = window
         self.message_mode = window == 0

@@ -617,7 +617,7 @@ class ReplicationActivation(Activation):
         co = _coordination_status(self.coordination)
         s, r = self.source, self.replica
         if s is not None:
-            return {"replication": s.state(), "replication_peer": s.peer} | co
+            return {"replication": s.state(), "replication_peer": s.peer, "replication_lag": s.lag()} | co
         if self.following and r is not None:
             return {"replication": r.status(), "replication_peer": r.peer} | co
         return {"replication": "unreplicated", "replication_peer": None} | co

@@ -498,6 +498,18 @@ class ReplicationSource:
         b = self.backup
         return b.state() if b is not None and not b.closed else "unreplicated"
 
+    def lag(self) -> dict[str, Any] | None:
+        """How far the backup is behind: frames sent and not acknowledged yet, and how long the
+        oldest of those waiting for its acknowledgement has waited (s). None: no backup."""
+        b = self.backup
+        if b is None or b.closed:
+            return None
+        oldest = b.sent_at[0][1] if b.sent_at else None
+        return {
+            "records": max(0, b.last - b.acked),
+            "oldest_unacknowledged_s": round(time.monotonic() - oldest, 3) if oldest is not None else 0.0,
+        }
+
     @property
     def peer(self) -> str | None:
         b = self.backup

@@ -155,6 +155,8 @@ class Journal:
         self.torn: list[FileEnd] = []
         self.torn_tails: list[str] = []
         self.compactions = 0
+        self.last_compaction: tuple[float, float] | None = None  # (Unix time it ended, seconds it took)
+        self._compaction_began = 0.0
         # Compaction state
         self._compacting = False
         self._freeze_key = -1
@@ -818,6 +820,7 @@ class Journal:
         return [(k, f.path, f.used) for k, f in self._files.items() if k <= self._freeze_key]
 
     def _start_compactor(self) -> None:
+        self._compaction_began = time.monotonic()
         plan = compactor.Plan(self._frozen())
         loop = self._loop
         assert loop is not None
@@ -864,6 +867,7 @@ class Journal:
         self._install(plan)
         self._compacting = False
         self.compactions += 1
+        self.last_compaction = (time.time(), time.monotonic() - self._compaction_began)
         log.info("journal %s compacted: %d records copied, %d dropped", self.prefix, plan.copied, plan.dead)
         # The batches that completed meanwhile were not judged (and the last of a drained queue's
         # acknowledgements may be among them): judge now, or the garbage waits for the next append.

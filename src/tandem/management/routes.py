@@ -30,14 +30,16 @@ def integer(text: str) -> int:
 @dataclass(frozen=True)
 class Route:
     """`path` in aiohttp's form (`{name}` placeholders); each placeholder is the op argument of
-    the same name. `query`: the query parameters taken (name -> conversion), each the op argument
-    of the same name; any other parameter is a 400. `body`: a JSON object whose keys are op
-    arguments. `fixed`: arguments always given. `shape`: makes the op's result the response's."""
+    the same name (text, or converted by `placeholders`). `query`: the query parameters taken
+    (name -> conversion), each the op argument of the same name; any other parameter is a 400.
+    `body`: a JSON object whose keys are op arguments. `fixed`: arguments always given.
+    `shape`: makes the op's result the response's."""
 
     method: str
     path: str
     op: str
     query: Mapping[str, QueryType] = field(default_factory=dict)
+    placeholders: Mapping[str, QueryType] = field(default_factory=dict)  # those that are not text
     body: bool = False
     fixed: Mapping[str, Any] = field(default_factory=dict)
     shape: Callable[[Any], Any] | None = None
@@ -60,16 +62,37 @@ class Route:
                 out[key] = convert(text)
             except ValueError as exc:
                 raise InvalidArgument(f"query parameter `{key}`: {exc}") from None
-        out.update(match)
+        for key, text in match.items():
+            convert = self.placeholders.get(key)
+            if convert is None:
+                out[key] = text
+                continue
+            try:
+                out[key] = convert(text)
+            except ValueError as exc:
+                raise InvalidArgument(f"`{key}` in the path: {exc}") from None
         out.update(self.fixed)
         return out
 
 
-def _first(rows: Any) -> Any:
+def _one(rows: Any) -> Any:
     return rows[0]
 
 
 ROUTES: list[Route] = [
     Route("GET", "/api/overview", "broker.overview"),
+    Route("GET", "/api/addresses", "address.list"),
+    Route(
+        "GET",
+        "/api/queues",
+        "queue.list",
+        query={"name": str, "page": integer, "page_size": integer, "sort": str},
+    ),
+    Route("GET", "/api/queues/{name}", "queue.stat", fixed={"detail": True}, shape=_one),
     Route("DELETE", "/api/queues/{name}/messages", "queue.purge"),
+    Route("GET", "/api/connections", "connection.list"),
+    Route("DELETE", "/api/connections/{id}", "connection.close", placeholders={"id": integer}),
+    Route("GET", "/api/consumers", "consumer.list"),
+    Route("GET", "/api/ha", "broker.ha"),
+    Route("GET", "/api/journal", "broker.journal"),
 ]

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from ..core.message import RoutingType
-from ..errors import InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
+from ..errors import ConnectionDoesNotExist, IllegalState, InvalidArgument, QueueDoesNotExist, TandemError, Unauthorized
+from . import inventory
 from .audit import audit
 from .authorization import authorize_management
 from .rates import RateTracker
@@ -24,6 +25,19 @@ if TYPE_CHECKING:
     from .security import Subject
 
 Reply = Callable[[Any], None]
+
+MAX_PAGE_SIZE = 1000  # queues in one page of queue.list
+# queue.list's `sort` values -> the value sorted on
+QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {
+    "name": lambda q: q.name,
+    "address": lambda q: q.address,
+    "message_count": lambda q: q.message_count,
+    "delivering_count": lambda q: q.delivering_count,
+    "consumer_count": lambda q: len(q.consumers),
+    "messages_added": lambda q: q.messages_added,
+    "messages_acknowledged": lambda q: q.messages_acked,
+    "paged_count": lambda q: q.paged_count,
+}
 
 
 class Caller(Protocol):
@@ -68,11 +82,18 @@ class Admin:
         self.broker = broker
         self._pending: set[asyncio.Task[Any]] = set()  # answers that wait for ZooKeeper
         self.rates = RateTracker()  # msg/s in and out, per queue and in all (server/rates.py)
+        self.connection_ids = inventory.ConnectionIds()
         self._ops: dict[str, Callable[..., Any]] = {
             "queue.create": self.queue_create,
             "queue.delete": self.queue_delete,
             "queue.purge": self.queue_purge,
             "queue.stat": self.queue_stat,
+            "queue.list": self.queue_list,
+            "connection.list": self.connection_list,
+            "connection.close": self.connection_close,
+            "consumer.list": self.consumer_list,
+            "broker.ha": self.broker_ha,
+            "broker.journal": self.broker_journal,
             "address.create": self.address_create,
             "address.delete": self.address_delete,
             "address.list": self.address_list,
@@ -175,14 +196,59 @@ class Admin:
         removed = self.broker.require_active().queue(name).purge()
         self.broker.storage.after_durable(lambda: reply({"removed": removed}))
 
-    def queue_stat(self, conn: Caller | None, reply: Reply, name: str | None = None) -> None:
+    def queue_stat(self, conn: Caller | None, reply: Reply, name: str | None = None, detail: bool = False) -> None:
+        """Every queue's counters, or one queue's; with `detail` (one queue) also its rates, the
+        address settings in force and its consumers (`GET /api/queues/{name}`)."""
         po = self.broker.require_active()
         if name is not None:
-            if name not in po.queues:
+            q = po.queues.get(name)
+            if q is None:
                 raise QueueDoesNotExist(f"queue {name!r} does not exist")
-            reply([po.queues[name].stat()])
+            row = q.stat()
+            if detail:
+                self.sample_rates()
+                row["rates"] = self.rates.of(name)
+                row["max_consumers"] = q.max_consumers
+                row["settings"] = inventory.settings_in_force(q.settings)
+                consumers = [*q.consumers, *q.browsers]
+                row["consumers"] = [inventory.describe_consumer(c, self.connection_ids) for c in consumers]
+            reply([row])
             return
+        if detail:
+            raise InvalidArgument("queue.stat: `detail` needs a queue `name`")
         reply([q.stat() for _n, q in sorted(po.queues.items())])
+
+    def queue_list(
+        self,
+        conn: Caller | None,
+        reply: Reply,
+        name: str | None = None,
+        page: int = 1,
+        page_size: int = 100,
+        sort: str = "name",
+    ) -> None:
+        """A page of queues whose names hold `name`, sorted by a stat field (`-field`: descending),
+        each with its rates (`GET /api/queues`): thousands of queues come a page at a time."""
+        if page < 1:
+            raise InvalidArgument(f"queue.list: `page` must be >= 1, got {page}")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise InvalidArgument(f"queue.list: `page_size` must be between 1 and {MAX_PAGE_SIZE}, got {page_size}")
+        field = sort.removeprefix("-")
+        if field not in QUEUE_SORT_KEYS:
+            raise InvalidArgument(f"queue.list: cannot sort by {sort!r}; by: {', '.join(sorted(QUEUE_SORT_KEYS))}")
+        po = self.broker.require_active()
+        self.sample_rates()
+        queues = [q for n, q in po.queues.items() if name is None or name in n]
+        queues.sort(key=lambda q: q.name)  # ties in name order, whichever the direction
+        if field != "name" or sort.startswith("-"):
+            queues.sort(key=QUEUE_SORT_KEYS[field], reverse=sort.startswith("-"))
+        start = (page - 1) * page_size
+        items = []
+        for q in queues[start : start + page_size]:
+            row = q.stat()
+            row["rates"] = self.rates.of(q.name)
+            items.append(row)
+        reply({"total": len(queues), "page": page, "page_size": page_size, "items": items})
 
     # ------------------------------------------------------------- addresses
     def address_create(
@@ -200,6 +266,32 @@ class Admin:
 
     def address_list(self, conn: Caller | None, reply: Reply) -> None:
         reply([a.stat() for _n, a in sorted(self.broker.require_active().addresses.items())])
+
+    # ----------------------------------------------------------- connections
+    def connection_list(self, conn: Caller | None, reply: Reply) -> None:
+        """Every open connection, native and STOMP (`GET /api/connections`, `tandem connection list`)."""
+        rows = [inventory.describe_connection(c, self.connection_ids.of(c)) for c in list(self.broker.connections)]
+        reply(sorted(rows, key=lambda r: r["id"]))
+
+    def connection_close(self, conn: Caller | None, reply: Reply, id: int) -> None:
+        """Close one connection with an ERROR saying why (its client does not reconnect by itself)."""
+        for c in list(self.broker.connections):
+            if self.connection_ids.of(c) == id:
+                who = conn.subject.user if conn is not None and conn.subject is not None else None
+                by = f" by {who}" if who else ""
+                c.fatal(IllegalState(f"connection closed by an administrator{by} (connection.close)"))
+                reply({"closed": id})
+                return
+        raise ConnectionDoesNotExist(f"no open connection {id} (see connection.list)")
+
+    def consumer_list(self, conn: Caller | None, reply: Reply) -> None:
+        """Every consumer and browser of every queue (`GET /api/consumers`)."""
+        po = self.broker.require_active()
+        rows = []
+        for _n, q in sorted(po.queues.items()):
+            for c in [*q.consumers, *q.browsers]:
+                rows.append(inventory.describe_consumer(c, self.connection_ids))
+        reply(rows)
 
     # ---------------------------------------------------------------- broker
     def broker_status(self, conn: Caller | None, reply: Reply) -> None:
@@ -234,6 +326,61 @@ class Admin:
                 reply(t.result())
 
         task.add_done_callback(done)
+
+    def broker_ha(self, conn: Caller | None, reply: Reply) -> None:
+        """The pair as this server sees it (`GET /api/ha`): its role and state, the servers of its
+        node, replication and its lag, the activation sequence (read from ZooKeeper if coordinated)."""
+        status = self.broker.status()
+        keys = (
+            "name",
+            "node_id",
+            "role",
+            "ha_policy",
+            "state",
+            "peer",
+            "replication",
+            "replication_peer",
+            "replication_lag",
+            "coordinator",
+            "activation_sequence",
+            "following",
+            "warm_activation",
+            "active_for_s",
+            "uptime_s",
+        )
+        out: dict[str, Any] = {k: status[k] for k in keys if k in status}
+        out["active"] = self.broker.active
+        out["activated_at"] = status.get("activated_at")
+        out["members"] = self.broker.topology()
+        task = asyncio.get_running_loop().create_task(self.broker.activation_info())
+        self._pending.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._pending.discard(t)
+            if t.cancelled():
+                return
+            exc = t.exception()
+            info = {"error": str(exc)} if exc is not None else t.result()
+            out["activation"] = {k: v for k, v in info.items() if k not in out}
+            reply(out)
+
+        task.add_done_callback(done)
+
+    def broker_journal(self, conn: Caller | None, reply: Reply) -> None:
+        """The store's journals (`GET /api/journal`): files, sizes, live records, compactions."""
+        self.broker.require_active()
+        storage = self.broker.storage
+        journals = getattr(storage, "journals", None)
+        if not journals:
+            reply({"persistence": False, "journals": {}})
+            return
+        reply(
+            {
+                "persistence": True,
+                "data_directory": str(self.broker.config.data_path),
+                "journals": {j.prefix: inventory.journal_info(j) for j in journals},
+            }
+        )
 
     def broker_stop(self, conn: Caller | None, reply: Reply, failover: bool = False) -> None:
         """Stop the broker: cleanly (state P: no failover) or leaving state L so its backup takes over."""

@@ -24,9 +24,21 @@ def access_for(authorizer: Authorizer | None, subject: Subject, peer: str = "?")
 
 # Read-only management operations need `view` (or `manage`), the others `edit` (or `manage`).
 VIEW_OPS = frozenset(
-    {"queue.stat", "address.list", "broker.status", "broker.overview", "broker.activation", "tx.status"}
+    {
+        "queue.stat",
+        "queue.list",
+        "address.list",
+        "connection.list",
+        "consumer.list",
+        "broker.status",
+        "broker.overview",
+        "broker.ha",
+        "broker.journal",
+        "broker.activation",
+        "tx.status",
+    }
 )
-EDIT_OPS = frozenset({"queue.purge", "broker.stop"})
+EDIT_OPS = frozenset({"queue.purge", "broker.stop", "connection.close"})
 # What a client's session does through MANAGE: checked as Artemis checks a session's create/delete.
 RESOURCE_OPS = frozenset({"queue.create", "queue.delete", "address.create", "address.delete"})
 OPEN_OPS = frozenset({"cluster.announce"})  # carries and checks the cluster pair itself

@@ -677,6 +677,7 @@ class Broker:
             "state": self.ha_state,
             "uptime_s": round(now - self.started_at, 3),
             "active_for_s": round(now - self.activated_at, 3) if self.active else 0.0,
+            "activated_at": round(self.activated_at, 3) if self.active else None,  # Unix time
             "peer": self._peer(),
             "connections": sum(1 for c in self.connections if not getattr(c, "detached", False)),
             "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
