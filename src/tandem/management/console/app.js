@@ -403,9 +403,14 @@
   /** A key/value table of a JSON object; nested objects as their own table. */
   function kvTable(obj) {
     const rows = Object.entries(obj || {}).map(([k, v]) =>
-      h("tr", {}, h("th", {}, k), h("td", {}, v && typeof v === "object" && !Array.isArray(v) ? kvTable(v) : renderAny(v))),
+      h("tr", {}, h("th", {}, k), h("td", {}, v && typeof v === "object" && !Array.isArray(v) ? kvTable(v) : isTime(k, v) ? when(v) : renderAny(v))),
     );
     return h("table", { class: "kv" }, h("tbody", {}, rows));
+  }
+
+  /** A time stamp by its key's name (`activated_at`, `since`, `last_failover`). */
+  function isTime(key, v) {
+    return typeof v === "number" && /(_at|since|failover|^when)$/.test(key);
   }
 
   /** A list of objects as a table (columns: the union of their keys). */
@@ -416,7 +421,7 @@
       "table",
       {},
       h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c)))),
-      h("tbody", {}, items.map((o) => h("tr", {}, cols.map((c) => h("td", {}, text(o[c])))))),
+      h("tbody", {}, items.map((o) => h("tr", {}, cols.map((c) => h("td", {}, isTime(c, o[c]) ? when(o[c]) : text(o[c])))))),
     );
   }
 
@@ -563,7 +568,7 @@
       drawChart(canvas, state.series);
       if (!ov) return;
       const r = ov.rates || {};
-      rates.textContent = `· now ${rate(r.in)} in, ${rate(r.out)} out`;
+      replace(rates, "· now ", h("span", { "data-testid": "rate-in" }, rate(r.in)), " in, ", h("span", { "data-testid": "rate-out" }, rate(r.out)), " out");
       replace(
         cards,
         card("Messages", num(ov.messages), "total-messages"),
