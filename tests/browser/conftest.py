@@ -3,7 +3,7 @@
 
 Every test here runs on one pytest-xdist worker (one Chromium for them all, as tests/spark
 shares one JVM). TANDEM_SCREENSHOTS=1 also writes the screenshots of docs/console.md into
-docs/images/ (off by default, so a test run does not rewrite the docs).
+docs/images/ (console_pages.screenshot; off by default, so a test run does not rewrite the docs).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 HERE = Path(__file__).parent
-IMAGES = HERE.parent.parent / "docs" / "images"
-SCREENSHOTS = os.environ.get("TANDEM_SCREENSHOTS") == "1"
 WAIT_MS = 20_000  # the longest any one expectation waits (the console polls every 2 s)
 
 expect.set_options(timeout=WAIT_MS)
@@ -67,13 +65,6 @@ def other_page(browser: Browser) -> Iterator[Page]:
     """A second user at another browser: its own cookies."""
     with _fresh_page(browser) as p:
         yield p
-
-
-def screenshot(page: Page, name: str) -> None:
-    """docs/images/console-NAME.png, when TANDEM_SCREENSHOTS=1."""
-    if SCREENSHOTS:
-        IMAGES.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(IMAGES / f"console-{name}.png"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -7,67 +7,30 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from console_pages import (
+    SCREENSHOTS,
+    SETTINGS,
+    USERS,
+    Factory,
+    admin_api,
+    console_url,
+    log_in,
+    off_the_loop,
+    screenshot,
+    secured_broker,
+    send,
+)
 from playwright.sync_api import Page, expect
 
-from broker_process import BrokerProcess
-from conftest import SCREENSHOTS, screenshot
 from ha_pair import Cluster
-from mgmt_http import Api, management_toml
+from mgmt_http import management_toml
 from secured import password_of, secured, url_for
 from tandem.client.blocking import connect
 
-Factory = Callable[..., BrokerProcess]
-USERS = {"admin": ["admin"], "viewer": ["viewer"], "app": ["app"]}
-SETTINGS = (
-    '[security-settings."#"]\n'
-    'manage = ["admin"]\nview = ["viewer"]\n'
-    'send = ["app", "admin"]\nconsume = ["app", "admin"]\ncreate-address = ["app", "admin"]\n'
-    'create-durable-queue = ["app", "admin"]\n'
-)
-
 pytestmark = pytest.mark.timeout(120)
-
-
-def secured_broker(broker_factory: Factory, tmp_path: Path) -> BrokerProcess:
-    return broker_factory(**secured(tmp_path, USERS, SETTINGS + management_toml())).start()  # type: ignore[no-any-return]
-
-
-def console_url(b: BrokerProcess, route: str = "") -> str:
-    return f"http://127.0.0.1:{b.ports['management']}/{route}"
-
-
-def send(b: BrokerProcess, queue: str, n: int, start: int = 0, **properties: object) -> None:
-    """`n` durable messages `order START`... to `queue`, each confirmed before this returns."""
-    with connect(url_for(b.url, "app")) as conn:
-        p = conn.session().create_producer(queue)
-        for i in range(start, start + n):
-            p.send(f"order {i}".encode(), properties={"n": i, **properties})
-
-
-def log_in(page: Page, b: BrokerProcess, user: str = "admin") -> None:
-    page.goto(console_url(b))
-    expect(page.get_by_role("heading", name="Log in to Tandem")).to_be_visible()
-    page.get_by_label("User").fill(user)
-    page.get_by_label("Password").fill(password_of(user))
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
-    expect(page.locator("#who")).to_contain_text(user)
-
-
-def off_the_loop(fn: Callable[[], object], timeout: float = 90.0) -> object:
-    """Run `fn` in another thread: Playwright's sync API keeps an asyncio loop running in this
-    one, and the pair's helpers start their own (asyncio.run)."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn).result(timeout)
-
-
-def admin_api(b: BrokerProcess) -> Api:
-    return Api.of(b, basic=("admin", password_of("admin")))
 
 
 def test_log_in_and_watch_a_queue_fill(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
@@ -155,11 +118,10 @@ def test_purge_a_queue_after_a_confirmation(page: Page, broker_factory: Factory,
     b = secured_broker(broker_factory, tmp_path)
     send(b, "orders", 5, kind="refund")
     log_in(page, b)
-    page.get_by_role("link", name="Queues").click()
+    page.get_by_role("link", name="Queues", exact=True).click()
     page.locator('tr[data-queue="orders"]').get_by_role("link", name="orders").click()
     expect(page.get_by_role("heading", name=re.compile("^orders"))).to_be_visible()
     expect(page.get_by_test_id("queue-messages")).to_have_text("5")
-    screenshot(page, "queue")
     # Cancelled: nothing removed.
     page.get_by_role("button", name="Purge…").click()
     dialog = page.locator("#dialog")
@@ -245,7 +207,7 @@ def test_ha_state_flips_when_the_primary_is_killed(page: Page, other_page: Page,
         expect(other_page.get_by_test_id("broker-badge")).to_have_attribute("data-state", "unreachable")
         expect(other_page.locator("#banner")).to_contain_text("does not answer")
         # The backup serves the primary's messages now.
-        page.get_by_role("link", name="Queues").click()
+        page.get_by_role("link", name="Queues", exact=True).click()
         expect(page.locator('tr[data-queue="orders"] td[data-field="message_count"]')).to_have_text("3")
         page.get_by_role("link", name="Overview").click()
         screenshot(page, "ha-backup-active")
