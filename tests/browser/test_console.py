@@ -196,6 +196,11 @@ def test_ha_state_flips_when_the_primary_is_killed(page: Page, other_page: Page,
         expect(page.get_by_test_id("ha-state")).to_have_text("passive")
         expect(page.get_by_test_id("ha-role")).to_have_text("backup")
         expect(page.get_by_test_id("broker-badge")).to_have_attribute("data-state", "passive")
+        # A waiting backup has no queues to show: the page says why.
+        page.get_by_role("link", name="Queues", exact=True).click()
+        expect(page.locator("main")).to_contain_text("This server is not active")
+        page.get_by_role("link", name="Overview").click()
+        expect(page.get_by_test_id("ha-state")).to_have_text("passive")
         log_in(other_page, primary)
         expect(other_page.get_by_test_id("ha-state")).to_have_text("active")
         screenshot(page, "ha-backup-waiting")
