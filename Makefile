@@ -1,4 +1,5 @@
-# Quick start: `make run` (a broker on 127.0.0.1:61616, data in ./data) and `make test`.
+# Quick start: `make run` (a broker on 127.0.0.1:61616, its HTTP management API on 127.0.0.1:8161,
+# data in ./data) and `make test`.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -27,7 +28,7 @@ $(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zo
 	touch $(STAMP) $(TSTAMP)
 
 run: $(STAMP)
-	$(BIN)/tandem run --data ./data --bind 127.0.0.1:61616
+	$(BIN)/tandem run --data ./data --bind 127.0.0.1:61616 --management-bind 127.0.0.1:8161
 
 lint: $(TSTAMP)
 	$(BIN)/ruff check --no-cache src tests bench examples

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -26,7 +27,7 @@ def test_overview_of_a_broker_with_messages(broker_factory: Factory) -> None:
         for i in range(5):
             p.send(f"m{i}".encode())
     o = api.ok("GET", "/api/overview")
-    assert o["name"] == b.config_path.stem or o["name"]  # the broker's name
+    assert o["name"] == "b"  # broker_factory names it
     assert o["state"] == "active"
     assert o["role"] == "live-only"
     assert o["messages"] == 5
@@ -35,7 +36,11 @@ def test_overview_of_a_broker_with_messages(broker_factory: Factory) -> None:
     assert o["queues"] >= 1
     assert o["connections"] == 0
     assert set(o["rates"]) == {"in", "out"}
+    assert o["management"] == f"http://127.0.0.1:{b.ports['management']}"
     assert isinstance(o["version"], str) and o["node_id"]
+    a = api.get("/api/overview")
+    assert a.headers["content-type"].startswith("application/json")
+    assert a.headers["server"] == "tandem" and a.headers["cache-control"] == "no-store"
 
 
 def test_errors_are_json_with_a_code(broker_factory: Factory) -> None:
@@ -96,3 +101,42 @@ def test_management_bind_option_and_the_loopback_rule(broker_factory: Factory) -
     r = _run("--config", str(b.config_path), "--management-bind", "0.0.0.0:0")
     assert r.returncode == 2, r.stderr
     assert "--management-bind" in r.stderr and "security-enabled" in r.stderr
+
+
+def test_pages_of_other_sites_cannot_use_the_listener(broker_factory: Factory) -> None:
+    """With security off nobody logs in, so what a browser would send for another site's page is
+    refused: a change whose Origin is not the listener, and any request by a name that is not a
+    loopback one (DNS rebinding: evil.example resolving to 127.0.0.1)."""
+    b = broker_factory(extra_toml=management_toml()).start()
+    api = Api.of(b)
+    with connect(b.url) as conn:
+        p = conn.session().create_producer("kept")
+        for _ in range(3):
+            p.send(b"x")
+    here = f"127.0.0.1:{b.ports['management']}"
+    for headers in (
+        {"Origin": "http://evil.example"},
+        {"Origin": f"http://{here}.evil.example"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "cross-site"},
+    ):
+        a = api.request("DELETE", "/api/queues/kept/messages", headers=headers)
+        assert a.status == 403 and a.code == "UNAUTHORIZED", (headers, a.body)
+    a = api.get("/api/overview", headers={"Host": f"evil.example:{b.ports['management']}"})
+    assert a.status == 403 and "loopback" in a.json["error"]["message"]
+    assert api.ok("GET", "/api/queues/kept")["message_count"] == 3  # nothing was purged
+    # The listener's own pages (the console) and programs without an Origin are served.
+    assert api.get("/api/overview", headers={"Host": f"localhost:{b.ports['management']}"}).status == 200
+    a = api.request("DELETE", "/api/queues/kept/messages", headers={"Origin": f"http://{here}"})
+    assert a.status == 200 and a.json == {"removed": 3}
+
+
+def test_a_taken_port_stops_start_up_naming_the_listener(broker_factory: Factory) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        b = broker_factory(extra_toml=management_toml(f"127.0.0.1:{port}"))
+        with pytest.raises(RuntimeError, match=r"exited with 1") as info:
+            b.start()
+    assert f"[management] cannot listen on 127.0.0.1:{port}" in str(info.value)

@@ -173,3 +173,36 @@ def test_passwords_only_over_tls_or_loopback(broker_factory: Factory, tmp_path: 
     assert api.ok("GET", "/api/overview")["state"] == "active"
     with pytest.raises(OSError):  # plain HTTP to a TLS listener gets nowhere
         Api.of(t).get("/api/overview")
+
+
+def test_a_mapped_client_certificate_logs_in_without_a_password(broker_factory: Factory, tmp_path: Path) -> None:
+    certs = write_dev_certs(tmp_path / "certs")
+    tls = (
+        f'ssl-enabled = true\ncert-path = "{certs.server}"\nkey-path = "{certs.server_key}"\n'
+        f'trust-store-path = "{certs.ca}"\n'
+    )
+    mapping = '[[cert-user-mapping]]\nuser = "viewer"\ncn = "tandem-client"\n'
+    b = secured_broker(broker_factory, tmp_path, management=management_toml("127.0.0.1:0", tls) + mapping)
+    with_cert = ssl.create_default_context(cafile=str(certs.ca))
+    with_cert.load_cert_chain(str(certs.client), str(certs.client_key))
+    api = Api.of(b, tls=with_cert)
+    assert api.ok("GET", "/api/whoami")["user"] == "viewer"
+    assert api.ok("GET", "/api/overview")["state"] == "active"
+    a = api.request("DELETE", "/api/queues/orders/messages")  # viewer: no edit
+    assert a.status == 403 and a.code == "UNAUTHORIZED"
+    # Basic, when sent, says who instead.
+    assert Api.of(b, tls=with_cert, basic=("admin", password_of("admin"))).ok("GET", "/api/whoami")["user"] == "admin"
+    without = ssl.create_default_context(cafile=str(certs.ca))
+    assert Api.of(b, tls=without).get("/api/overview").status == 401
+
+
+def test_a_change_from_another_sites_page_is_refused_even_with_credentials(
+    broker_factory: Factory, tmp_path: Path
+) -> None:
+    """A browser re-sends cached basic credentials (and client certificates) to any page's
+    requests: the Origin check stops a change another site's page makes with them."""
+    b = secured_broker(broker_factory, tmp_path)
+    fill(b, "orders", 2)
+    a = basic(b, "admin").request("DELETE", "/api/queues/orders/messages", headers={"Origin": "https://evil.example"})
+    assert a.status == 403 and "another site" in a.json["error"]["message"]
+    assert basic(b, "admin").ok("GET", "/api/queues/orders")["message_count"] == 2

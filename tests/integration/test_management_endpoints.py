@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import stomp
@@ -17,8 +18,10 @@ import stomp
 from broker_process import BrokerProcess
 from ha_pair import Cluster
 from mgmt_http import Api, management_toml
+from replicated_pair import ReplicatedPair
 from tandem.client.blocking import connect
 from tandem.errors import TandemError
+from tandem.testing import FaultProxy, free_port
 
 Factory = Callable[..., BrokerProcess]
 BOTH = (
@@ -217,6 +220,12 @@ def test_ha_of_a_single_broker(broker_factory: Factory) -> None:
     assert ha["activation"]["coordinator"] == "none"
 
 
+def k_none(api: Api) -> bool:
+    """A passive backup has taken nothing over yet."""
+    h = api.ok("GET", "/api/ha")
+    return h["last_failover"] is None and h["activated_at"] is None
+
+
 def test_ha_of_a_shared_store_pair_across_a_kill(tmp_path: Path) -> None:
     pair = Cluster(tmp_path)
     for server in pair.servers:  # each with its own listener
@@ -227,6 +236,7 @@ def test_ha_of_a_shared_store_pair_across_a_kill(tmp_path: Path) -> None:
         primary, backup = Api.of(pair.primary), Api.of(pair.backup)
         p = primary.ok("GET", "/api/ha")
         assert p["role"] == "primary" and p["active"] is True and p["state"] == "active"
+        assert p["last_failover"] is None and k_none(backup)
         assert p["members"][0]["backup"] == f"127.0.0.1:{pair.ports[1]}"
         k = backup.ok("GET", "/api/ha")
         assert k["role"] == "backup" and k["active"] is False and k["state"] == "passive"
@@ -237,6 +247,68 @@ def test_ha_of_a_shared_store_pair_across_a_kill(tmp_path: Path) -> None:
         pair.primary.kill()
         took = until(lambda: (h := backup.ok("GET", "/api/ha"))["active"] and h, "the backup takes over")
         assert took["state"] == "active" and took["activated_at"] <= time.time()
+        assert took["last_failover"] == took["activated_at"]
         assert backup.ok("GET", "/api/queues")["total"] >= 0
     finally:
         pair.kill_all()
+
+
+def test_queue_names_with_reserved_characters_are_percent_encoded(broker_factory: Factory) -> None:
+    b, api = start(broker_factory)
+    names = ["orders/eu", "a b", "wild.#", "q?x=1", "ünï"]
+    for name in names:
+        send(b.url, name, 1)
+    for name in names:
+        path = "/api/queues/" + quote(name, safe="")
+        assert api.ok("GET", path)["name"] == name, name
+        assert api.ok("DELETE", path + "/messages") == {"removed": 1}, name
+    assert api.ok("GET", "/api/queues?name=" + quote("a b"))["items"][0]["name"] == "a b"
+
+
+def test_ha_of_a_replicated_pair_shows_replication_and_its_lag(tmp_path: Path) -> None:
+    pair = ReplicatedPair(tmp_path)
+    for server in pair.servers:
+        with server.config_path.open("a") as f:
+            f.write(management_toml())
+    try:
+        pair.start_all()
+        primary, backup = Api.of(pair.primary), Api.of(pair.backup)
+        send(pair.url_of(0), "replicated", 20)
+        p = until(lambda: (h := primary.ok("GET", "/api/ha"))["replication_lag"]["records"] == 0 and h, "caught up")
+        assert p["role"] == "primary" and p["replication"] == "in-sync"
+        assert p["replication_peer"] == f"127.0.0.1:{pair.ports[1]}"
+        assert p["replication_lag"]["oldest_unacknowledged_s"] >= 0
+        assert p["members"][0]["backup"] == f"127.0.0.1:{pair.ports[1]}"
+        assert primary.ok("GET", "/api/overview")["replication_lag"] == p["replication_lag"]
+        k = backup.ok("GET", "/api/ha")
+        assert k["role"] == "backup" and k["state"] == "passive" and k["replication"] == "in-sync"
+        assert k["node_id"] == p["node_id"]
+        links = [c for c in primary.ok("GET", "/api/connections") if c["replica"]]
+        assert len(links) == 1 and links[0]["protocol"] == "native"
+    finally:
+        pair.kill_all()
+
+
+def test_closing_a_detached_connection_drops_the_sessions_it_kept(broker_factory: Factory) -> None:
+    """A connection whose socket died keeps its sessions for a reattach until its TTL: listed as
+    `detached`, and closing it lets them go at once."""
+    port = free_port()
+    b = broker_factory(
+        connection_check_period=100,
+        connector_ref="via-proxy",
+        extra_toml=f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{port}"\n' + BOTH + management_toml(),
+    ).start()
+    api = Api.of(b)
+    with FaultProxy(b.port, port=port) as proxy:
+        conn = connect(proxy.url, connection_ttl=60_000, confirmation_window_size=1024, reconnect_attempts=0)
+        try:
+            conn.session().create_queue("kept-for-reattach")
+            proxy.refuse_new()
+            proxy.reset()
+            [row] = until(lambda: [r for r in api.ok("GET", "/api/connections") if r["detached"]], "detached")
+            assert row["sessions"] == 1
+            assert api.ok("DELETE", f"/api/connections/{row['id']}") == {"closed": row["id"]}
+            until(lambda: api.ok("GET", "/api/connections") == [], "the detached connection gone")
+            assert api.ok("GET", "/api/overview")["detached_connections"] == 0
+        finally:
+            conn.close()

@@ -132,3 +132,37 @@ def test_every_route_op_has_a_permission_class() -> None:
     for route in ROUTES:
         assert route.op in VIEW_OPS or route.op in EDIT_OPS, route.op
         assert (route.op in VIEW_OPS) == (route.method == "GET"), route
+
+
+def test_a_queue_created_within_the_window_has_a_rate_from_its_first_sample() -> None:
+    clock = Clock()
+    r = RateTracker(clock)
+    r.sample([Q("old")])
+    clock.now += 1
+    new = Q("new")
+    r.sample([Q("old"), new])
+    assert r.of("new") == {"added": None, "acked": None}  # one sample only
+    clock.now += 2
+    new.messages_added = 8
+    r.sample([Q("old"), new])
+    assert r.of("new") == {"added": 4.0, "acked": 0.0}
+
+
+def test_host_names() -> None:
+    assert auth.host_name("127.0.0.1:8161") == "127.0.0.1"
+    assert auth.host_name("localhost") == "localhost"
+    assert auth.host_name("[::1]:8161") == "::1"
+    assert auth.host_name("evil.example:80") == "evil.example"
+
+
+def test_cross_site_changes() -> None:
+    here = "127.0.0.1:8161"
+    assert not auth.cross_site("GET", here, "http://evil.example", "cross-site")  # reads: CORS keeps them unread
+    assert not auth.cross_site("DELETE", here, None, None)  # curl, a script
+    assert not auth.cross_site("POST", here, "http://127.0.0.1:8161", "same-origin")
+    assert not auth.cross_site("POST", here, "https://127.0.0.1:8161/", None)
+    assert auth.cross_site("POST", here, "http://evil.example", None)
+    assert auth.cross_site("POST", here, "http://127.0.0.1:8162", None)
+    assert auth.cross_site("DELETE", here, "null", None)
+    assert auth.cross_site("DELETE", here, None, "cross-site")
+    assert auth.cross_site("DELETE", None, "http://127.0.0.1:8161", None)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -23,7 +23,7 @@ from ..errors import CallTimeout, IllegalState, InvalidArgument, TandemError, Un
 from ..server.audit import audit
 from ..server.authorization import access_for
 from ..server.security import ANONYMOUS, Subject
-from ..server.tls import AcceptorTls
+from ..server.tls import AcceptorTls, cert_user
 from . import auth
 from .console import add_console, is_console_path
 from .errors import error_response, from_tandem, json_response
@@ -51,7 +51,6 @@ class HttpCaller:
     peer: str
     access: Access | None
     protocol: str = "http"
-    temp_queues: set[str] = field(default_factory=set)
 
 
 def _peer(request: web.Request) -> str:
@@ -59,6 +58,14 @@ def _peer(request: web.Request) -> str:
     if isinstance(peername, tuple) and len(peername) >= 2:
         return f"{peername[0]}:{peername[1]}"
     return request.remote or "?"
+
+
+async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+    """No version in a Server header; API answers are not cached nor sniffed as another type."""
+    response.headers["Server"] = "tandem"
+    if request.path.startswith("/api/"):
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
 
 
 class ManagementServer:
@@ -84,6 +91,7 @@ class ManagementServer:
     # ------------------------------------------------------------ lifecycle
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=MAX_BODY)
+        app.on_response_prepare.append(_headers)
         app.router.add_post("/api/login", self._login)
         app.router.add_post("/api/logout", self._logout)
         app.router.add_get("/api/whoami", self._whoami)
@@ -124,6 +132,14 @@ class ManagementServer:
         if runner is not None:
             await runner.cleanup()
 
+    @property
+    def url(self) -> str | None:
+        """Where it listens, as a URL (None before it does)."""
+        if self.bound is None:
+            return None
+        host, port = self.bound
+        return f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
     def reload_tls(self, force: bool = False) -> None:
         if self.tls is not None:
             self.tls.reload(force)
@@ -156,10 +172,24 @@ class ManagementServer:
         headers = {} if "X-Requested-With" in request.headers else {"WWW-Authenticate": 'Basic realm="tandem"'}
         return error_response(401, "UNAUTHORIZED", message, headers)
 
+    def _cert_user(self, request: web.Request) -> str | None:
+        if self.tls is None or request.transport is None:
+            return None
+        return cert_user(self.broker.config, request.transport)
+
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Sets request["caller"] on every API request, or answers 401/403 itself."""
         peer = _peer(request)
+        headers = request.headers
+        if auth.cross_site(request.method, headers.get("Host"), headers.get("Origin"), headers.get("Sec-Fetch-Site")):
+            raise Unauthorized("a change sent from another site's page is refused (its Origin is not this listener)")
+        if not self.security and self.loopback:
+            # Nobody logs in here: a page of another site must not reach it by a name of its own
+            # that resolves to 127.0.0.1 (DNS rebinding); this machine's loopback names only.
+            host = auth.host_name(headers.get("Host", ""))
+            if host and not is_loopback_host(host):
+                raise Unauthorized(f"Host {host!r} is not a loopback name: this listener answers loopback names only")
         if not self.security:
             request["caller"] = HttpCaller(ANONYMOUS, peer, None)
             return await handler(request)
@@ -176,6 +206,13 @@ class ManagementServer:
             if subject is None:
                 audit("login", None, peer, None, False, login=creds[0], protocol="http")
                 return self._refused(request, "wrong user name or password")
+        elif (cert := self._cert_user(request)) is not None and auth.COOKIE not in request.cookies:
+            # A verified client certificate that cert-user-mapping maps to a user (mutual TLS):
+            # that user, no password; a browser's cookie, when there is one, says who instead.
+            found = self.broker.authenticator.subject_for(cert)
+            if found is None:
+                return self._refused(request, f"the client certificate maps to {cert!r}, who is not a user")
+            subject = found
         else:
             token = request.cookies.get(auth.COOKIE)
             session = self.sessions.get(token) if token else None

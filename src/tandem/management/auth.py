@@ -101,5 +101,30 @@ def basic_credentials(header: str) -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
+def host_name(host_header: str) -> str:
+    """The name or address of a `Host` header, without its port (IPv6 without brackets)."""
+    h = host_header.strip()
+    if h.startswith("["):
+        return h[1 : h.find("]")] if "]" in h else h
+    name, sep, port = h.rpartition(":")
+    return name if sep and port.isdigit() else h
+
+
+def cross_site(method: str, host: str | None, origin: str | None, fetch_site: str | None) -> bool:
+    """Whether a browser sent this change from another site's page (the `Origin` a browser puts on
+    every request but GET and HEAD is not this listener's, or `Sec-Fetch-Site` says so). Programs
+    (curl, scrapers) send neither header: nothing is refused for them."""
+    if method in SAFE_METHODS:
+        return False
+    if fetch_site == "cross-site":
+        return True
+    if origin is None:
+        return False
+    if origin == "null":  # a sandboxed frame, a file: page, a redirect across sites
+        return True
+    _scheme, sep, rest = origin.partition("://")
+    return not sep or host is None or rest.rstrip("/").lower() != host.strip().lower()
+
+
 def csrf_ok(session: Session, header: str | None) -> bool:
     return header is not None and hmac.compare_digest(session.csrf.encode(), header.encode("utf-8", "replace"))

@@ -24,7 +24,10 @@ def boolean(text: str) -> bool:
 
 
 def integer(text: str) -> int:
-    return int(text, 10)
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ class Admin:
         known or not, goes to the audit log (server/audit.py)."""
         subject = conn.subject if conn is not None else None
         peer = conn.peer if conn is not None else "local"
-        target = args.get("name", args.get("dedup_id"))
+        target = args.get("name", args.get("dedup_id", args.get("id")))  # a queue, a tx, a connection
         try:
             self._run(op, args, conn, reply)
         except TandemError as exc:
@@ -279,7 +279,10 @@ class Admin:
             if self.connection_ids.of(c) == id:
                 who = conn.subject.user if conn is not None and conn.subject is not None else None
                 by = f" by {who}" if who else ""
-                c.fatal(IllegalState(f"connection closed by an administrator{by} (connection.close)"))
+                if getattr(c, "detached", False):
+                    c.close()  # its socket is gone already: drop the sessions it kept for a reattach
+                else:
+                    c.fatal(IllegalState(f"connection closed by an administrator{by} (connection.close)"))
                 reply({"closed": id})
                 return
         raise ConnectionDoesNotExist(f"no open connection {id} (see connection.list)")
@@ -287,11 +290,8 @@ class Admin:
     def consumer_list(self, conn: Caller | None, reply: Reply) -> None:
         """Every consumer and browser of every queue (`GET /api/consumers`)."""
         po = self.broker.require_active()
-        rows = []
-        for _n, q in sorted(po.queues.items()):
-            for c in [*q.consumers, *q.browsers]:
-                rows.append(inventory.describe_consumer(c, self.connection_ids))
-        reply(rows)
+        busy = sorted((q for q in po.queues.values() if q.consumers or q.browsers), key=lambda q: q.name)
+        reply([inventory.describe_consumer(c, self.connection_ids) for q in busy for c in [*q.consumers, *q.browsers]])
 
     # ---------------------------------------------------------------- broker
     def broker_status(self, conn: Caller | None, reply: Reply) -> None:
@@ -351,6 +351,8 @@ class Admin:
         out: dict[str, Any] = {k: status[k] for k in keys if k in status}
         out["active"] = self.broker.active
         out["activated_at"] = status.get("activated_at")
+        # A backup serving its node took it over: when (None for a primary, which had it from the start).
+        out["last_failover"] = out["activated_at"] if status.get("role") == "backup" else None
         out["members"] = self.broker.topology()
         task = asyncio.get_running_loop().create_task(self.broker.activation_info())
         self._pending.add(task)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import __version__
 from ..config import BrokerConfig, parse_host_port
@@ -45,6 +45,9 @@ from .native import NativeConnection
 from .pacing import UploadPacer
 from .security import Authenticator, Subject
 from .tls import AcceptorTls
+
+if TYPE_CHECKING:
+    from ..management.app import ManagementServer
 
 log = logging.getLogger("tandem.broker")
 
@@ -206,7 +209,7 @@ class Broker:
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.tls: dict[str, AcceptorTls] = {}  # acceptor name -> its TLS contexts (ssl-enabled ones)
-        self.management: Any = None  # management/app.py's ManagementServer, with [management]
+        self.management: ManagementServer | None = None  # the HTTP management API, with [management]
         self.started_at = 0.0
         self.activated_at = 0.0
         self.load_seconds = 0.0
@@ -683,6 +686,7 @@ class Broker:
             "detached_connections": sum(1 for c in self.connections if getattr(c, "detached", False)),
             "sessions": sum(len(getattr(c, "sessions", ())) for c in self.connections),
             "acceptors": {k: f"{h}:{p}" for k, (h, p) in self.bound.items()},
+            "management": self.management.url if self.management is not None else None,
             "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
         }

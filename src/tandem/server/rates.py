@@ -69,11 +69,19 @@ class RateTracker:
         return {"in": _rate(a.total_added, b.total_added, dt), "out": _rate(a.total_acked, b.total_acked, dt)}
 
     def of(self, queue: str) -> dict[str, float | None]:
-        """A queue's `{"added", "acked"}` msg/s (None until the queue is in two samples)."""
-        ends = self._ends()
-        if ends is None or queue not in ends[0].added or queue not in ends[1].added:
+        """A queue's `{"added", "acked"}` msg/s (None until the queue is in two samples: over the
+        window, or since the first sample that has it, for a queue created within the window)."""
+        if len(self._samples) < 2:
             return {"added": None, "acked": None}
-        a, b = ends
+        b = self._samples[-1]
+        if queue not in b.added:
+            return {"added": None, "acked": None}
+        a = next((s for s in self._samples if b.at - s.at <= WINDOW and queue in s.added), b)
+        if a is b:
+            older = self._samples[-2]
+            if queue not in older.added:
+                return {"added": None, "acked": None}
+            a = older
         dt = b.at - a.at
         return {
             "added": _rate(a.added[queue], b.added[queue], dt),
