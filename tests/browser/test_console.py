@@ -25,10 +25,12 @@ from console_pages import (
 )
 from playwright.sync_api import Page, expect
 
+from broker_process import BrokerProcess
 from ha_pair import Cluster
 from mgmt_http import management_toml
 from secured import password_of, secured, url_for
 from tandem.client.blocking import connect
+from tandem.errors import TandemError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,12 +157,18 @@ def test_a_viewer_sees_but_cannot_purge(page: Page, broker_factory: Factory, tmp
     assert admin_api(b).ok("GET", "/api/overview")["messages"] == 2
 
 
-def test_close_a_connection(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
+def test_consumers_addresses_and_closing_a_connection(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
     b = secured_broker(broker_factory, tmp_path)
     log_in(page, b)
     with connect(url_for(b.url, "app"), reconnect_attempts=0) as conn:
         session = conn.session()
-        session.create_consumer("orders")
+        session.create_consumer("orders", filter="kind = 'refund'")
+        page.get_by_role("link", name="Consumers").click()
+        consumer = page.get_by_test_id("consumers-table").locator("tbody tr").filter(has_text="orders")
+        expect(consumer).to_have_count(1)
+        expect(consumer).to_contain_text("kind = 'refund'")
+        page.get_by_role("link", name="Addresses").click()
+        expect(page.locator('tr[data-address="orders"]')).to_contain_text("anycast")
         page.get_by_role("link", name="Connections").click()
         row = page.locator("tr[data-connection]").filter(has_text="app")
         expect(row).to_have_count(1)
@@ -168,10 +176,48 @@ def test_close_a_connection(page: Page, broker_factory: Factory, tmp_path: Path)
         row.get_by_role("button", name="Close…").click()
         page.locator("#dialog").get_by_role("button", name="Close connection").click()
         expect(page.locator("tr[data-connection]").filter(has_text="app")).to_have_count(0)
-        # The client saw its connection go.
-        listing = admin_api(b).ok("GET", "/api/connections")
-        items = listing if isinstance(listing, list) else listing["items"]
-        assert all(c.get("user") != "app" for c in items)
+        expect(page.get_by_role("status")).to_contain_text("Closed connection")
+        # The broker dropped it, and the client (no reconnection) finds it gone.
+        assert all(c.get("user") != "app" for c in admin_api(b).ok("GET", "/api/connections"))
+        with pytest.raises(TandemError):
+            session.create_producer("orders").send(b"after the close")
+
+
+def test_names_are_shown_as_text_and_travel_in_urls(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
+    """A queue name is chosen by whoever sends: markup in it stays text, and `/`, `?` and quotes
+    in it survive the page's address and the API's paths."""
+    b = secured_broker(broker_factory, tmp_path)
+    name = "evil/<img src=x onerror=\"window.pwned=1\">?x=1&y='2'"
+    send(b, name, 2)
+    log_in(page, b)
+    page.get_by_role("link", name="Queues", exact=True).click()
+    link = page.get_by_test_id("queues-table").get_by_role("link", name=name, exact=True)
+    expect(link).to_have_count(1)
+    link.click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text(name)
+    expect(page.get_by_test_id("queue-messages")).to_have_text("2")
+    page.get_by_role("button", name="Purge…").click()
+    page.locator("#dialog").get_by_role("button", name="Purge").click()
+    expect(page.get_by_test_id("queue-notice")).to_have_text("Removed 2 messages.")
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("main img").count() == 0
+
+
+def test_security_off_needs_no_login(page: Page, broker_factory: Factory) -> None:
+    b = broker_factory(extra_toml=management_toml()).start()
+    send_open(b, "orders", 1)
+    page.goto(console_url(b, "#/queues"))
+    expect(page.locator('tr[data-queue="orders"] td[data-field="message_count"]')).to_have_text("1")
+    expect(page.get_by_role("button", name="Log out")).to_be_hidden()
+    page.goto(console_url(b, "#/login"))  # nothing to log in to: the overview
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+
+
+def send_open(b: BrokerProcess, queue: str, n: int) -> None:
+    with connect(b.url) as conn:
+        p = conn.session().create_producer(queue)
+        for i in range(n):
+            p.send(f"order {i}".encode())
 
 
 class AdminCluster(Cluster):
@@ -214,6 +260,9 @@ def test_ha_state_flips_when_the_primary_is_killed(page: Page, other_page: Page,
         # The backup serves the primary's messages now.
         page.get_by_role("link", name="Queues", exact=True).click()
         expect(page.locator('tr[data-queue="orders"] td[data-field="message_count"]')).to_have_text("3")
+        page.get_by_role("link", name="HA & journal").click()
+        expect(page.get_by_test_id("ha-detail")).to_contain_text("shared-store-backup")
+        expect(page.get_by_test_id("journal-detail")).to_contain_text("tandem-data")
         page.get_by_role("link", name="Overview").click()
         screenshot(page, "ha-backup-active")
     finally:

@@ -12,6 +12,7 @@
 
   const state = {
     session: null, // {user, roles, csrf} from POST /api/login
+    security: null, // does the broker ask for a login? (GET /api/whoami says)
     overview: null, // the latest GET /api/overview
     reachable: true,
     series: [], // [{t, in, out}] msg/s from the overviews, for the chart
@@ -167,6 +168,7 @@
   // ------------------------------------------------------------- session
   function saveSession(s) {
     // The CSRF token stays in memory: after a reload GET /api/whoami gives it again.
+    if (s) state.security = !!s.security;
     state.session = s && s.security ? s : null;
     showWho();
   }
@@ -1189,6 +1191,10 @@
     }
     const gen = (generation += 1);
     const { name, args, params } = parseHash();
+    if (name === "login" && state.security === false) {
+      location.hash = "#/overview"; // nothing to log in to
+      return;
+    }
     const mount = ROUTES[name];
     const main = $("#view");
     if (!mount) {
@@ -1234,10 +1240,6 @@
         return; // otherwise loggedOut() changed the hash: hashchange routes
       }
       setBanner(e.status === 0 ? "The broker does not answer." : e.message);
-    }
-    if (location.hash.startsWith("#/login") && !state.session) {
-      location.hash = "#/overview"; // security off: no login
-      return;
     }
     route();
   }
