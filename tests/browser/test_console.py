@@ -74,6 +74,37 @@ def test_log_in_and_watch_a_queue_fill(page: Page, broker_factory: Factory, tmp_
     expect(page.get_by_role("heading", name="Log in to Tandem")).to_be_visible()
 
 
+def test_the_queues_table_pages_and_sorts(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
+    b = secured_broker(broker_factory, tmp_path)
+    with connect(url_for(b.url, "app")) as conn:
+        session = conn.session()
+        for i in range(30):
+            p = session.create_producer(f"q{i:02d}")
+            for _ in range({7: 5, 23: 3}.get(i, 1)):
+                p.send(b"x")
+    log_in(page, b)
+    page.get_by_role("link", name="Queues", exact=True).click()
+    rows = page.locator("tr[data-queue]")
+    expect(page.get_by_test_id("queue-total")).to_have_text("30 queues")
+    expect(rows).to_have_count(25)  # one page: 25 by default
+    expect(rows.first).to_have_attribute("data-queue", "q00")
+    page.get_by_role("button", name=re.compile("^Next")).click()
+    expect(rows).to_have_count(5)
+    expect(rows.first).to_have_attribute("data-queue", "q25")
+    page.get_by_role("button", name=re.compile("Previous$")).click()
+    expect(rows.first).to_have_attribute("data-queue", "q00")
+    # By depth: the biggest first, then the other way round (ties by name).
+    page.get_by_role("columnheader", name="Ready").click()
+    expect(rows.nth(0)).to_have_attribute("data-queue", "q07")
+    expect(rows.nth(1)).to_have_attribute("data-queue", "q23")
+    page.get_by_role("columnheader", name=re.compile("^Ready")).click()
+    expect(rows.nth(0)).to_have_attribute("data-queue", "q00")
+    expect(rows.last).to_have_attribute("data-queue", "q26")  # 28 queues of 1: q07 and q23 left out
+    page.get_by_label("Queues per page").select_option("50")
+    expect(rows).to_have_count(30)
+    expect(rows.last).to_have_attribute("data-queue", "q07")
+
+
 def test_the_overview_charts_the_traffic(page: Page, broker_factory: Factory, tmp_path: Path) -> None:
     b = secured_broker(broker_factory, tmp_path)
     log_in(page, b)
