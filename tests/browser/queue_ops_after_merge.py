@@ -37,12 +37,17 @@ def test_browse_by_selector_then_move_the_matches(page: Page, broker_factory: Fa
         p = conn.session().create_producer("orders")
         for i in range(6):
             p.send(f"order {i}".encode(), properties={"n": i, "kind": "refund" if i % 2 else "sale"})
+        p.send(b'<img src=x onerror="window.pwned=1">', properties={"kind": "<script>window.pwned=1</script>"})
     log_in(page, b)
     page.goto(console_url(b, "#/queue/orders"))
     rows = page.get_by_test_id("messages-table").locator("tr[data-seq]")
-    expect(rows).to_have_count(6)
+    expect(rows).to_have_count(7)
     expect(rows.first).to_contain_text("order 0")
     expect(rows.first).to_contain_text("sale")
+    # Bodies and headers are whoever sent them: shown as text, never run.
+    expect(rows.last).to_contain_text('<img src=x onerror="window.pwned=1">')
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("main img").count() == 0
     screenshot(page, "queue")
     page.get_by_label("Browse selector").fill("kind = 'refund'")
     page.get_by_role("button", name="Browse").click()
@@ -57,8 +62,8 @@ def test_browse_by_selector_then_move_the_matches(page: Page, broker_factory: Fa
     dialog.get_by_role("button", name="Move").click()
     expect(dialog).to_be_hidden()
     expect(page.get_by_test_id("queue-notice")).to_have_text("Moved 3 message(s).")
-    expect(page.get_by_test_id("queue-messages")).to_have_text("3")
-    assert stat(b, "orders")["message_count"] == 3
+    expect(page.get_by_test_id("queue-messages")).to_have_text("4")
+    assert stat(b, "orders")["message_count"] == 4
     assert stat(b, "refunds")["message_count"] == 3
     # A bad selector: the broker's error in the dialog, nothing moved.
     page.get_by_role("button", name="Move…").click()
@@ -67,7 +72,7 @@ def test_browse_by_selector_then_move_the_matches(page: Page, broker_factory: Fa
     dialog.get_by_role("button", name="Move").click()
     expect(page.locator("#dialog-error")).to_contain_text("selector")
     dialog.get_by_role("button", name="Cancel").click()
-    assert stat(b, "orders")["message_count"] == 3
+    assert stat(b, "orders")["message_count"] == 4
 
 
 def test_retry_dead_letters_then_pause_and_resume(page: Page, broker_factory: Factory, tmp_path: Path) -> None:

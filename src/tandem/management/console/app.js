@@ -732,7 +732,7 @@
     const consumers = h("div", { class: "panel" });
     const err = h("div");
     const count = h("input", { type: "number", min: 1, max: 1000, value: 20, "aria-label": "How many messages", class: "narrow" });
-    const selector = h("input", { type: "text", placeholder: "selector, e.g. priority > 4", "aria-label": "Browse selector" });
+    const selector = h("input", { type: "text", class: "selector", placeholder: "selector, e.g. priority > 4", "aria-label": "Browse selector" });
     const messages = h("div", { "data-testid": "messages" });
     const pauseBtn = h("button", { type: "button", onclick: () => togglePause() }, "Pause");
     let stat = null;
