@@ -28,6 +28,7 @@ from playwright.sync_api import Page, expect
 from broker_process import BrokerProcess
 from ha_pair import Cluster
 from mgmt_http import management_toml
+from replicated_pair import ReplicatedPair
 from secured import password_of, secured, url_for
 from tandem.client.blocking import connect
 from tandem.errors import TandemError
@@ -296,5 +297,34 @@ def test_ha_state_flips_when_the_primary_is_killed(page: Page, other_page: Page,
         expect(page.get_by_test_id("journal-detail")).to_contain_text("tandem-data")
         page.get_by_role("link", name="Overview").click()
         screenshot(page, "ha-backup-active")
+    finally:
+        pair.kill_all()
+
+
+def test_a_replicated_pair_shows_its_replication(page: Page, other_page: Page, tmp_path: Path) -> None:
+    """The primary's console shows its backup in sync and how far behind it is; the backup's
+    shows it passive, then active (and alone) once the primary is killed."""
+    pair = ReplicatedPair(tmp_path / "pair")
+    for server in pair.servers:
+        server.config_path.write_text(server.config_path.read_text() + management_toml())
+    try:
+        off_the_loop(pair.start_all)
+        primary, backup = pair.primary, pair.backup
+        page.goto(console_url(primary))
+        expect(page.get_by_test_id("ha-role")).to_have_text("primary")
+        expect(page.get_by_test_id("replication")).to_have_text("in-sync")
+        send_open(primary, "orders", 20)
+        expect(page.get_by_test_id("total-messages")).to_have_text("20")
+        expect(page.get_by_test_id("replication-lag")).to_have_text("0 records behind")
+        screenshot(page, "ha-replicated")
+        other_page.goto(console_url(backup))
+        expect(other_page.get_by_test_id("ha-state")).to_have_text("passive")
+        expect(other_page.get_by_test_id("replication")).to_have_text("in-sync")
+
+        primary.kill()
+
+        expect(other_page.get_by_test_id("ha-state")).to_have_text("active")
+        expect(other_page.get_by_test_id("total-messages")).to_have_text("20")
+        expect(page.get_by_test_id("broker-badge")).to_have_attribute("data-state", "unreachable")
     finally:
         pair.kill_all()

@@ -251,7 +251,8 @@
     if (!ov) return;
     const st = state.reachable ? ov.state : "unreachable";
     badge.className = `badge ${stateClass(st)}`;
-    badge.textContent = `${ov.name || "broker"} · ${ov.role || "?"} · ${st}`;
+    const name = ov.name || "broker";
+    badge.textContent = [name, ov.role === name ? null : ov.role, st].filter(Boolean).join(" · ");
     badge.dataset.state = st;
     badge.hidden = false;
   }
@@ -319,6 +320,15 @@
       });
       ctx.stroke();
     }
+  }
+
+  /** A replicating primary's lag: records sent to the backup and not yet acknowledged. */
+  function lagText(lag) {
+    if (lag === null || lag === undefined) return "– (no backup)";
+    if (typeof lag !== "object") return text(lag);
+    const oldest = lag.oldest_unacknowledged_s;
+    const n = lag.records;
+    return `${num(n)} record${n === 1 ? "" : "s"} behind` + (n && typeof oldest === "number" ? `, oldest sent ${oldest.toFixed(3)} s ago` : "");
   }
 
   function niceCeil(v) {
@@ -583,7 +593,7 @@
         card("Uptime", duration(ov.uptime_s)),
       );
       const st = state.reachable ? ov.state : "unreachable";
-      const lag = ov.replication_lag || ov.lag;
+      const lag = ov.replication_lag;
       replace(
         ha,
         h("h2", {}, "High availability"),
@@ -600,10 +610,10 @@
             ov.replication !== undefined
               ? h("tr", {}, h("th", {}, "Replication"), h("td", {}, h("span", { class: `badge ${stateClass(ov.replication)}`, "data-testid": "replication" }, text(ov.replication))))
               : null,
-            lag !== undefined ? h("tr", {}, h("th", {}, "Replication lag"), h("td", { "data-testid": "replication-lag" }, renderAny(lag))) : null,
+            lag !== undefined ? h("tr", {}, h("th", {}, "Replication lag"), h("td", { "data-testid": "replication-lag" }, lagText(lag))) : null,
             h("tr", {}, h("th", {}, "Node"), h("td", {}, text(ov.node_id))),
             h("tr", {}, h("th", {}, "Version"), h("td", {}, text(ov.version))),
-            h("tr", {}, h("th", {}, "Active for"), h("td", {}, duration(ov.active_for_s))),
+            h("tr", {}, h("th", {}, "Active for"), h("td", {}, ov.state === "active" ? duration(ov.active_for_s) : "not active")),
           ),
         ),
         h("p", {}, h("a", { href: "#/broker" }, "Pair members, failovers and the journal →")),
