@@ -214,6 +214,11 @@
   }
 
   async function pollOverview() {
+    if (document.hidden) {
+      // A hidden tab asks for nothing (its chart has a gap); it catches up when shown again.
+      if (overviewTimer !== null) overviewTimer = setTimeout(pollOverview, POLL_MS);
+      return;
+    }
     try {
       const ov = await api("GET", "/api/overview");
       state.overview = ov;
@@ -315,7 +320,8 @@
       ctx.beginPath();
       series.forEach((p, i) => {
         const [x, y] = xy(p, key);
-        if (i === 0) ctx.moveTo(Math.max(x, pad.l), y);
+        // A gap (the tab was hidden, the broker did not answer) stays a gap.
+        if (i === 0 || p.t - series[i - 1].t > 3 * POLL_MS) ctx.moveTo(Math.max(x, pad.l), y);
         else ctx.lineTo(x, y);
       });
       ctx.stroke();
