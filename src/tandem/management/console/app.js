@@ -203,41 +203,50 @@
   // One poller for the whole console: the header's HA badge and the throughput chart need it on
   // every page, and the chart keeps its samples while other pages are shown.
   let overviewTimer = null;
+  let overviewLoop = 0; // the running loop's number; 0: none (a late answer of a stopped loop is dropped)
+  let loops = 0;
+  let downSince = null; // when the broker stopped answering
 
   function startOverviewPoll() {
-    if (overviewTimer === null) overviewTimer = setTimeout(pollOverview, 0);
+    if (overviewLoop === 0) {
+      loops += 1;
+      overviewLoop = loops;
+      pollOverview(overviewLoop);
+    }
   }
 
   function stopOverviewPoll() {
-    if (overviewTimer !== null) clearTimeout(overviewTimer);
-    overviewTimer = null;
+    overviewLoop = 0;
+    clearTimeout(overviewTimer);
   }
 
-  async function pollOverview() {
-    if (document.hidden) {
-      // A hidden tab asks for nothing (its chart has a gap); it catches up when shown again.
-      if (overviewTimer !== null) overviewTimer = setTimeout(pollOverview, POLL_MS);
-      return;
-    }
-    try {
-      const ov = await api("GET", "/api/overview");
-      state.overview = ov;
-      state.reachable = true;
-      const now = Date.now();
-      const r = ov.rates || {};
-      if (typeof r.in === "number" || typeof r.out === "number") {
-        state.series.push({ t: now, in: r.in || 0, out: r.out || 0 });
+  async function pollOverview(loop) {
+    if (loop !== overviewLoop) return;
+    // A hidden tab asks for nothing (its chart keeps a gap); it catches up when shown again.
+    if (!document.hidden) {
+      try {
+        const ov = await api("GET", "/api/overview");
+        if (loop !== overviewLoop) return;
+        state.overview = ov;
+        state.reachable = true;
+        downSince = null;
+        const now = Date.now();
+        const r = ov.rates || {};
+        if (typeof r.in === "number" || typeof r.out === "number") {
+          state.series.push({ t: now, in: r.in || 0, out: r.out || 0 });
+        }
+        while (state.series.length && now - state.series[0].t > CHART_SECONDS * 1000) state.series.shift();
+        setBanner(null);
+      } catch (e) {
+        if (loop !== overviewLoop || e.status === 401) return; // stopped, or loggedOut() took over
+        state.reachable = e.status !== 0;
+        if (e.status === 0 && downSince === null) downSince = Date.now();
+        setBanner(e.status === 0 ? `The broker does not answer (since ${when(downSince)}); retrying.` : e.message);
       }
-      while (state.series.length && now - state.series[0].t > CHART_SECONDS * 1000) state.series.shift();
-      setBanner(null);
-    } catch (e) {
-      if (e.status === 401) return; // loggedOut() took over
-      state.reachable = e.status !== 0;
-      setBanner(e.status === 0 ? `The broker does not answer (since ${when(Date.now())}); retrying.` : e.message);
+      showBadge();
+      for (const fn of state.overviewListeners) fn();
     }
-    showBadge();
-    for (const fn of state.overviewListeners) fn();
-    if (overviewTimer !== null) overviewTimer = setTimeout(pollOverview, POLL_MS);
+    overviewTimer = setTimeout(() => pollOverview(loop), POLL_MS);
   }
 
   function setBanner(message) {
@@ -688,8 +697,10 @@
     replace(table, head(), tbody);
     replace(main, h("h1", {}, "Queues"), h("div", { class: "toolbar" }, search, size, h("span", { class: "grow" }), total), err, table, pager);
 
+    let asked = 0; // the newest request: typing, paging and the timer overlap, the last one wins
     const view = {
       async refresh() {
+        const mine = (asked += 1);
         const params = new URLSearchParams({ page: String(q.page), page_size: String(q.pageSize) });
         if (q.search) params.set("name", q.search);
         if (!clientSort) params.set("sort", (sort.desc ? "-" : "") + sort.key);
@@ -697,6 +708,7 @@
         try {
           res = await api("GET", `/api/queues?${params}`);
         } catch (e) {
+          if (mine !== asked) return undefined;
           if (e.status === 400 && !clientSort && e.message.includes("sort")) {
             clientSort = true;
             return view.refresh();
@@ -704,6 +716,7 @@
           replace(err, errorBox(e));
           return;
         }
+        if (mine !== asked) return undefined;
         replace(err);
         const items = clientSort ? sortRows(res.items || [], sort.key, sort.desc) : res.items || [];
         const pages = Math.max(1, Math.ceil((res.total || 0) / q.pageSize));
