@@ -18,10 +18,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 # Tests also cover the Spark connector: pyspark (the `spark` extra) and Java 17; the replication
 # tests start a private ZooKeeper from Debian's `zookeeper` package (tandem.testing.zookeeper); the chaos
-# tests draw their plot with matplotlib (the `chaos` extra).
-$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh
+# tests draw their plot with matplotlib (the `chaos` extra); the web console's tests drive Debian's
+# `chromium` with Playwright (tests/browser).
+$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh scripts/ensure-chromium.sh
 	scripts/ensure-java.sh
 	scripts/ensure-zookeeper.sh
+	scripts/ensure-chromium.sh
 	$(BIN)/pip install -q -e '.[test,spark,chaos]'
 	touch $(STAMP) $(TSTAMP)
 

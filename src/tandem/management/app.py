@@ -25,6 +25,7 @@ from ..server.authorization import access_for
 from ..server.security import ANONYMOUS, Subject
 from ..server.tls import AcceptorTls, cert_user
 from . import auth, metrics
+from .console import add_console, is_console_path
 from .errors import error_response, from_tandem, json_response
 from .routes import ROUTES, Route
 
@@ -97,6 +98,7 @@ class ManagementServer:
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self._handler(route))
         metrics.add_route(app, self)  # GET /metrics (management/metrics.py)
+        add_console(app)
         return app
 
     async def start(self) -> None:
@@ -192,7 +194,7 @@ class ManagementServer:
         if not self.security:
             request["caller"] = HttpCaller(ANONYMOUS, peer, None)
             return await handler(request)
-        if request.path in PUBLIC_PATHS:
+        if request.path in PUBLIC_PATHS or is_console_path(request.path):
             return await handler(request)
         header = request.headers.get("Authorization")
         if header is not None:
