@@ -29,8 +29,10 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Per module, not per session: Playwright's sync API keeps an event loop running in this
+    thread while it is open, and the other tests an xdist worker runs next call asyncio.run()."""
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium_path(), headless=True, args=["--no-sandbox"])
         try:
