@@ -461,6 +461,19 @@
     return text(v);
   }
 
+  // A list endpoint's items (an array, or `{items}`); null on an error, which the box in `err`
+  // then shows (the items on screen stay as they were).
+  async function loadList(path, err) {
+    try {
+      const res = await api("GET", path);
+      replace(err);
+      return Array.isArray(res) ? res : res.items || [];
+    } catch (e) {
+      replace(err, errorBox(e));
+      return null;
+    }
+  }
+
   function errorBox(e) {
     if (e.code === "NOT_ACTIVE") {
       return h("p", { class: "notice" }, "This server is not active (a waiting backup): only the overview answers here. ", e.message);
@@ -1043,15 +1056,11 @@
 
     const view = {
       async refresh() {
-        try {
-          const res = await api("GET", "/api/connections");
-          items = Array.isArray(res) ? res : res.items || [];
-        } catch (e) {
-          replace(err, errorBox(e));
-          return;
+        const got = await loadList("/api/connections", err);
+        if (got) {
+          items = got;
+          render();
         }
-        replace(err);
-        render();
       },
     };
     return view;
@@ -1099,15 +1108,11 @@
 
     return {
       async refresh() {
-        try {
-          const res = await api("GET", "/api/consumers");
-          items = Array.isArray(res) ? res : res.items || [];
-        } catch (e) {
-          replace(err, errorBox(e));
-          return;
+        const got = await loadList("/api/consumers", err);
+        if (got) {
+          items = got;
+          render();
         }
-        replace(err);
-        render();
       },
     };
   }
@@ -1158,15 +1163,11 @@
 
     return {
       async refresh() {
-        try {
-          const res = await api("GET", "/api/addresses");
-          items = Array.isArray(res) ? res : res.items || [];
-        } catch (e) {
-          replace(err, errorBox(e));
-          return;
+        const got = await loadList("/api/addresses", err);
+        if (got) {
+          items = got;
+          render();
         }
-        replace(err);
-        render();
       },
     };
   }
