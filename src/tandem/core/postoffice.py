@@ -563,9 +563,11 @@ class PostOffice:
         acks: list[tuple[Queue, list[MessageRef]]],
         dedup_id: str | None,
         paged_tx: PagedTx | None = None,
+        routes: list[list[Queue]] | None = None,
     ) -> bool:
         """Apply a transaction atomically; returns whether journal records were written.
-        `paged_tx`: what it paged while open (decision 0055).
+        `paged_tx`: what it paged while open (decision 0055); `routes`: the queues of each
+        message when the caller routed them (an operator's move, core/queueops.py).
 
         Raises DuplicateId (nothing applied) if a message repeats a dedup id.
         """
@@ -582,7 +584,8 @@ class PostOffice:
             seen.add(key)
         if duplicates:
             raise DuplicateId.of(duplicates)
-        routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
+        if routes is None:
+            routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
         ops: list[object] = []
         added: list[MessageRef] = []
         paged: list[tuple[AddressPager, Message, list[Queue]]] = []

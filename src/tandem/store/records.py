@@ -13,6 +13,7 @@ class RecordType(IntEnum):
     QUEUE = 2
     QUEUE_SEQ = 3
     ID_COUNTER = 4
+    QUEUE_STATUS = 5  # a paused queue (decision 0067); no record: delivering
     # messages journal
     MESSAGE = 10
     ACK = 11
@@ -46,6 +47,13 @@ class QueueRecord(msgspec.Struct, array_like=True, gc=False):
     exclusive: bool = False
     last_value_key: str | None = None
     reader_only: bool = False
+
+
+class QueueStatusRecord(msgspec.Struct, array_like=True, gc=False):
+    """A queue's operator state: paused (delivers to no consumer). Replaced, never updated."""
+
+    queue_id: int
+    paused: bool = True
 
 
 class LargeRecord(msgspec.Struct, array_like=True, gc=False):

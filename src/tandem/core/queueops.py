@@ -1,0 +1,399 @@
+"""An operator's actions on one queue's messages: look (browse), move or copy elsewhere, retry
+dead letters (decision 0066). Pausing is the queue's own (`Queue.set_paused`, decision 0067).
+
+Each works over memory and the address's pages and runs in bounded steps on the loop: a queue of
+a million messages never holds the loop for long, and a page read is waited for (the pager's
+`waiters`), never blocked on.
+
+- Looking (`Peek`) reads page records where they are, as a browser does (decision 0054).
+- Moving takes matching queued messages out of the queue as a delivery would, then, a chunk per
+  loop pass, routes a copy of each and acknowledges the original in one transaction
+  (`PostOffice.commit_transaction`: one journal batch, or a page transaction when the target
+  pages): after a crash a message is in exactly one of the two queues. Paged messages are read
+  back into the queue first, as its consumers would read them (journaled with the cursor), then
+  moved the same way. Messages in delivery, or waiting out a redelivery delay, are not touched.
+- Copying leaves the originals and reads pages in place, as looking does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..errors import TandemError
+from .message import Message, MessageData, MessageRef, RoutingType
+
+if TYPE_CHECKING:
+    from .paging import AddressPager
+    from .postoffice import PostOffice
+    from .queue import Queue
+
+MAX_BROWSE = 1000  # messages one browse returns, at most
+LOOK_PER_PASS = 2000  # messages (in memory or pages) one loop pass looks at
+CHUNK = 200  # messages one transaction moves
+CHUNK_BYTES = 256 * 1024  # ... or this many bytes of them
+ORIGIN_PROPS = ("_AMQ_ORIG_ADDRESS", "_AMQ_ORIG_QUEUE", "_AMQ_ORIG_MESSAGE_ID", "_AMQ_REASON", "_AMQ_ACTUAL_EXPIRY")
+
+Accept = Callable[[MessageRef], bool]
+# Where a message goes: (its copy, id not set yet; the queues it is routed to); None: it stays.
+Plan = Callable[[MessageRef], "tuple[Message, list[Queue]] | None"]
+
+
+def _accept_all(ref: MessageRef) -> bool:
+    return True
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Walk:
+    """Visits a queue's queued messages in delivery order: those in memory (as they were at the
+    start), then its paged records read in place (never moving its cursor), a bounded number
+    per loop pass. `visit(ref, paged)` returns False to stop."""
+
+    def __init__(self, po: PostOffice, q: Queue, visit: Callable[[MessageRef, bool], bool]) -> None:
+        self.po = po
+        self.q = q
+        self.visit = visit
+        self.memory = list(q.iter_refs())
+        self.i = 0
+        self.pos: list[int] | None = None
+        self.done_cb: Callable[[], None] = lambda: None
+        self.finished = False
+
+    def start(self, done: Callable[[], None]) -> None:
+        self.done_cb = done
+        self._step()
+
+    def finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.done_cb()
+
+    def _pager(self) -> AddressPager | None:
+        addr = self.q.addr
+        return addr.pager if addr is not None else None
+
+    def _step(self) -> None:
+        if self.finished:
+            return
+        q = self.q
+        looked = 0
+        memory = self.memory
+        while self.i < len(memory):
+            if looked >= LOOK_PER_PASS:
+                self.po.schedule(self._step)
+                return
+            ref = memory[self.i]
+            self.i += 1
+            looked += 1
+            if not ref.removed and not self.visit(ref, False):
+                self.finish()
+                return
+        pager = self._pager()
+        if q.deleted or pager is None or not pager.paged.get(q.id) or q.id not in pager.cursors:
+            self.finish()
+            return
+        if self.pos is None:
+            self.pos = list(pager.cursors[q.id])
+        now = 0
+        while True:
+            if looked >= LOOK_PER_PASS:
+                self.po.schedule(self._step)
+                return
+            r = pager.next_record(q, self.pos)
+            if r is True:  # a page read (or a page transaction's commit) is on its way
+                pager.waiters.append(self._step)
+                return
+            if r is False:
+                self.finish()
+                return
+            record, seq = r
+            self.pos[1] += 1
+            looked += 1
+            if record.expiration:
+                now = now or _now_ms()
+                if record.expiration <= now:
+                    continue
+            m = Message.decode(record.mid, msgspec.Raw(record.raw))
+            if record.expiration:
+                m.expiration = record.expiration
+            if not self.visit(MessageRef(m, q, seq), True):
+                self.finish()
+                return
+
+
+class Peek:
+    """Up to `count` queued messages `accept` accepts, in delivery order, memory then pages:
+    `done([(ref, paged)])`. Nothing moves."""
+
+    def __init__(self, po: PostOffice, q: Queue, count: int, accept: Accept | None = None) -> None:
+        self.count = max(0, min(count, MAX_BROWSE))
+        self.accept = accept or _accept_all
+        self.found: list[tuple[MessageRef, bool]] = []
+        self.walk = _Walk(po, q, self._visit)
+
+    def _visit(self, ref: MessageRef, paged: bool) -> bool:
+        if len(self.found) >= self.count:
+            return False
+        if self.accept(ref):
+            self.found.append((ref, paged))
+        return len(self.found) < self.count
+
+    def start(self, done: Callable[[list[tuple[MessageRef, bool]]], None]) -> None:
+        if not self.count:
+            done([])
+            return
+        self.walk.start(lambda: done(self.found))
+
+    def stop(self) -> None:
+        """Answer with what was found so far (a deadline)."""
+        self.walk.finish()
+
+
+def copy_data(ref: MessageRef, address: str, strip_origin: bool = False) -> MessageData:
+    """A copy of `ref`'s message for `address`, naming where it came from (Artemis's properties,
+    as a dead letter does); `strip_origin`: without them (a retried dead letter goes home)."""
+    m = ref.message
+    data = m.data()
+    props = dict(data.properties or {})
+    if strip_origin:
+        for k in ORIGIN_PROPS:
+            props.pop(k, None)
+    else:
+        props.update({"_AMQ_ORIG_ADDRESS": m.address, "_AMQ_ORIG_QUEUE": ref.queue.name, "_AMQ_ORIG_MESSAGE_ID": m.id})
+    # No dedup id: the copy is not a resend of the original (and would be taken for one).
+    return MessageData(
+        address,
+        data.durable,
+        data.priority,
+        m.expiration,
+        data.timestamp,
+        None,
+        RoutingType.ANY,
+        props,
+        data.body,
+    )
+
+
+class Transfer:
+    """Move (or copy, `keep`) the queued messages of `q` that `accept` accepts and `plan` routes,
+    at most `limit` (< 0: all): `done(result)` with "moved" (how many), "left" (accepted but not
+    routable: they stay), "error" (why, for the first of those), "paged_left" (paged messages not
+    reached: memory filled with messages that stay)."""
+
+    def __init__(
+        self,
+        po: PostOffice,
+        q: Queue,
+        plan: Plan,
+        accept: Accept | None = None,
+        limit: int = -1,
+        keep: bool = False,
+    ) -> None:
+        self.po = po
+        self.q = q
+        self.plan = plan
+        self.accept = accept or _accept_all
+        self.limit = limit
+        self.keep = keep
+        self.moved = 0
+        self.left = 0
+        self.error: str | None = None
+        self.skip: set[int] = set()  # ids of messages that stay (not routable)
+        self.taken: list[MessageRef] = []
+        self.done_cb: Callable[[dict[str, Any]], None] = lambda r: None
+        self.finished = False
+        self.stopping = False
+        self.walk: _Walk | None = None
+        self.batch: list[MessageRef] = []
+
+    # ------------------------------------------------------------- common
+    def start(self, done: Callable[[dict[str, Any]], None]) -> None:
+        self.done_cb = done
+        if self.keep:
+            self.walk = _Walk(self.po, self.q, self._copy_visit)
+            self.walk.start(self._copy_done)
+        else:
+            self._round()
+
+    def stop(self) -> None:
+        """Stop at the next step (a deadline): what is done stays done, the rest stays put."""
+        self.stopping = True
+        if self.walk is not None:
+            self.walk.finish()
+
+    def _room(self) -> int:
+        return -1 if self.limit < 0 else max(0, self.limit - self.moved)
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        q = self.q
+        addr = q.addr
+        pager = addr.pager if addr is not None else None
+        paged_left = 0
+        if not self.keep and pager is not None and not q.deleted and self._room() != 0 and not self.stopping:
+            paged_left = pager.paged.get(q.id, 0)
+        out: dict[str, Any] = {"moved": self.moved, "left": self.left}
+        if paged_left:
+            out["paged_left"] = paged_left
+        if self.error is not None:
+            out["error"] = self.error
+        self.done_cb(out)
+
+    def _routes(self, ref: MessageRef) -> tuple[Message, list[Queue]] | None:
+        """The copy of `ref` and its queues, or None (it stays: counted, the first reason kept)."""
+        try:
+            planned = self.plan(ref)
+        except TandemError as exc:
+            planned = None
+            if self.error is None:
+                self.error = exc.message
+        if planned is None or not planned[1]:
+            if planned is not None and self.error is None:
+                self.error = f"address {planned[0].address!r} routes the message to no queue"
+            self.left += 1
+            self.skip.add(ref.message.id)
+            return None
+        nm, queues = planned
+        nm.id = self.po.ids.next()
+        nm.large = ref.message.large  # a large body's file is shared (kept while either needs it)
+        return nm, queues
+
+    def _commit(self, refs: list[MessageRef]) -> list[MessageRef]:
+        """One transaction: a copy of each of `refs` routed, and (moving) the originals
+        acknowledged. Returns the refs that stay."""
+        copies: list[Message] = []
+        routes: list[list[Queue]] = []
+        done: list[MessageRef] = []
+        stay: list[MessageRef] = []
+        for ref in refs:
+            r = self._routes(ref)
+            if r is None:
+                stay.append(ref)
+                continue
+            copies.append(r[0])
+            routes.append(r[1])
+            done.append(ref)
+        if copies:
+            acks = [] if self.keep else [(self.q, done)]
+            self.po.commit_transaction(copies, acks, None, routes=routes)
+            self.moved += len(copies)
+        return stay
+
+    # ------------------------------------------------------------- copying
+    def _copy_visit(self, ref: MessageRef, paged: bool) -> bool:
+        if self.stopping or self._room() == 0:
+            return False
+        if ref.message.id in self.skip or not self.accept(ref):
+            return True
+        self.batch.append(ref)
+        if len(self.batch) >= CHUNK or 0 <= self.limit <= self.moved + len(self.batch):
+            batch, self.batch = self.batch, []
+            self._commit(batch)
+        return self._room() != 0
+
+    def _copy_done(self) -> None:
+        if self.batch:
+            batch, self.batch = self.batch, []
+            self._commit(batch)
+        self._finish()
+
+    # -------------------------------------------------------------- moving
+    def _accepts(self, ref: MessageRef) -> bool:
+        return ref.message.id not in self.skip and self.accept(ref)
+
+    def _round(self) -> None:
+        """Take what memory holds that is to move, move it a chunk per pass; then read pages back."""
+        if self.finished:
+            return
+        q = self.q
+        if q.deleted or self.stopping:
+            self._give_back_all()
+            self._finish()
+            return
+        if self.taken:
+            self._chunk()
+            return
+        room = self._room()
+        if room == 0:
+            self._finish()
+            return
+        self.taken = q.take(self._accepts, room)
+        if self.taken:
+            self._chunk()
+            return
+        addr = q.addr
+        pager = addr.pager if addr is not None else None
+        if pager is None or not pager.paged.get(q.id):
+            self._finish()
+            return
+        before = q.ready_count
+        read = pager.refill(q)
+        if read or q.ready_count != before:
+            self.po.schedule(self._round)
+        elif pager.reading or pager.tx_open:
+            pager.waiters.append(self._round)  # woken when the page data is back (or committed)
+        else:
+            self._finish()  # memory holds as much as it may, of messages that stay
+
+    def _chunk(self) -> None:
+        q = self.q
+        size = 0
+        n = 0
+        for ref in self.taken:
+            n += 1
+            size += ref.message.size
+            if n >= CHUNK or size >= CHUNK_BYTES:
+                break
+        chunk, self.taken = self.taken[:n], self.taken[n:]
+        stay = self._commit(chunk)
+        if stay:
+            q.give_back(stay)
+        self.po.schedule(self._round)
+
+    def _give_back_all(self) -> None:
+        taken, self.taken = self.taken, []
+        if not taken:
+            return
+        if self.q.deleted:  # its records go with the queue's at the next load; drop them now
+            self.q.delivering_count -= len(taken)
+            self.q._drop(taken)
+        else:
+            self.q.give_back(taken)
+
+
+def move_plan(po: PostOffice, q: Queue, address: str) -> Plan:
+    """To `address`, routed as a send there would be."""
+
+    def plan(ref: MessageRef) -> tuple[Message, list[Queue]]:
+        m = Message.create(0, copy_data(ref, address))
+        return m, po.route(m)
+
+    return plan
+
+
+def retry_plan(po: PostOffice, q: Queue) -> Plan:
+    """A dead letter (or expired message) back to where it came from, as Artemis's
+    retryMessages: to its original queue if that still takes messages of its original address,
+    otherwise to that address; a message that names no origin stays."""
+
+    def plan(ref: MessageRef) -> tuple[Message, list[Queue]] | None:
+        props = ref.message.properties or {}
+        address = props.get("_AMQ_ORIG_ADDRESS")
+        if not isinstance(address, str) or not address or address == q.address:
+            return None
+        m = Message.create(0, copy_data(ref, address, strip_origin=True))
+        origin = props.get("_AMQ_ORIG_QUEUE")
+        target = po.queues.get(origin) if isinstance(origin, str) else None
+        if target is not None and target.address == address and not target.deleted:
+            return m, [target]
+        return m, po.route(m)
+
+    return plan
