@@ -250,18 +250,26 @@ class AddressPager:
             limit = addr.limits.max_size if addr.limits.max_size >= 0 else addr.settings.page_size_bytes
         return max(limit // max(1, len(addr.queues)), 1)
 
+    def _per_message(self) -> int:
+        """Under the broker's limit a message counts its objects too (decision 0058)."""
+        return MESSAGE_OVERHEAD if self.addr.settings.max_size_bytes < 0 and self.addr.limits.max_size >= 0 else 0
+
+    def refill_blocked(self, q: Queue) -> bool:
+        """Whether `refill` reads nothing for `q` because of what `q` holds in memory already."""
+        have = q.ready_bytes + q.ready_count * self._per_message()
+        return bool(q.ready_count) and (2 * have >= self.share() or self.addr.limits.full)
+
     def refill(self, q: Queue) -> int:
         """Bring `q`'s next paged messages into memory, up to its share, once it holds less than
         half of that (so each batch, journaled with a cursor record, is a big one); how many
         records it read (those of other queues included: a caller reads on while that is not 0)."""
         if not self.paged.get(q.id):
             return 0
-        share = self.share()
-        # Under the broker's limit a message counts its objects too (decision 0058).
-        per = MESSAGE_OVERHEAD if self.addr.settings.max_size_bytes < 0 and self.addr.limits.max_size >= 0 else 0
-        have = q.ready_bytes + q.ready_count * per
-        if q.ready_count and (2 * have >= share or self.addr.limits.full):
+        if self.refill_blocked(q):
             return 0
+        share = self.share()
+        per = self._per_message()
+        have = q.ready_bytes + q.ready_count * per
         cur = self.cursors.get(q.id)
         if cur is None:
             cur = self.cursors[q.id] = [self.pages[0] if self.pages else self.next_page, 0]

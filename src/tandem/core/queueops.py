@@ -226,6 +226,8 @@ class Transfer:
         self.stopping = True
         if self.walk is not None:
             self.walk.finish()
+        else:
+            self.po.schedule(self._round)  # (it may be waiting for a page read)
 
     def _room(self) -> int:
         return -1 if self.limit < 0 else max(0, self.limit - self.moved)
@@ -338,10 +340,10 @@ class Transfer:
         read = pager.refill(q)
         if read or q.ready_count != before:
             self.po.schedule(self._round)
-        elif pager.reading or pager.tx_open:
-            pager.waiters.append(self._round)  # woken when the page data is back (or committed)
-        else:
+        elif pager.refill_blocked(q):
             self._finish()  # memory holds as much as it may, of messages that stay
+        else:  # woken when page data is back, durable or committed
+            pager.waiters.append(self._round)
 
     def _chunk(self) -> None:
         q = self.q

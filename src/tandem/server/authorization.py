@@ -50,7 +50,7 @@ def authorize_management(access: Access, postoffice: Callable[[], PostOffice], o
         address = MANAGEMENT_ADDRESS
     access.check_management(op not in VIEW_OPS, address)
     to = args.get("to")
-    if op == "queue.move" and isinstance(to, str):
+    if op == "queue.move" and isinstance(to, str) and to:
         access.check_management(True, to)
 
 
