@@ -127,6 +127,10 @@ class AddressPager:
         # Transactions paged while open (decision 0055): their records hold 1, 2, ... per queue;
         # queue id -> its first sequence, taken at the commit.
         self.tx_seqs: dict[int, dict[int, int]] = {}
+        # Records acknowledged one by one ahead of a queue's cursor (an operator's move, decision
+        # 0066): queue id -> {(page, index): its PAGE_ACK record}; skipped by every reader, and
+        # forgotten (their records deleted) once the cursor is past them.
+        self.acked: dict[int, dict[tuple[int, int], int]] = {}
         self.tx_pages_added: Callable[[int], None] = lambda tx: None  # one more page holds records of `tx`
         self.on_tx_pages_gone: Callable[[int], None] = lambda tx: None  # one page of `tx` deleted
 
@@ -224,6 +228,7 @@ class AddressPager:
         self.cursors.pop(q.id, None)
         self.paged.pop(q.id, None)
         self.range_hints.pop(q.id, None)
+        self._forget_acks(list(self.acked.pop(q.id, {}).values()))
         if q.durable:
             self.storage.delete_cursor(q)
         self._collect()
@@ -238,6 +243,7 @@ class AddressPager:
         self.paged[q.id] = 0
         if q.durable and self.storage.persistent:
             self.storage.store_depaged(q, [], (head[0], head[1]), self.ids.next())
+        self._prune_acks(q.id)
         self._collect()
         return n
 
@@ -250,31 +256,24 @@ class AddressPager:
             limit = addr.limits.max_size if addr.limits.max_size >= 0 else addr.settings.page_size_bytes
         return max(limit // max(1, len(addr.queues)), 1)
 
-    def _per_message(self) -> int:
-        """Under the broker's limit a message counts its objects too (decision 0058)."""
-        return MESSAGE_OVERHEAD if self.addr.settings.max_size_bytes < 0 and self.addr.limits.max_size >= 0 else 0
-
-    def refill_blocked(self, q: Queue) -> bool:
-        """Whether `refill` reads nothing for `q` because of what `q` holds in memory already."""
-        have = q.ready_bytes + q.ready_count * self._per_message()
-        return bool(q.ready_count) and (2 * have >= self.share() or self.addr.limits.full)
-
     def refill(self, q: Queue) -> int:
         """Bring `q`'s next paged messages into memory, up to its share, once it holds less than
         half of that (so each batch, journaled with a cursor record, is a big one); how many
         records it read (those of other queues included: a caller reads on while that is not 0)."""
         if not self.paged.get(q.id):
             return 0
-        if self.refill_blocked(q):
-            return 0
         share = self.share()
-        per = self._per_message()
+        # Under the broker's limit a message counts its objects too (decision 0058).
+        per = MESSAGE_OVERHEAD if self.addr.settings.max_size_bytes < 0 and self.addr.limits.max_size >= 0 else 0
         have = q.ready_bytes + q.ready_count * per
+        if q.ready_count and (2 * have >= share or self.addr.limits.full):
+            return 0
         cur = self.cursors.get(q.id)
         if cur is None:
             cur = self.cursors[q.id] = [self.pages[0] if self.pages else self.next_page, 0]
         page, idx = cur
         qid = q.id
+        acked = self.acked.get(qid)
         taken: list[MessageRef] = []
         size = 0
         scanned = 0
@@ -304,12 +303,13 @@ class AddressPager:
             r = c.records[idx - c.base]
             if r.tx and r.tx in self.tx_open:
                 break  # its transaction's commit is not journaled yet: nothing after it either
+            here = (page, idx)
             idx += 1
             moved = True
             scanned += 1
             seq = self._seq_in(r, qid)
-            if not seq or (r.tx and r.tx in self.tx_dead):
-                continue  # not this queue's, or of a transaction that never committed
+            if not seq or (r.tx and r.tx in self.tx_dead) or (acked and here in acked):
+                continue  # not this queue's, of a transaction that never committed, or moved away
             m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
             if not m.durable and page <= self.loaded_upto:
                 continue  # a non-durable message does not outlive the broker that took it
@@ -322,6 +322,8 @@ class AddressPager:
             return 0
         cur[0], cur[1] = page, idx
         self.paged[qid] -= len(taken)
+        if acked:
+            self._prune_acks(qid)
         if q.durable and self.storage.persistent:
             durable = [ref for ref in taken if ref.message.durable]
             for ref in durable:
@@ -359,6 +361,7 @@ class AddressPager:
         if cur is not None and (pos[0], pos[1]) < (cur[0], cur[1]):
             pos[0], pos[1] = cur  # what is behind the cursor was read back into the queue
         qid = q.id
+        acked = self.acked.get(qid)
         page, idx = pos
         try:
             while True:
@@ -377,7 +380,7 @@ class AddressPager:
                 r = c.records[idx - c.base]
                 if r.tx and r.tx in self.tx_open:
                     return True
-                if not (r.tx and r.tx in self.tx_dead):
+                if not (r.tx and r.tx in self.tx_dead) and not (acked and (page, idx) in acked):
                     seq = self._seq_in(r, qid)
                     if seq and (page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable):
                         return r, seq
@@ -557,6 +560,7 @@ class AddressPager:
                 total += n
                 if q.durable and self.storage.persistent:
                     self.storage.store_depaged(q, [], (pos[0], pos[1]), self.ids.next())
+                self._prune_acks(q.id)
                 self._collect()
             if waiting:
                 self.waiters.append(go)
@@ -564,6 +568,40 @@ class AddressPager:
                 done(total)
 
         go()
+
+    # ---------------------------------------------------- single acknowledgements
+    def acknowledge_record(self, q: Queue, page: int, index: int, ops: list[object]) -> None:
+        """Record `index` of `page`, ahead of `q`'s cursor, leaves `q` (moved elsewhere, decision
+        0066): skipped by every reader from now on; its PAGE_ACK record goes into `ops`, the
+        transaction that routes its copy."""
+        rid = self.ids.next()
+        self.acked.setdefault(q.id, {})[(page, index)] = rid
+        self.paged[q.id] -= 1
+        if q.durable and self.storage.persistent:
+            self.storage.store_page_ack(q, page, index, rid, ops)
+
+    def _prune_acks(self, qid: int) -> None:
+        """Forget the single acknowledgements `qid`'s cursor is past."""
+        acked = self.acked.get(qid)
+        cur = self.cursors.get(qid)
+        if not acked:
+            return
+        if cur is None:
+            gone = list(acked.values())
+            del self.acked[qid]
+        else:
+            here = (cur[0], cur[1])
+            behind = [pos for pos in acked if pos < here]
+            gone = [acked.pop(pos) for pos in behind]
+            if not acked:
+                del self.acked[qid]
+        self._forget_acks(gone)
+
+    def _forget_acks(self, rids: list[int]) -> None:
+        """Delete PAGE_ACK records once what is pending is durable (their transaction may still
+        wait for its page writes: a delete must never overtake its record's add)."""
+        if rids:
+            self.storage.after_durable(partial(self.storage.delete_page_acks, rids))
 
     # ------------------------------------------------------------ clean-up
     def _collect(self) -> None:
@@ -578,6 +616,9 @@ class AddressPager:
             for cur in self.cursors.values():
                 cur[0], cur[1] = self.next_page, 0
             self.range_hints.clear()
+            if self.acked:
+                self._forget_acks([rid for acked in self.acked.values() for rid in acked.values()])
+                self.acked.clear()
             if self.active:
                 self.active = False
                 log.info("address stopped paging", extra={"address": self.addr.name})
@@ -613,9 +654,12 @@ class AddressPager:
         cursors: dict[int, tuple[int, int]],
         committed: set[int] | frozenset[int] = frozenset(),
         tx_seqs: dict[int, list[tuple[int, int, int]]] | None = None,
+        acks: dict[int, dict[tuple[int, int], int]] | None = None,
     ) -> list[Message]:
         """Rebuild from the page files and the journaled cursors; `committed`: the page
         transactions journaled (PAGE_TX); `tx_seqs`: their sequences, for those paged while open.
+        `acks`: single acknowledgements (PAGE_ACK records) by queue id; this address's queues'
+        are taken out of it (those behind their cursor are forgotten: their records deleted).
         Returns the paged messages that carry a dedup id (the caller makes sure the dedup cache
         knows them)."""
         queues = {q.id: q for q in self.addr.queues.values()}
@@ -628,10 +672,17 @@ class AddressPager:
                 if q is not None:
                     q.seqs_used(first + n - 1)
         first = pages[0] if pages else self.next_page
+        stale: list[int] = []
         for qid in queues:
             page, idx = cursors.get(qid, (first, 0))
             self.cursors[qid] = [page, idx]
             self.paged[qid] = 0
+            for pos, rid in (acks.pop(qid, {}) if acks is not None else {}).items():
+                if pos >= (page, idx):
+                    self.acked.setdefault(qid, {})[pos] = rid
+                else:
+                    stale.append(rid)
+        self._forget_acks(stale)
         with_dedup: list[Message] = []
         for page in pages:
             records = self.store.load(self.addr.id, page)
@@ -654,7 +705,9 @@ class AddressPager:
                 for qid, _seq in r.refs:
                     cur = self.cursors.get(qid)
                     if cur is not None and (page, i) >= (cur[0], cur[1]):
-                        self.paged[qid] += 1
+                        acked = self.acked.get(qid)
+                        if not acked or (page, i) not in acked:
+                            self.paged[qid] += 1
         self.active = any(self.paged.values())
         self._collect()
         return with_dedup

@@ -439,9 +439,11 @@ class PostOffice:
         cursors: dict[int, tuple[int, int]],
         page_txs: set[int] | frozenset[int] = frozenset(),
         page_tx_seqs: dict[int, list[tuple[int, int, int]]] | None = None,
+        page_acks: dict[int, dict[tuple[int, int], int]] | None = None,
     ) -> list[int]:
         """Reload: rebuild each address's paging state from its pages and the queues' cursors;
-        `page_txs`: the committed page transactions (those with no page left are deleted).
+        `page_txs`: the committed page transactions (those with no page left are deleted);
+        `page_acks`: paged records acknowledged one by one (those of no page or queue are deleted).
         Returns the ids of cursor records whose queues are gone (the caller deletes them)."""
         by_id = {a.id: a for a in self.addresses.values()}
         assert self.pages is not None
@@ -462,7 +464,7 @@ class PostOffice:
                 continue
             pager = addr.pager = self._new_pager(addr, max(pages[-1] if pages else 0, floor.get(aid, 0)))
             ops: list[object] = []
-            for m in pager.load(pages, cursors, page_txs, page_tx_seqs):
+            for m in pager.load(pages, cursors, page_txs, page_tx_seqs, page_acks):
                 assert m.dedup_id is not None
                 cache = self.dedup_cache(m.address)
                 if m.dedup_id not in cache:  # its dedup record was still on its way when the broker stopped
@@ -472,6 +474,8 @@ class PostOffice:
         for tx in page_txs:
             if tx not in self.page_txs:
                 self.storage.delete_page_tx(tx)  # its pages are all gone
+        if page_acks:  # what no pager took: of queues or pages gone
+            self.storage.delete_page_acks([rid for acks in page_acks.values() for rid in acks.values()])
         return [qid for qid in cursors if qid not in self.queues_by_id]
 
     # --------------------------------------------------------------- storing
@@ -564,10 +568,12 @@ class PostOffice:
         dedup_id: str | None,
         paged_tx: PagedTx | None = None,
         routes: list[list[Queue]] | None = None,
+        ops: list[object] | None = None,
     ) -> bool:
         """Apply a transaction atomically; returns whether journal records were written.
         `paged_tx`: what it paged while open (decision 0055); `routes`: the queues of each
-        message when the caller routed them (an operator's move, core/queueops.py).
+        message when the caller routed them (an operator's move, core/queueops.py); `ops`:
+        journal records of the caller's that go into the transaction's batch.
 
         Raises DuplicateId (nothing applied) if a message repeats a dedup id.
         """
@@ -586,7 +592,8 @@ class PostOffice:
             raise DuplicateId.of(duplicates)
         if routes is None:
             routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
-        ops: list[object] = []
+        if ops is None:
+            ops = []
         added: list[MessageRef] = []
         paged: list[tuple[AddressPager, Message, list[Queue]]] = []
         pending: dict[int, int] = {}  # address id -> bytes of this commit bound for its memory

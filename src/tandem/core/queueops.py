@@ -55,13 +55,22 @@ class _Walk:
     start), then its paged records read in place (never moving its cursor), a bounded number
     per loop pass. `visit(ref, paged)` returns False to stop."""
 
-    def __init__(self, po: PostOffice, q: Queue, visit: Callable[[MessageRef, bool], bool]) -> None:
+    def __init__(
+        self,
+        po: PostOffice,
+        q: Queue,
+        visit: Callable[[MessageRef, bool], bool],
+        pages_only: bool = False,
+        on_yield: Callable[[], None] | None = None,
+    ) -> None:
         self.po = po
         self.q = q
         self.visit = visit
-        self.memory = list(q.iter_refs())
+        self.memory = [] if pages_only else list(q.iter_refs())
         self.i = 0
         self.pos: list[int] | None = None
+        self.here = (0, 0)  # (page, index) of the paged record being visited
+        self.on_yield = on_yield  # before the walk gives the loop back (a pass ends, or a wait)
         self.done_cb: Callable[[], None] = lambda: None
         self.finished = False
 
@@ -73,6 +82,14 @@ class _Walk:
         if not self.finished:
             self.finished = True
             self.done_cb()
+
+    def _later(self, pager: AddressPager | None = None) -> None:
+        if self.on_yield is not None:
+            self.on_yield()
+        if pager is None:
+            self.po.schedule(self._step)
+        else:
+            pager.waiters.append(self._step)
 
     def _pager(self) -> AddressPager | None:
         addr = self.q.addr
@@ -86,7 +103,7 @@ class _Walk:
         memory = self.memory
         while self.i < len(memory):
             if looked >= LOOK_PER_PASS:
-                self.po.schedule(self._step)
+                self._later()
                 return
             ref = memory[self.i]
             self.i += 1
@@ -103,16 +120,17 @@ class _Walk:
         now = 0
         while True:
             if looked >= LOOK_PER_PASS:
-                self.po.schedule(self._step)
+                self._later()
                 return
             r = pager.next_record(q, self.pos)
             if r is True:  # a page read (or a page transaction's commit) is on its way
-                pager.waiters.append(self._step)
+                self._later(pager)
                 return
             if r is False:
                 self.finish()
                 return
             record, seq = r
+            self.here = (self.pos[0], self.pos[1])
             self.pos[1] += 1
             looked += 1
             if record.expiration:
@@ -183,8 +201,11 @@ def copy_data(ref: MessageRef, address: str, strip_origin: bool = False) -> Mess
 class Transfer:
     """Move (or copy, `keep`) the queued messages of `q` that `accept` accepts and `plan` routes,
     at most `limit` (< 0: all): `done(result)` with "moved" (how many), "left" (accepted but not
-    routable: they stay), "error" (why, for the first of those), "paged_left" (paged messages not
-    reached: memory filled with messages that stay)."""
+    routable: they stay) and "error" (why, for the first of those).
+
+    Moving goes in three phases: the matching messages in memory; those in the pages, each
+    acknowledged alone (a PAGE_ACK record in its copy's transaction) so nothing else is read
+    back; then those the queue's consumers read from the pages into memory meanwhile."""
 
     def __init__(
         self,
@@ -211,6 +232,8 @@ class Transfer:
         self.stopping = False
         self.walk: _Walk | None = None
         self.batch: list[MessageRef] = []
+        self.phase = 0  # moving: 0 memory, 1 pages, 2 memory again
+        self.paged_batch: list[tuple[MessageRef, tuple[int, int]]] = []
 
     # ------------------------------------------------------------- common
     def start(self, done: Callable[[dict[str, Any]], None]) -> None:
@@ -226,7 +249,7 @@ class Transfer:
         self.stopping = True
         if self.walk is not None:
             self.walk.finish()
-        else:
+        if not self.keep:
             self.po.schedule(self._round)  # (it may be waiting for a page read)
 
     def _room(self) -> int:
@@ -236,15 +259,7 @@ class Transfer:
         if self.finished:
             return
         self.finished = True
-        q = self.q
-        addr = q.addr
-        pager = addr.pager if addr is not None else None
-        paged_left = 0
-        if not self.keep and pager is not None and not q.deleted and self._room() != 0 and not self.stopping:
-            paged_left = pager.paged.get(q.id, 0)
         out: dict[str, Any] = {"moved": self.moved, "left": self.left}
-        if paged_left:
-            out["paged_left"] = paged_left
         if self.error is not None:
             out["error"] = self.error
         self.done_cb(out)
@@ -268,14 +283,17 @@ class Transfer:
         nm.large = ref.message.large  # a large body's file is shared (kept while either needs it)
         return nm, queues
 
-    def _commit(self, refs: list[MessageRef]) -> list[MessageRef]:
+    def _commit(self, refs: list[MessageRef], where: list[tuple[int, int]] | None = None) -> list[MessageRef]:
         """One transaction: a copy of each of `refs` routed, and (moving) the originals
-        acknowledged. Returns the refs that stay."""
+        acknowledged: in memory, or, given `where` they are in the pages, one by one there.
+        Returns the refs that stay."""
         copies: list[Message] = []
         routes: list[list[Queue]] = []
         done: list[MessageRef] = []
         stay: list[MessageRef] = []
-        for ref in refs:
+        ops: list[object] = []
+        pager = self.q.addr.pager if self.q.addr is not None else None
+        for i, ref in enumerate(refs):
             r = self._routes(ref)
             if r is None:
                 stay.append(ref)
@@ -283,9 +301,12 @@ class Transfer:
             copies.append(r[0])
             routes.append(r[1])
             done.append(ref)
+            if where is not None:
+                assert pager is not None
+                pager.acknowledge_record(self.q, where[i][0], where[i][1], ops)
         if copies:
-            acks = [] if self.keep else [(self.q, done)]
-            self.po.commit_transaction(copies, acks, None, routes=routes)
+            acks = [] if self.keep or where is not None else [(self.q, done)]
+            self.po.commit_transaction(copies, acks, None, routes=routes, ops=ops)
             self.moved += len(copies)
         return stay
 
@@ -312,7 +333,7 @@ class Transfer:
         return ref.message.id not in self.skip and self.accept(ref)
 
     def _round(self) -> None:
-        """Take what memory holds that is to move, move it a chunk per pass; then read pages back."""
+        """Take what memory holds that is to move, move it a chunk per pass; then the pages."""
         if self.finished:
             return
         q = self.q
@@ -323,27 +344,51 @@ class Transfer:
         if self.taken:
             self._chunk()
             return
-        room = self._room()
-        if room == 0:
-            self._finish()
-            return
-        self.taken = q.take(self._accepts, room)
+        if self._room() == 0 or self.phase == 1:
+            if self._room() == 0:
+                self._finish()
+            return  # (phase 1: the page walk goes on by itself)
+        self.taken = q.take(self._accepts, self._room())
         if self.taken:
             self._chunk()
             return
-        addr = q.addr
-        pager = addr.pager if addr is not None else None
-        if pager is None or not pager.paged.get(q.id):
+        pager = q.addr.pager if q.addr is not None else None
+        if self.phase == 2 or pager is None or not pager.paged.get(q.id):
             self._finish()
             return
-        before = q.ready_count
-        read = pager.refill(q)
-        if read or q.ready_count != before:
-            self.po.schedule(self._round)
-        elif pager.refill_blocked(q):
-            self._finish()  # memory holds as much as it may, of messages that stay
-        else:  # woken when page data is back, durable or committed
-            pager.waiters.append(self._round)
+        self.phase = 1
+        self.walk = _Walk(self.po, q, self._page_visit, pages_only=True, on_yield=self._commit_paged)
+        self.walk.start(self._pages_done)
+
+    def _page_visit(self, ref: MessageRef, paged: bool) -> bool:
+        if self.stopping or self.q.deleted or self._room() == 0:
+            return False
+        if ref.message.id in self.skip or not self.accept(ref):
+            return True
+        assert self.walk is not None
+        self.paged_batch.append((ref, self.walk.here))
+        if len(self.paged_batch) >= CHUNK or 0 <= self.limit <= self.moved + len(self.paged_batch):
+            self._commit_paged()
+        return self._room() != 0
+
+    def _commit_paged(self) -> None:
+        """Move the paged records visited so far, before the loop is given back (a consumer may
+        read pages into memory meanwhile: a record behind the cursor is no longer in the pages)."""
+        batch, self.paged_batch = self.paged_batch, []
+        pager = self.q.addr.pager if self.q.addr is not None else None
+        if not batch or pager is None or self.q.deleted:
+            return
+        cur = pager.cursors.get(self.q.id)
+        acked = pager.acked.get(self.q.id, {})
+        live = [(r, pos) for r, pos in batch if cur is not None and pos >= (cur[0], cur[1]) and pos not in acked]
+        if live:
+            self._commit([r for r, _pos in live], [pos for _r, pos in live])
+
+    def _pages_done(self) -> None:
+        self._commit_paged()
+        self.walk = None
+        self.phase = 2
+        self.po.schedule(self._round)
 
     def _chunk(self) -> None:
         q = self.q

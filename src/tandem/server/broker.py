@@ -109,7 +109,9 @@ def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: 
     if isinstance(storage, JournalStorage):
         pages = storage.pages
         pages.on_durable = po.pages_durable
-        for qid in po.restore_paging(pages.listing(), state.page_cursors, state.page_txs, state.page_tx_seqs):
+        for qid in po.restore_paging(
+            pages.listing(), state.page_cursors, state.page_txs, state.page_tx_seqs, state.page_acks
+        ):
             storage.delete_cursor_record(qid)
     return n
 

@@ -35,6 +35,7 @@ from .records import (
     DuplicateIdRecord,
     LargeRecord,
     MessageRecord,
+    PageAckRecord,
     PageCursorRecord,
     QueueRecord,
     QueueStatusRecord,
@@ -56,6 +57,7 @@ _dec_dc = msgspec.msgpack.Decoder(DeliveryCountRecord)
 _dec_counter = msgspec.msgpack.Decoder(CounterRecord)
 _dec_dedup = msgspec.msgpack.Decoder(DuplicateIdRecord)
 _dec_cursor = msgspec.msgpack.Decoder(PageCursorRecord)
+_dec_page_ack = msgspec.msgpack.Decoder(PageAckRecord)
 _encode = encoder.encode
 
 BINDINGS_FILE_SIZE = 1024 * 1024
@@ -87,6 +89,13 @@ class LoadedState:
     page_cursors: dict[int, tuple[int, int]] = field(default_factory=dict)  # queue id -> (page, index)
     page_txs: set[int] = field(default_factory=set)  # committed page transactions (PAGE_TX records)
     page_tx_seqs: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # tx -> (queue, first, count)
+    # queue id -> {(page, index): record id}: paged records acknowledged one by one (decision 0066)
+    page_acks: dict[int, dict[tuple[int, int], int]] = field(default_factory=dict)
+
+
+def _page_ack_loaded(rid: int, body: bytes, state: LoadedState) -> None:
+    a = _dec_page_ack.decode(body)
+    state.page_acks.setdefault(a.queue_id, {})[(a.page, a.index)] = rid
 
 
 class JournalStorage:
@@ -139,6 +148,8 @@ class JournalStorage:
                 state.page_txs.add(rid)
                 if lr.body:
                     state.page_tx_seqs[rid] = _dec_tx_seqs.decode(lr.body)
+            elif lr.user_type == RecordType.PAGE_ACK:
+                _page_ack_loaded(rid, lr.body, state)
         state.messages = self._iter_messages(live)
         return state
 
@@ -207,6 +218,8 @@ class JournalStorage:
                 state.page_txs.add(rid)
                 if lr.body:
                     state.page_tx_seqs[rid] = _dec_tx_seqs.decode(lr.body)
+            elif lr.user_type == RecordType.PAGE_ACK:
+                _page_ack_loaded(rid, lr.body, state)
         self._leftovers = mlive  # the follower's message objects carry on; its records are freed later
         self._check_followed_large(mlive)
         return state
@@ -415,6 +428,16 @@ class JournalStorage:
         if old is not None:
             self.messages.delete(old)
 
+    def store_page_ack(self, queue: Queue, page: int, index: int, rid: int, ops: list[object]) -> None:
+        """One paged record leaves the queue (moved elsewhere), into the transaction that routes its copy."""
+        ops.append(Op(ADD, RecordType.PAGE_ACK, rid, _encode(PageAckRecord(queue.id, page, index))))
+
+    def delete_page_acks(self, rids: list[int]) -> None:
+        """Their queue's cursor is past them (or the queue is gone)."""
+        live = [rid for rid in rids if self.messages.contains(rid)]
+        if live:
+            self.messages.delete_many(live)
+
     def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:
         """The record that makes page transaction `tx`'s paged messages visible (decision 0049),
         into the transaction's batch; `seqs`: the sequences its records written before the commit
@@ -620,6 +643,12 @@ class NullStorage:
         pass
 
     def delete_cursor(self, queue: Queue) -> None:
+        pass
+
+    def store_page_ack(self, queue: Queue, page: int, index: int, rid: int, ops: list[object]) -> None:
+        pass
+
+    def delete_page_acks(self, rids: list[int]) -> None:
         pass
 
     def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:

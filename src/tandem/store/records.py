@@ -21,6 +21,7 @@ class RecordType(IntEnum):
     DUPLICATE_ID = 13
     PAGE_CURSOR = 14  # where a queue reads its address's page files next
     PAGE_TX = 15  # a committed transaction's paged messages are visible (decision 0049)
+    PAGE_ACK = 16  # one paged record, ahead of its queue's cursor, left the queue (decision 0066)
     # page files (paging/)
     PAGED_MESSAGE = 20
 
@@ -91,6 +92,14 @@ class DeliveryCountRecord(msgspec.Struct, array_like=True, gc=False):
 
 class PageCursorRecord(msgspec.Struct, array_like=True, gc=False):
     """A queue has read its address's pages up to (not including) record `index` of `page`."""
+
+    queue_id: int
+    page: int
+    index: int
+
+
+class PageAckRecord(msgspec.Struct, array_like=True, gc=False):
+    """Record `index` of `page` is no longer queue `queue_id`'s (moved elsewhere)."""
 
     queue_id: int
     page: int
