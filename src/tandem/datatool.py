@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -16,7 +17,7 @@ from .journal import Journal, JournalSettings
 from .journal import files as jf
 from .journal import records as rec
 from .store.pages import decode_page, is_tx_page_name, page_key, parse_page_name
-from .store.records import AddressRecord, MessageRecord, PageCursorRecord, QueueRecord, RecordType
+from .store.records import AddressRecord, MessageRecord, PageAckRecord, PageCursorRecord, QueueRecord, RecordType
 
 _NAMES = {int(t): t.name for t in RecordType}
 
@@ -63,6 +64,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
     queues: dict[int, str] = {}
     addresses: dict[int, str] = {}
     cursors: dict[int, tuple[int, int]] = {}
+    page_acks: set[tuple[int, int, int]] = set()  # (queue id, page, index): moved away one by one
     page_txs: set[int] = set()
     per_queue: Counter[str] = Counter()
     large: dict[str, tuple[int, int]] = {}  # large body file -> (the record naming it, its recorded size)
@@ -107,6 +109,9 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
             elif utype == RecordType.PAGE_CURSOR:
                 cur = msgspec.msgpack.decode(lr.body, type=PageCursorRecord)
                 cursors[cur.queue_id] = (cur.page, cur.index)
+            elif utype == RecordType.PAGE_ACK:
+                pa = msgspec.msgpack.decode(lr.body, type=PageAckRecord)
+                page_acks.add((pa.queue_id, pa.page, pa.index))
             elif utype == RecordType.PAGE_TX:
                 page_txs.add(rid)
                 if records:
@@ -125,7 +130,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                         + (f" large={m.large.file}:{m.large.size}" if m.large is not None else ""),
                         file=out,
                     )
-    _print_paging(data, addresses, queues, cursors, page_txs, per_queue, records, out)
+    _print_paging(data, addresses, queues, cursors, page_txs, per_queue, records, out, page_acks)
     _print_large(data, large, out)
     print("== messages per queue", file=out)
     for name in sorted(set(queues.values()) | set(per_queue)):
@@ -142,10 +147,12 @@ def _print_paging(
     per_queue: Counter[str],
     records: bool,
     out: IO[str],
+    page_acks: AbstractSet[tuple[int, int, int]] = frozenset(),
 ) -> None:
     """Page files per address with their records, and each queue's cursor (where it reads next).
     Messages still ahead of a cursor count in "messages per queue", those of a page transaction
-    with no PAGE_TX record (cut by a crash before its commit, decision 0049) do not."""
+    with no PAGE_TX record (cut by a crash before its commit, decision 0049) or moved away one by
+    one (a PAGE_ACK record, decision 0066) do not."""
     directory = data / "paging"
     print(f"== paging ({directory})", file=out)
     pages: dict[int, list[tuple[int, Path]]] = {}
@@ -167,7 +174,8 @@ def _print_paging(
                 dead = bool(r.tx) and r.tx not in page_txs
                 for qid, _seq in r.refs:
                     c = cursors.get(qid)
-                    if not dead and qid in queues and (c is None or (page, i) >= c):
+                    moved = (qid, page, i) in page_acks
+                    if not dead and not moved and qid in queues and (c is None or (page, i) >= c):
                         per_queue[queues[qid]] += 1
                 if records:
                     tx = f" tx={r.tx}" + (" (never committed)" if dead else "") if r.tx else ""
