@@ -283,6 +283,15 @@ class QueueOps(RuleBasedStateMachine):
         self._quiet()
 
     @rule()
+    def recreate_dst(self) -> None:
+        """Deleted (its paged records and their single acknowledgements go with it) and made again."""
+        self.po.delete_queue("dst", force=True)
+        self.po.create_queue("dst", "dst", RoutingType.ANYCAST)
+        self.model["dst"] = []
+        self.paused["dst"] = False
+        self._quiet()
+
+    @rule()
     def restart(self) -> None:
         assert self.storage is not None
         self._run(self.storage.stop())
@@ -301,7 +310,7 @@ class QueueOps(RuleBasedStateMachine):
 
 TestQueueOps = QueueOps.TestCase
 TestQueueOps.settings = settings(
-    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
 
 

@@ -131,6 +131,7 @@ class AddressPager:
         # 0066): queue id -> {(page, index): its PAGE_ACK record}; skipped by every reader, and
         # forgotten (their records deleted) once the cursor is past them.
         self.acked: dict[int, dict[tuple[int, int], int]] = {}
+        self.gone_acks: list[int] = []  # of a queue being deleted: forgotten once its deletion is written
         self.tx_pages_added: Callable[[int], None] = lambda tx: None  # one more page holds records of `tx`
         self.on_tx_pages_gone: Callable[[int], None] = lambda tx: None  # one page of `tx` deleted
 
@@ -228,7 +229,7 @@ class AddressPager:
         self.cursors.pop(q.id, None)
         self.paged.pop(q.id, None)
         self.range_hints.pop(q.id, None)
-        self._forget_acks(list(self.acked.pop(q.id, {}).values()))
+        self.gone_acks.extend(self.acked.pop(q.id, {}).values())
         if q.durable:
             self.storage.delete_cursor(q)
         self._collect()
@@ -597,6 +598,12 @@ class AddressPager:
                 del self.acked[qid]
         self._forget_acks(gone)
 
+    def forget_gone_acks(self) -> None:
+        """After the deletion of a queue is written (a PAGE_ACK deleted before it would bring its
+        record back to the queue at a restart)."""
+        gone, self.gone_acks = self.gone_acks, []
+        self._forget_acks(gone)
+
     def _forget_acks(self, rids: list[int]) -> None:
         """Delete PAGE_ACK records once what is pending is durable (their transaction may still
         wait for its page writes: a delete must never overtake its record's add)."""
@@ -607,6 +614,7 @@ class AddressPager:
     def _collect(self) -> None:
         """Delete the pages every cursor is past (once the cursors are durable); stop paging when
         no queue has a paged message left."""
+        stale: list[int] = []  # single acknowledgements of pages that go now
         if not any(self.paged.values()):
             done = self.pages
             self.pages = []
@@ -616,9 +624,8 @@ class AddressPager:
             for cur in self.cursors.values():
                 cur[0], cur[1] = self.next_page, 0
             self.range_hints.clear()
-            if self.acked:
-                self._forget_acks([rid for acked in self.acked.values() for rid in acked.values()])
-                self.acked.clear()
+            stale = [rid for acked in self.acked.values() for rid in acked.values()]
+            self.acked.clear()
             if self.active:
                 self.active = False
                 log.info("address stopped paging", extra={"address": self.addr.name})
@@ -635,7 +642,9 @@ class AddressPager:
             gone = [tx for p in done for tx in self.page_txs.pop(p, ())]
             if gone:
                 self.storage.after_durable(partial(self._txs_gone, gone))
-            self.storage.after_durable(partial(self._remove, done))
+            self.storage.after_durable(partial(self._remove, done, stale))
+        elif stale:
+            self._forget_acks(stale)
 
     def _txs_gone(self, txs: list[int]) -> None:
         for tx in txs:
@@ -643,9 +652,13 @@ class AddressPager:
             if tx in self.tx_seqs and not any(tx in held for held in self.page_txs.values()):
                 del self.tx_seqs[tx]
 
-    def _remove(self, pages: list[int]) -> None:
+    def _remove(self, pages: list[int], acks: list[int] | None = None) -> None:
+        """Delete `pages`, then (once that is done) the single acknowledgements of their records:
+        never those while the pages could come back at a restart with the cursors behind them."""
         for p in pages:
             self.store.remove(self.addr.id, p)
+        if acks:
+            self.store.after_durable(partial(self.storage.delete_page_acks, acks))
 
     # -------------------------------------------------------------- reload
     def load(

@@ -258,6 +258,8 @@ class PostOffice:
                 self.storage.delete_address(addr)
         if q.durable:
             self.storage.delete_queue(q)
+        if addr is not None and addr.pager is not None:
+            addr.pager.forget_gone_acks()
         return removed
 
     def queue(self, name: str) -> Queue:
