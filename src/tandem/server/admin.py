@@ -12,6 +12,7 @@ import msgspec
 
 from ..core import queueops
 from ..core.message import MessageRef, RoutingType
+from ..core.postoffice import check_name
 from ..errors import InvalidArgument, InvalidSelector, QueueDoesNotExist, TandemError, Unauthorized
 from .audit import audit
 from .authorization import authorize_management
@@ -311,8 +312,10 @@ class Admin:
         routed and its original acknowledged in one transaction; messages in delivery stay."""
         if limit is not None and limit < 0:
             raise InvalidArgument(f"queue.move: argument `limit` must be 0 or more, got {limit}")
-        if not to:
-            raise InvalidArgument("queue.move: argument `to` must name an address")
+        try:
+            check_name("address", to)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"queue.move: argument `to`: {exc.message}") from None
         po = self.broker.require_active()
         q = po.queue(name)
         if to == q.address:
