@@ -250,11 +250,12 @@ def cmd_consumer(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------- administration
-def _manage(url: str, op: str, **kw: Any) -> Any:
+def _manage(url: str, op: str, call_timeout: int | None = None, **kw: Any) -> Any:
     async def main() -> Any:
         from .client.connection import connect
 
-        conn = await connect(url, allow_passive=True, reconnect_attempts=0)
+        extra = {} if call_timeout is None else {"call_timeout": call_timeout}
+        conn = await connect(url, allow_passive=True, reconnect_attempts=0, **extra)
         try:
             return await conn.manage(op, **kw)
         finally:
@@ -302,7 +303,62 @@ def cmd_queue(args: argparse.Namespace) -> int:
     elif args.action == "purge":
         res = _manage(args.url, "queue.purge", name=args.name)
         print(f"purged {res['removed']} messages from {args.name!r}")
+    else:
+        return _queue_operation(args)
     return 0
+
+
+TRANSFER_TIMEOUT_MS = 660_000  # a move or retry answers within the broker's 600 s (server/admin.py)
+
+
+def _queue_operation(args: argparse.Namespace) -> int:
+    """browse, move, retry, pause, resume (docs/management.md, "Queue operations")."""
+    if args.action == "browse":
+        rows = _manage(
+            args.url, "queue.browse", name=args.name, count=args.count, selector=args.selector, preview=args.preview
+        )
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            _print_browsed(rows)
+        return 0
+    if args.action in ("pause", "resume"):
+        res = _manage(args.url, f"queue.{args.action}", name=args.name)
+        print(f"queue {args.name!r} is {'paused' if res['paused'] else 'delivering'}")
+        return 0
+    if args.action == "move":
+        res = _manage(
+            args.url,
+            "queue.move",
+            TRANSFER_TIMEOUT_MS,
+            name=args.name,
+            to=args.to,
+            selector=args.selector,
+            copy=args.copy,
+            limit=args.limit,
+        )
+        verb = "copied" if args.copy else "moved"
+        print(f"{verb} {res[verb]} messages from {args.name!r} to {args.to!r}")
+    else:
+        res = _manage(args.url, "queue.retry", TRANSFER_TIMEOUT_MS, name=args.name, selector=args.selector)
+        print(f"retried {res['retried']} messages from {args.name!r}")
+    if res.get("left"):
+        print(f"{res['left']} matching messages stayed: {res.get('error', 'not routable')}")
+    return 0
+
+
+def _print_browsed(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        flags = " ".join(f for f in ("paged", "large") if r.get(f))
+        print(
+            f"seq {r['seq']}  id {r['id']}  priority {r['priority']}  deliveries {r['delivery_count']}  "
+            f"{r['body_size']} bytes{'  ' + flags if flags else ''}"
+        )
+        for k, v in sorted(r["headers"].items()):
+            print(f"  {k}: {v}")
+        prefix = "base64 " if r["body_encoding"] == "base64" else ""
+        print(f"  body: {prefix}{r['body_preview']!r}")
+    print(f"({len(rows)} messages)")
 
 
 def cmd_address(args: argparse.Namespace) -> int:
@@ -577,6 +633,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("create", "create a queue"),
         ("delete", "delete a queue"),
         ("purge", "remove every queued message"),
+        ("browse", "show queued messages (memory, then pages) without consuming them"),
+        ("move", "move (or --copy) queued messages to another address"),
+        ("retry", "send dead letters back to their original address"),
+        ("pause", "deliver nothing to the queue's consumers until resumed (kept across restarts)"),
+        ("resume", "deliver again"),
     ):
         x = qs.add_parser(name, help=hlp)
         _add_url(x)
@@ -596,6 +657,16 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "delete":
             x.add_argument("--force", action="store_true", help="also when it has consumers")
+        if name in ("browse", "move", "retry"):
+            x.add_argument("--selector", help="only messages matching this selector")
+        if name == "browse":
+            x.add_argument("--count", type=int, default=20, help="messages to show (default 20, at most 1000)")
+            x.add_argument("--preview", type=int, default=256, metavar="BYTES", help="body bytes shown (default 256)")
+            x.add_argument("--json", action="store_true")
+        if name == "move":
+            x.add_argument("--to", required=True, metavar="ADDRESS", help="the address to move them to")
+            x.add_argument("--copy", action="store_true", help="copy: the originals stay")
+            x.add_argument("--limit", type=int, help="move at most this many")
     q.set_defaults(func=cmd_queue)
 
     a = sub.add_parser("address", help="address administration")

@@ -152,7 +152,8 @@ def _print_paging(
     """Page files per address with their records, and each queue's cursor (where it reads next).
     Messages still ahead of a cursor count in "messages per queue", those of a page transaction
     with no PAGE_TX record (cut by a crash before its commit, decision 0049) do not, nor those a
-    queue acknowledged ahead of its cursor (PAGE_ACK, decision 0063)."""
+    queue acknowledged ahead of its cursor (PAGE_ACK: read back and acknowledged, decision 0063, or
+    moved away by an operator without being read back, decision 0066)."""
     page_acks = page_acks or set()
     directory = data / "paging"
     print(f"== paging ({directory})", file=out)

@@ -10,7 +10,9 @@ Artemis's model, smaller (docs/storage.md, "Paging"; decisions 0043-0045, 0063):
   and little in memory (its share of the address's limit). A message it reads back stays a page
   record (decision 0063): its ref knows its position, and whatever removes it for good writes a
   PAGE_ACK record; the queue's journaled cursor is its oldest position read back and not
-  acknowledged, and moves over the acknowledged prefix (deleting the PAGE_ACKs behind it).
+  acknowledged, and moves over the acknowledged prefix (deleting the PAGE_ACKs behind it). An
+  operator's move takes records out of a queue's pages where they are, without reading them back
+  (decision 0066): the same PAGE_ACK record, the same set of positions every reader skips.
 - A page is deleted once every queue's journaled cursor is past it and those cursors are
   durable; the address stops paging when no queue has a message paged or read back and
   unacknowledged.
@@ -123,6 +125,11 @@ class AddressPager:
         self.outstanding: dict[int, deque[tuple[int, int]]] = {}
         self.acked: dict[int, set[tuple[int, int]]] = {}
         self.acked_ahead: dict[int, set[tuple[int, int]]] = {}
+        # Positions acknowledged ahead of the cursor without being read back (an operator's move,
+        # decision 0066) whose PAGE_ACK's transaction is not handed to the journal yet: in
+        # `acked_ahead` already (no reader takes them), and the journaled cursor stays before them
+        # until then (a cursor written before the move's batch would lose the message in a crash).
+        self.pending_ahead: dict[int, set[tuple[int, int]]] = {}
         self.counts_ahead: dict[int, dict[tuple[int, int], int]] = {}
         self.spans_ahead: dict[int, list[tuple[tuple[int, int], tuple[int, int]]]] = {}  # purged (start, end)
         self.paged: dict[int, int] = {}  # queue id -> its messages still in pages
@@ -237,7 +244,15 @@ class AddressPager:
         self.cursors.pop(q.id, None)
         self.paged.pop(q.id, None)
         self.range_hints.pop(q.id, None)
-        for held in (self.done, self.outstanding, self.acked, self.acked_ahead, self.counts_ahead, self.spans_ahead):
+        for held in (
+            self.done,
+            self.outstanding,
+            self.acked,
+            self.acked_ahead,
+            self.pending_ahead,
+            self.counts_ahead,
+            self.spans_ahead,
+        ):
             held.pop(q.id, None)
         if q.durable:
             self.storage.delete_cursor(q)
@@ -255,7 +270,7 @@ class AddressPager:
         self.acked_ahead.pop(q.id, None)
         self.counts_ahead.pop(q.id, None)
         self.spans_ahead.pop(q.id, None)
-        if self.outstanding.get(q.id) and q.durable and self.storage.persistent:
+        if self._held(q.id) and q.durable and self.storage.persistent:
             # The journaled cursor is held at a message in delivery: the purged span is recorded,
             # or a restart would read it again.
             self.storage.store_page_skip(q, (start[0], start[1]), (head[0], head[1]), self.ids.next())
@@ -298,14 +313,46 @@ class AddressPager:
             acked.discard(out.popleft())
         self._advance(q, acks)
 
+    def acknowledge_record(self, q: Queue, page: int, index: int, tx: list[object]) -> None:
+        """Record `index` of `page`, ahead of `q`'s cursor and never read back, leaves `q` (an
+        operator's move, decision 0066): skipped by every reader from now on, its PAGE_ACK record
+        in `tx` (the transaction that routes its copy), and the journaled cursor held before it
+        until that transaction is handed to the journal."""
+        pos = (page, index)
+        self.acked_ahead.setdefault(q.id, set()).add(pos)
+        self.pending_ahead.setdefault(q.id, set()).add(pos)
+        self.paged[q.id] -= 1
+        if q.durable and self.storage.persistent:
+            self.storage.store_page_acks(q, [(self.ids.next(), page, index)], None, 0, tx)
+        tx.append(partial(self._ahead_acked, q, pos))
+
+    def _ahead_acked(self, q: Queue, pos: tuple[int, int]) -> None:
+        """The PAGE_ACK of `pos` is in the journal's queue: the cursor may pass it now."""
+        pending = self.pending_ahead.get(q.id)
+        if pending is None:  # the queue was deleted, or its address stopped paging meanwhile
+            return
+        pending.discard(pos)
+        if not pending:
+            del self.pending_ahead[q.id]
+        self._advance(q)
+
+    def _held(self, qid: int) -> bool:
+        """Whether `qid`'s journaled cursor is held behind where it reads (a message read back and
+        not acknowledged, or a move's acknowledgement not journaled yet)."""
+        return bool(self.outstanding.get(qid)) or bool(self.pending_ahead.get(qid))
+
     def _advance(self, q: Queue, acks: list[tuple[int, int, int]] | None = None) -> None:
         """Journal `q`'s new cursor (the first position read back and not acknowledged, else where
-        it reads next) if it moved, with `acks`; then delete the pages every cursor is past."""
+        it reads next, but never past a move's acknowledgement not journaled yet) if it moved,
+        with `acks`; then delete the pages every cursor is past."""
         out = self.outstanding.get(q.id)
         cur = self.cursors.get(q.id)
         if cur is None:
             return
         new = out[0] if out else (cur[0], cur[1])
+        pending = self.pending_ahead.get(q.id)
+        if pending:
+            new = min(new, min(pending))
         old = self.done.get(q.id)
         moved = old is None or new > old
         if moved:
@@ -636,7 +683,7 @@ class AddressPager:
                 pos[1] += 1
                 n += 1
             if (pos[0], pos[1]) > (cur[0], cur[1]):  # kept even when waiting: never read twice
-                if self.outstanding.get(q.id) and q.durable and self.storage.persistent:
+                if self._held(q.id) and q.durable and self.storage.persistent:
                     # The journaled cursor is held at a message in delivery: the span is recorded.
                     self.storage.store_page_skip(q, (cur[0], cur[1]), (pos[0], pos[1]), self.ids.next())
                 cur[0], cur[1] = pos
@@ -658,7 +705,7 @@ class AddressPager:
     def _collect(self) -> None:
         """Delete the pages every cursor is past (once the cursors are durable); stop paging when
         no queue has a paged message left."""
-        if not any(self.paged.values()) and not any(self.outstanding.values()):
+        if not any(self.paged.values()) and not any(self.outstanding.values()) and not self.pending_ahead:
             done = self.pages
             self.pages = []
             self.counts.clear()

@@ -575,9 +575,13 @@ class PostOffice:
         acks: list[tuple[Queue, list[MessageRef]]],
         dedup_id: str | None,
         paged_tx: PagedTx | None = None,
+        routes: list[list[Queue]] | None = None,
+        ops: list[object] | None = None,
     ) -> bool:
         """Apply a transaction atomically; returns whether journal records were written.
-        `paged_tx`: what it paged while open (decision 0055).
+        `paged_tx`: what it paged while open (decision 0055); `routes`: the queues of each
+        message when the caller routed them (an operator's move, core/queueops.py); `ops`:
+        journal records of the caller's that go into the transaction's batch.
 
         Raises DuplicateId (nothing applied) if a message repeats a dedup id.
         """
@@ -594,8 +598,10 @@ class PostOffice:
             seen.add(key)
         if duplicates:
             raise DuplicateId.of(duplicates)
-        routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
-        ops: list[object] = []
+        if routes is None:
+            routes = [self.route(m) for m in messages]  # may raise: nothing applied yet
+        if ops is None:
+            ops = []
         added: list[MessageRef] = []
         paged: list[tuple[AddressPager, Message, list[Queue]]] = []
         pending: dict[int, int] = {}  # address id -> bytes of this commit bound for its memory

@@ -114,6 +114,7 @@ class Queue:
         self._seq_reserved = seq_reserved
         self.scheduled_count = 0  # waiting out a redelivery delay
         self.deleted = False
+        self.paused = False  # receives and counts, delivers to no consumer (decision 0067)
         # statistics
         self.messages_added = 0
         self.messages_acked = 0
@@ -365,6 +366,10 @@ class Queue:
         self._scheduled = False
         if self.deleted:
             return
+        if self.paused:  # browsers only look: they go on (decision 0067)
+            if self.browsers:
+                self._dispatch_browsers()
+            return
         addr = self.addr
         pager = addr.pager if addr is not None else None
         if pager is not None and pager.active and self.consumers:
@@ -486,6 +491,53 @@ class Queue:
         if delivered >= MAX_PER_PASS:
             self.deliver_soon()
         return delivered
+
+    # ------------------------------------------- operator actions (decision 0066, 0067)
+    def set_paused(self, paused: bool) -> bool:
+        """Pause or resume delivery to consumers; journaled for a durable queue (the bindings
+        journal, with the queue). Whether anything changed."""
+        if paused == self.paused:
+            return False
+        self.paused = paused
+        if self.durable and self.storage.persistent:
+            self.storage.store_queue_status(self)
+        if not paused:
+            self.deliver_soon()
+        return True
+
+    def take(self, accept: Callable[[MessageRef], bool], limit: int = -1) -> list[MessageRef]:
+        """Take the queued messages `accept` accepts (delivery order, at most `limit`; < 0: all)
+        out of the queue as a delivery would: counted in delivery until acknowledged, or given back
+        with `give_back`. Messages in delivery or waiting out a redelivery delay are not seen."""
+        taken: list[MessageRef] = []
+        for level in reversed(self._levels):
+            if 0 <= limit <= len(taken):
+                break
+            if not level:
+                continue
+            keep: list[MessageRef] = []
+            for r in level:
+                if (limit < 0 or len(taken) < limit) and not r.removed and accept(r):
+                    taken.append(r)
+                else:
+                    keep.append(r)
+            if len(keep) < len(level):
+                level.clear()
+                level.extend(keep)
+        lvq = self.last_value_key is not None
+        for r in taken:
+            self._count -= 1
+            self._bytes -= r.message.size
+            if lvq:
+                self._forget_last_value(r)
+        self.delivering_count += len(taken)
+        return taken
+
+    def give_back(self, refs: list[MessageRef]) -> None:
+        """Refs `take` took come back as they were (not a failed delivery: counts unchanged)."""
+        self.delivering_count -= len(refs)
+        if not self.deleted:
+            self._requeue([r for r in refs if not r.removed])
 
     # ----------------------------------------------------- acks and cancels
     def acknowledge(self, refs: list[MessageRef], tx: list[object] | None = None) -> None:
@@ -749,6 +801,7 @@ class Queue:
             "delivering_count": self.delivering_count,
             "scheduled_count": self.scheduled_count,
             "consumer_count": len(self.consumers),
+            "paused": self.paused,
             "messages_added": self.messages_added,
             "messages_acknowledged": self.messages_acked,
             "messages_expired": self.messages_expired,

@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from ..core import queueops
 from ..core.dedup import tx_key
-from ..core.message import RoutingType
+from ..core.message import MessageRef, RoutingType
+from ..core.postoffice import check_name
 from ..errors import (
     ConnectionDoesNotExist,
     IllegalState,
     InvalidArgument,
+    InvalidSelector,
     QueueDoesNotExist,
     ResourceLimit,
     TandemError,
@@ -25,6 +28,7 @@ from ..errors import (
 from . import inventory
 from .audit import audit
 from .authorization import authorize_management
+from .queue_view import MAX_PREVIEW, describe, large_preview
 from .rates import RateTracker
 from .security import is_cluster_pair
 
@@ -112,6 +116,7 @@ class Admin:
             "broker.stop": self.broker_stop,
             "cluster.announce": self.cluster_announce,
             "tx.status": self.tx_status,
+            **self._queue_ops(),
         }
 
     @property
@@ -433,3 +438,124 @@ class Admin:
             raise InvalidArgument("cluster.announce needs a native connection")
         self.broker.backup_announced(conn, connector)
         reply(self.broker.topology())
+
+    # ----------------------------------------------- queue operations (issue 18, decisions 0066/0067)
+    BROWSE_SECONDS = 20.0  # a browse answers with what it found by then (pages it waits for)
+    TRANSFER_SECONDS = 600.0  # a move or retry stops by then: what is moved stays moved
+
+    def _queue_ops(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "queue.browse": self.queue_browse,
+            "queue.move": self.queue_move,
+            "queue.retry": self.queue_retry,
+            "queue.pause": self.queue_pause,
+            "queue.resume": self.queue_resume,
+        }
+
+    def _accept(self, op: str, selector: str | None) -> queueops.Accept | None:
+        if not selector:
+            return None
+        try:
+            return self.broker.require_active().compile_filter(selector).matches
+        except InvalidSelector as exc:
+            raise InvalidSelector(f"{op}: argument `selector`: {exc.message}") from None
+
+    def queue_browse(
+        self,
+        conn: Caller | None,
+        reply: Reply,
+        name: str,
+        count: int = 20,
+        selector: str | None = None,
+        preview: int = 256,
+    ) -> None:
+        """Up to `count` (at most 1000) queued messages, memory then pages, with a body preview of
+        `preview` bytes (at most 64 KiB); nothing moves."""
+        if count < 0:
+            raise InvalidArgument(f"queue.browse: argument `count` must be 0 or more, got {count}")
+        if not 0 <= preview <= MAX_PREVIEW:
+            raise InvalidArgument(f"queue.browse: argument `preview` must be 0 to {MAX_PREVIEW}, got {preview}")
+        po = self.broker.require_active()
+        q = po.queue(name)
+        peek = queueops.Peek(po, q, count, self._accept("queue.browse", selector))
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.BROWSE_SECONDS, peek.stop)
+
+        def found(refs: list[tuple[MessageRef, bool]]) -> None:
+            timer.cancel()
+            rows = [describe(ref, paged, preview) for ref, paged in refs]
+            large = [(i, ref.message) for i, (ref, _p) in enumerate(refs) if ref.message.large is not None]
+            store = getattr(self.broker.storage, "large", None)
+            if not large or not preview or store is None:
+                reply(rows)
+                return
+
+            def read() -> None:  # a worker thread: the messages held here keep their files
+                for i, m in large:
+                    lg = m.large
+                    assert lg is not None
+                    try:
+                        rows[i].update(large_preview(store.path(lg.name), lg.size, lg.compressed, preview))
+                    except OSError as exc:
+                        rows[i]["preview_error"] = str(exc)
+
+            task = loop.run_in_executor(None, read)
+            task.add_done_callback(lambda _f: reply(rows))
+
+        peek.start(found)
+
+    def _transfer(self, reply: Reply, t: queueops.Transfer, key: str) -> None:
+        timer = asyncio.get_running_loop().call_later(self.TRANSFER_SECONDS, t.stop)
+
+        def done(result: dict[str, Any]) -> None:
+            timer.cancel()
+            result[key] = result.pop("moved")
+            self.broker.storage.after_durable(lambda: reply(result))
+
+        t.start(done)
+
+    def queue_move(
+        self,
+        conn: Caller | None,
+        reply: Reply,
+        name: str,
+        to: str,
+        selector: str | None = None,
+        copy: bool = False,
+        limit: int | None = None,
+    ) -> None:
+        """Move (or `copy`) queued messages matching `selector` to the address `to`: each copy is
+        routed and its original acknowledged in one transaction; messages in delivery stay."""
+        if limit is not None and limit < 0:
+            raise InvalidArgument(f"queue.move: argument `limit` must be 0 or more, got {limit}")
+        try:
+            check_name("address", to)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"queue.move: argument `to`: {exc.message}") from None
+        po = self.broker.require_active()
+        q = po.queue(name)
+        if to == q.address:
+            raise InvalidArgument(f"queue.move: queue {name!r} is on address {to!r} already")
+        accept = self._accept("queue.move", selector)
+        plan = queueops.move_plan(po, q, to)
+        t = queueops.Transfer(po, q, plan, accept, -1 if limit is None else limit, keep=copy)
+        self._transfer(reply, t, "copied" if copy else "moved")
+
+    def queue_retry(self, conn: Caller | None, reply: Reply, name: str, selector: str | None = None) -> None:
+        """Send dead letters (or expired messages) of queue `name` back to their original address."""
+        po = self.broker.require_active()
+        q = po.queue(name)
+        t = queueops.Transfer(po, q, queueops.retry_plan(po, q), self._accept("queue.retry", selector))
+        self._transfer(reply, t, "retried")
+
+    def queue_pause(self, conn: Caller | None, reply: Reply, name: str) -> None:
+        """Deliver nothing more to the queue's consumers until resumed; kept across restarts."""
+        self._set_paused(reply, name, True)
+
+    def queue_resume(self, conn: Caller | None, reply: Reply, name: str) -> None:
+        self._set_paused(reply, name, False)
+
+    def _set_paused(self, reply: Reply, name: str, paused: bool) -> None:
+        q = self.broker.require_active().queue(name)
+        q.set_paused(paused)
+        self._after_bindings(reply, {"name": name, "paused": q.paused})

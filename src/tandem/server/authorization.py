@@ -27,6 +27,7 @@ VIEW_OPS = frozenset(
     {
         "queue.stat",
         "queue.list",
+        "queue.browse",
         "address.list",
         "connection.list",
         "consumer.list",
@@ -38,7 +39,13 @@ VIEW_OPS = frozenset(
         "tx.status",
     }
 )
-EDIT_OPS = frozenset({"queue.purge", "broker.stop", "connection.close"})
+EDIT_OPS = frozenset(
+    {"queue.purge", "broker.stop", "connection.close", "queue.move", "queue.retry", "queue.pause", "queue.resume"}
+)
+# Operations on one named queue: checked on the queue's address (queue.move also on its target).
+QUEUE_OPS = frozenset(
+    {"queue.stat", "queue.purge", "queue.browse", "queue.move", "queue.retry", "queue.pause", "queue.resume"}
+)
 # What a client's session does through MANAGE: checked as Artemis checks a session's create/delete.
 RESOURCE_OPS = frozenset({"queue.create", "queue.delete", "address.create", "address.delete"})
 OPEN_OPS = frozenset({"cluster.announce"})
@@ -60,12 +67,15 @@ def authorize_management(access: Access, postoffice: Callable[[], PostOffice], o
     if op in RESOURCE_OPS:
         _authorize_resource(access, postoffice(), op, args)
         return
-    if op in ("queue.stat", "queue.purge") and isinstance(name, str):
+    if op in QUEUE_OPS and isinstance(name, str):
         q = postoffice().queues.get(name)
         address = q.address if q is not None else name
     else:
         address = MANAGEMENT_ADDRESS
     access.check_management(op not in VIEW_OPS, address)
+    to = args.get("to")
+    if op == "queue.move" and isinstance(to, str) and to:
+        access.check_management(True, to)
 
 
 def _authorize_resource(access: Access, po: PostOffice, op: str, args: dict[str, Any]) -> None:

@@ -78,6 +78,7 @@ def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: 
             next_seq=max(lq.seq_reserved, 1),
             seq_reserved=lq.seq_reserved,
         )
+        q.paused = lq.paused
         po.restore_queue(q)
     for address, dedup_id, rid in state.dedup:
         po.restore_dedup(address, dedup_id, rid)

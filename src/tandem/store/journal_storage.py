@@ -39,6 +39,7 @@ from .records import (
     PageCursorRecord,
     PageDeliveryCountRecord,
     QueueRecord,
+    QueueStatusRecord,
     RecordType,
     encoder,
 )
@@ -50,6 +51,7 @@ _dec_address = msgspec.msgpack.Decoder(AddressRecord)
 # were written before the commit and so carry sequences relative to the commit's (decision 0055).
 _dec_tx_seqs = msgspec.msgpack.Decoder(list[tuple[int, int, int]])
 _dec_queue = msgspec.msgpack.Decoder(QueueRecord)
+_dec_status = msgspec.msgpack.Decoder(QueueStatusRecord)
 _dec_message = msgspec.msgpack.Decoder(MessageRecord)
 _dec_ack = msgspec.msgpack.Decoder(AckRecord)
 _dec_dc = msgspec.msgpack.Decoder(DeliveryCountRecord)
@@ -68,6 +70,7 @@ class LoadedQueue:
     id: int
     record: QueueRecord
     seq_reserved: int = 0
+    paused: bool = False
 
 
 @dataclass
@@ -277,6 +280,7 @@ class JournalStorage:
     def _bindings_state(self, live: dict[int, LiveRecord], state: LoadedState) -> int:
         """Addresses, queues and counters from the bindings journal; returns the highest broker id."""
         seqs: dict[int, int] = {}
+        paused: set[int] = set()
         top_id = 0
         for rid, lr in live.items():
             if rid >= COUNTER_RECORD_BASE:
@@ -292,11 +296,17 @@ class JournalStorage:
                 c = _dec_counter.decode(lr.body)
                 seqs[c.owner] = max(seqs.get(c.owner, 0), c.value)
                 self._counter_rids[(RecordType.QUEUE_SEQ, c.owner)] = rid
+            elif lr.user_type == RecordType.QUEUE_STATUS:
+                st = _dec_status.decode(lr.body)
+                if st.paused:
+                    paused.add(st.queue_id)
+                self._counter_rids[(RecordType.QUEUE_STATUS, st.queue_id)] = rid
             elif lr.user_type == RecordType.ID_COUNTER:
                 state.id_reserved = max(state.id_reserved, _dec_counter.decode(lr.body).value)
                 self._counter_rids[(RecordType.ID_COUNTER, 0)] = rid
         for lq in state.queues:
             lq.seq_reserved = seqs.get(lq.id, 0)
+            lq.paused = lq.id in paused
         if self.bindings.max_id >= COUNTER_RECORD_BASE:  # never reuse a deleted counter record's id
             self._next_counter_rid = max(self._next_counter_rid, self.bindings.max_id + 1)
         return top_id
@@ -389,16 +399,36 @@ class JournalStorage:
 
     def delete_queue(self, queue: Queue) -> None:
         ops = [Op(DELETE, 0, queue.id, b"")]
-        seq_rid = self._counter_rids.pop((RecordType.QUEUE_SEQ, queue.id), None)
-        if seq_rid is not None:
-            ops.append(Op(DELETE, 0, seq_rid, b""))
+        for kind in (RecordType.QUEUE_SEQ, RecordType.QUEUE_STATUS):
+            rid = self._counter_rids.pop((kind, queue.id), None)
+            if rid is not None:
+                ops.append(Op(DELETE, 0, rid, b""))
         self.bindings.batch(ops)
+        self.bindings.after_durable(partial(self._queue_records_gone, queue.id))
+
+    def _queue_records_gone(self, queue_id: int) -> None:
+        """A deleted queue's deletion is durable: its page records may go (those of a broker
+        stopping meanwhile go at its next start, as a reload deletes those of queues gone)."""
+        if self.messages.started and self.messages.failed is None:
+            self.delete_cursor_record(queue_id)
+
+    def store_queue_status(self, queue: Queue) -> None:
+        """Paused: a QUEUE_STATUS record (replacing any older one, atomically); resumed: none."""
+        if queue.paused:
+            self._store_counter_record(RecordType.QUEUE_STATUS, queue.id, _encode(QueueStatusRecord(queue.id)))
+            return
+        old = self._counter_rids.pop((RecordType.QUEUE_STATUS, queue.id), None)
+        if old is not None:
+            self.bindings.delete(old)
 
     def _store_counter(self, utype: RecordType, owner: int, value: int) -> None:
         """Replace a counter's record: add the new one and delete the old in one atomic batch."""
+        self._store_counter_record(utype, owner, _encode(CounterRecord(value, owner)))
+
+    def _store_counter_record(self, utype: RecordType, owner: int, body: bytes) -> None:
         rid = self._next_counter_rid
         self._next_counter_rid += 1
-        ops = [Op(ADD, utype, rid, _encode(CounterRecord(value, owner)))]
+        ops = [Op(ADD, utype, rid, body)]
         old = self._counter_rids.get((utype, owner))
         if old is not None:
             ops.append(Op(DELETE, 0, old, b""))
@@ -507,7 +537,9 @@ class JournalStorage:
         self.messages.batch(ops)
 
     def delete_cursor(self, queue: Queue) -> None:
-        self.delete_cursor_record(queue.id)
+        """A queue deleted: its page records (cursor, PAGE_ACK, PAGE_DELIVERY_COUNT) go once its
+        deletion is durable (`delete_queue`): gone before it, a crash would bring the queue back
+        reading its pages from the start, acknowledged and moved records included (decision 0066)."""
 
     def store_page_tx(self, tx: int, ops: list[object], seqs: list[tuple[int, int, int]] | None = None) -> None:
         """The record that makes page transaction `tx`'s paged messages visible (decision 0049),
@@ -691,6 +723,9 @@ class NullStorage:
         pass
 
     def store_queue_seq(self, queue: Queue, reserved: int) -> None:
+        pass
+
+    def store_queue_status(self, queue: Queue) -> None:
         pass
 
     def reserve_ids(self, upto: int) -> None:

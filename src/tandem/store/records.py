@@ -13,6 +13,7 @@ class RecordType(IntEnum):
     QUEUE = 2
     QUEUE_SEQ = 3
     ID_COUNTER = 4
+    QUEUE_STATUS = 5  # a paused queue (decision 0067); no record: delivering
     # messages journal
     MESSAGE = 10
     ACK = 11
@@ -20,7 +21,7 @@ class RecordType(IntEnum):
     DUPLICATE_ID = 13
     PAGE_CURSOR = 14  # where a queue reads its address's page files next
     PAGE_TX = 15  # a committed transaction's paged messages are visible (decision 0049)
-    PAGE_ACK = 16  # a queue acknowledged one record of its pages, ahead of its cursor (decision 0063)
+    PAGE_ACK = 16  # one record of its pages left a queue, ahead of its cursor (decisions 0063, 0066)
     PAGE_DELIVERY_COUNT = 17  # failed deliveries of a page record read back by a queue (decision 0063)
     # page files (paging/)
     PAGED_MESSAGE = 20
@@ -48,6 +49,13 @@ class QueueRecord(msgspec.Struct, array_like=True, gc=False):
     exclusive: bool = False
     last_value_key: str | None = None
     reader_only: bool = False
+
+
+class QueueStatusRecord(msgspec.Struct, array_like=True, gc=False):
+    """A queue's operator state: paused (delivers to no consumer). Replaced, never updated."""
+
+    queue_id: int
+    paused: bool = True
 
 
 class LargeRecord(msgspec.Struct, array_like=True, gc=False):
@@ -92,8 +100,9 @@ class PageCursorRecord(msgspec.Struct, array_like=True, gc=False):
 
 
 class PageAckRecord(msgspec.Struct, array_like=True, gc=False):
-    """A queue acknowledged record `index` of `page` (one it read back; its cursor is behind it);
-    with `end_page`, every record of the queue from there up to (`end_page`, `end_index`): a purge
+    """Record `index` of `page` is no longer queue `queue_id`'s, ahead of its journaled cursor:
+    read back and acknowledged (decision 0063), or moved away without being read back (decision
+    0066); with `end_page`, every record of the queue from there up to (`end_page`, `end_index`): a purge
     while messages read back are in delivery."""
 
     queue_id: int
