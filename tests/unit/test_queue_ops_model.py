@@ -364,3 +364,47 @@ def test_a_move_through_pages_while_a_consumer_reads_them_moves_each_message_onc
         assert done.result()["moved"] == len(dst) > 0 and consumed
     finally:
         m.teardown()
+
+
+def test_a_cursor_never_passes_a_paged_record_whose_move_is_not_journaled_yet() -> None:
+    """A move's PAGE_ACK travels in its copy's transaction, which waits for the target's page
+    writes when the target pages. Meanwhile the source's consumer reads on past the moved record:
+    a cursor journaled past it before the move's batch, and a crash then, would leave the message
+    in neither queue (the target's page transaction never committed). Here the move's transaction
+    is held back, the source read past the record and its cursor written; a crash (the journals
+    stopped with the move's batch never handed over) must find the message still in the source."""
+    m = QueueOps()
+    try:
+        m.send("src", 40, 50, ["red"])
+        q = m.po.queue("src")
+        pager = q.addr.pager if q.addr is not None else None
+        assert pager is not None and pager.paged.get(q.id)
+        pos = list(pager.cursors[q.id])
+        found = None
+        for _try in range(200):
+            found = pager.next_record(q, pos)
+            if found is not True:
+                break
+            m._run(asyncio.sleep(0.005))
+        assert isinstance(found, tuple)
+        moved = serial(Message.decode(found[0].mid, msgspec.Raw(found[0].raw)))
+        held: list[object] = []  # the move's transaction, never handed to the journal
+        pager.acknowledge_record(q, pos[0], pos[1], held)
+        consumed: list[int] = []
+        for _ in range(len(m.model["src"])):  # a consumer reads and acknowledges past it
+            ref = m._memory_head(q)
+            if ref is None:
+                break
+            q.delivering_count += 1
+            q.acknowledge([ref])
+            consumed.append(serial(ref.message))
+            if (pager.cursors[q.id][0], pager.cursors[q.id][1]) > (pos[0], pos[1]) and len(consumed) > 10:
+                break
+        assert moved not in consumed and (pager.cursors[q.id][0], pager.cursors[q.id][1]) > (pos[0], pos[1])
+        m._quiet()
+        m.restart()  # the move's batch was never written: as a crash before the target's pages were durable
+        src = contents(m.po.queue("src"))
+        assert moved in src, f"message {moved} lost: moved away by a transaction that never reached the journal"
+        assert sorted(consumed + src) == sorted(m.model["src"])
+    finally:
+        m.teardown()
