@@ -1,11 +1,6 @@
 """The queue page's operations in the console (docs/console.md "A queue") against real brokers:
 browse with a selector, move by selector, retry dead letters, pause and resume, each through its
 confirmation dialog, each checked against what the broker then holds.
-
-Not collected yet (no `test_` prefix): the operations are slice mgmt-queue-ops's, not on this
-branch. At the merge of mgmt-queue-ops and its routes (browse, move, retry, pause, resume in
-management/routes.py), rename this file to test_console_queue_ops.py; both tests passed against
-a trial merge of mgmt-api + mgmt-queue-ops + those routes (2026-11-27).
 """
 
 from __future__ import annotations
