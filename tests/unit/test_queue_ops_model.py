@@ -408,3 +408,22 @@ def test_a_cursor_never_passes_a_paged_record_whose_move_is_not_journaled_yet() 
         assert sorted(consumed + src) == sorted(m.model["src"])
     finally:
         m.teardown()
+
+
+def test_moving_every_paged_message_away_ends_paging_and_deletes_the_pages() -> None:
+    """The source's cursor never moved (nothing was read back): once the move's acknowledgements
+    are journaled the address has nothing paged left, stops paging and its pages go."""
+    m = QueueOps()
+    try:
+        m.send("src", 40, 50, ["red", "blue"])
+        q = m.po.queue("src")
+        pager = q.addr.pager if q.addr is not None else None
+        assert pager is not None and pager.active and pager.pages and q.paged_count
+        t = queueops.Transfer(m.po, q, queueops.move_plan(m.po, q, "dst"), None)
+        assert m._transfer(t)["moved"] == 40
+        assert not pager.active and not pager.pages and not pager.pending_ahead
+        assert pager.store.paged_bytes(q.addr.id) == 0  # type: ignore[union-attr]
+        m.restart()
+        assert contents(m.po.queue("src")) == [] and contents(m.po.queue("dst")) == list(range(40))
+    finally:
+        m.teardown()
