@@ -335,6 +335,8 @@ class AddressPager:
         if not pending:
             del self.pending_ahead[q.id]
         self._advance(q)
+        if not self.pending_ahead and not any(self.paged.values()):
+            self._collect()  # (the cursor may not have moved: nothing is left to read)
 
     def _held(self, qid: int) -> bool:
         """Whether `qid`'s journaled cursor is held behind where it reads (a message read back and
