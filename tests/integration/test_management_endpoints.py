@@ -150,6 +150,36 @@ def test_purge(broker_factory: Factory) -> None:
     assert a.status == 404 and a.code == "QUEUE_DOES_NOT_EXIST"
 
 
+def test_queue_operations(broker_factory: Factory) -> None:
+    """Browse (query values converted to the op's types), move by selector, pause and resume,
+    retry: the routes of docs/management.md "Queue operations"."""
+    b, api = start(broker_factory)
+    with connect(b.url) as conn:
+        conn.session().create_queue("elsewhere")
+        p = conn.session().create_producer("work")
+        for i in range(5):
+            p.send(f"message {i}".encode(), properties={"n": i, "kind": "odd" if i % 2 else "even"})
+    rows = api.ok("GET", "/api/queues/work/messages?count=2&preview=7")
+    assert [r["body_preview"] for r in rows] == ["message", "message"] and rows[0]["headers"]["n"] == 0
+    odd = api.ok("GET", "/api/queues/work/messages?" + "selector=" + quote("kind = 'odd'"))
+    assert [r["headers"]["n"] for r in odd] == [1, 3]
+    bad = api.request("GET", "/api/queues/work/messages?count=many")
+    assert bad.status == 400 and bad.code == "INVALID_ARGUMENT"
+    assert api.ok("POST", "/api/queues/work/move", {"to": "elsewhere", "selector": "kind = 'odd'"}) == {
+        "moved": 2,
+        "left": 0,
+    }
+    assert api.ok("GET", "/api/queues/elsewhere")["message_count"] == 2
+    assert api.ok("POST", "/api/queues/work/move", {"to": "elsewhere", "copy": True, "limit": 1})["copied"] == 1
+    assert api.ok("GET", "/api/queues/work")["message_count"] == 3
+    assert api.ok("POST", "/api/queues/work/pause") == {"name": "work", "paused": True}
+    assert api.ok("GET", "/api/queues/work")["paused"] is True
+    assert api.ok("POST", "/api/queues/work/resume") == {"name": "work", "paused": False}
+    assert api.ok("POST", "/api/queues/work/retry", {})["retried"] == 0  # no dead letters: nothing has an origin
+    missing = api.request("POST", "/api/queues/nope/pause")
+    assert missing.status == 404 and missing.code == "QUEUE_DOES_NOT_EXIST"
+
+
 def test_connections_consumers_and_closing_one(broker_factory: Factory) -> None:
     b, api = start(broker_factory)
     st = stomp.Connection12([("127.0.0.1", b.ports["stomp"])])

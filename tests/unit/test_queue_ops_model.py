@@ -427,3 +427,31 @@ def test_moving_every_paged_message_away_ends_paging_and_deletes_the_pages() -> 
         assert contents(m.po.queue("src")) == [] and contents(m.po.queue("dst")) == list(range(40))
     finally:
         m.teardown()
+
+
+def test_a_deleted_queues_page_records_go_once_its_deletion_is_durable() -> None:
+    """Its cursor and PAGE_ACK records deleted before the queue's deletion is in the bindings
+    journal, a crash between the two would bring the queue back reading its pages from the start:
+    its acknowledged and moved messages with it."""
+    m = QueueOps()
+    try:
+        m.send("dst", 40, 50, ["red", "blue"])
+        m.consume("dst", 10)
+        m.consume("dst", 10)  # read back from the pages: a cursor record
+        q = m.po.queue("dst")
+        red = compile_selector("colour = 'red'").matches
+        t = queueops.Transfer(m.po, q, queueops.move_plan(m.po, q, "src"), red, 4)
+        assert m._transfer(t)["moved"] == 4
+        storage = m.storage
+        assert storage is not None
+        m.po.delete_queue("dst", force=True)  # (its purge journals the cursor at the head first)
+        held = [storage._cursor_rids[q.id], *storage._page_acks.get(q.id, {}).values()]
+        assert all(storage.messages.contains(rid) for rid in held)  # the deletion is not durable yet
+        m._quiet()
+        assert not any(storage.messages.contains(rid) for rid in held)
+        m.model["dst"] = []
+        m.po.create_queue("dst", "dst", RoutingType.ANYCAST)
+        m.restart()
+        assert contents(m.po.queue("dst")) == []
+    finally:
+        m.teardown()
