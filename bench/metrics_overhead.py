@@ -27,6 +27,7 @@ sys.path.insert(0, str(BENCH))
 
 from brokers.tandem import TandemBroker  # noqa: E402
 from compare import _fmt, _run_json  # noqa: E402
+from cpu_per_message import cpu  # noqa: E402
 from memory import _cpu  # noqa: E402
 
 MANAGEMENT = '[management]\nbind = "127.0.0.1:0"\n'
@@ -64,6 +65,21 @@ class Scraper:
         self._thread.join(15)
 
 
+def scrape_cost(pid: int, url: str, n: int = 50) -> float:
+    """The broker's CPU seconds per scrape: `n` scrapes back to back on an idle broker, less what
+    it spends idle over the same time. Steady where throughput is not: multiplied by the scrape
+    rate and divided by the broker's CPU per second under load, it is the scraper's share."""
+    c0, t0 = cpu(pid), time.monotonic()
+    for _ in range(n):
+        with urllib.request.urlopen(url, timeout=10) as r:
+            r.read()
+    busy, took = cpu(pid) - c0, time.monotonic() - t0
+    c1 = cpu(pid)
+    time.sleep(took)
+    idle = cpu(pid) - c1
+    return max(busy - idle, 0.0) / n
+
+
 async def _make_queues(url: str, n: int) -> None:
     import tandem.aio as aio
 
@@ -95,10 +111,12 @@ def main() -> int:
         perf = [sys.executable, "-m", "tandem", "perf", "pair", "--url", b.url, "--json", "--no-progress",
                 "--producers", str(a.producers), "--consumers", str(a.consumers)]  # fmt: skip
         _run_json([*perf, "--count", str(a.warmup)], 600)
+        per_scrape = scrape_cost(b.pid, metrics_url)
         order = []
         for i in range(a.repeat):  # A B B A A B ...: each mode as often first as second
             order += ["off", "scraper"] if i % 2 == 0 else ["scraper", "off"]
         for mode in order:
+            cpu0 = cpu(b.pid)
             if mode == "scraper":
                 with Scraper(metrics_url, a.interval) as s:
                     r = _run_json([*perf, "--count", str(a.count)], 1800)
@@ -109,10 +127,12 @@ def main() -> int:
                 r["scrape_bytes"] = s.sizes[-1] if s.sizes else None
             else:
                 r = _run_json([*perf, "--count", str(a.count)], 1800)
+            r["broker_cpu_us_per_msg"] = round((cpu(b.pid) - cpu0) * 1e6 / a.count, 2)
             r["driver"] = mode
             r["broker"] = "tandem"
             runs.append(r)
-            extra = f"  scrapes {r['scrapes']} median {r['scrape_ms_median']} ms" if mode == "scraper" else ""
+            extra = f"  broker {r['broker_cpu_us_per_msg']} us/msg"
+            extra += f"  scrapes {r['scrapes']} median {r['scrape_ms_median']} ms" if mode == "scraper" else ""
             print(_fmt(r) + extra, flush=True)
     summary: dict[str, Any] = {}
     for mode in ("off", "scraper"):
@@ -121,17 +141,36 @@ def main() -> int:
             "msgs_per_s": round(statistics.median(r["msgs_per_s"] for r in rs)),
             "p99_ms": round(statistics.median(r["latency_ms"]["p99"] for r in rs), 2),
             "all_msgs_per_s": [round(r["msgs_per_s"]) for r in rs],
+            "broker_cpu_us_per_msg": round(statistics.median(r["broker_cpu_us_per_msg"] for r in rs), 2),
+            "all_broker_cpu_us_per_msg": [r["broker_cpu_us_per_msg"] for r in rs],
         }
     ratio = summary["scraper"]["msgs_per_s"] / summary["off"]["msgs_per_s"]
     summary["scraper_vs_off"] = round(ratio, 4)
     summary["difference_pct"] = round((1 - ratio) * 100, 2)
+    # Throughput of 3-second runs moves by 10-20 % from run to run on this 2-core machine, far more
+    # than the 2 % asked for; the broker's CPU per message is the steadier measure of what the
+    # scrapes cost it (docs/performance.md), and the target is judged on it.
+    cost = summary["scraper"]["broker_cpu_us_per_msg"] / summary["off"]["broker_cpu_us_per_msg"] - 1
+    summary["broker_cpu_difference_pct"] = round(cost * 100, 2)
+    # The scrapes' own cost, measured alone: CPU per scrape x scrapes per second, against the CPU
+    # the broker spends per second at the off runs' rate.
+    load = summary["off"]["broker_cpu_us_per_msg"] * 1e-6 * summary["off"]["msgs_per_s"]
+    share = per_scrape / a.interval / load
+    summary["broker_cpu_ms_per_scrape"] = round(per_scrape * 1000, 3)
+    summary["scrape_share_of_broker_cpu_pct"] = round(share * 100, 3)
+    # The issue's test is the interleaved A/B itself: throughput within 2 %.
     summary["target_met"] = abs(1 - ratio) <= 0.02
     slower = summary["difference_pct"]
     how = f"{slower} % slower" if slower >= 0 else f"{-slower} % faster (noise)"
     met = "met" if summary["target_met"] else "NOT met"
     print(
         f"\noff {summary['off']['msgs_per_s']:,} msg/s, scraper every {a.interval} s "
-        f"{summary['scraper']['msgs_per_s']:,} msg/s: {how} (target within 2 %: {met})"
+        f"{summary['scraper']['msgs_per_s']:,} msg/s: {how} (target within 2 %: {met})\n"
+        f"broker CPU per message: off {summary['off']['broker_cpu_us_per_msg']} us, scraper "
+        f"{summary['scraper']['broker_cpu_us_per_msg']} us: {summary['broker_cpu_difference_pct']:+} % "
+        "(noise: see the runs)\n"
+        f"one scrape costs the broker {summary['broker_cpu_ms_per_scrape']} ms of CPU: every {a.interval} s that is "
+        f"{summary['scrape_share_of_broker_cpu_pct']} % of its CPU at the off runs' rate"
     )
     result = {
         "benchmark": "metrics-overhead",
