@@ -419,7 +419,8 @@ class AsyncSession:
         try:
             if not self.conn.closed and self.conn.ready:
                 unseen = {cid: c._unseen() for cid, c in self.consumers.items() if c.buffer}
-                await self.conn.call(ch, lambda cmd: p.CloseSession(ch.id, cmd, unseen))
+                received = {cid: c.received for cid, c in self.consumers.items() if not c.browse_only}
+                await self.conn.call(ch, lambda cmd: p.CloseSession(ch.id, cmd, unseen, received))
         finally:
             for c in self.consumers.values():
                 c._mark_closed(None)
@@ -1135,5 +1136,6 @@ class AsyncConsumer:
         await session.conn.until_reattached()
         if not session.conn.closed and session.conn.ready:
             unseen = self._unseen()
-            await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id, unseen))
+            got = self.received
+            await session.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, self.id, unseen, got))
         self._mark_closed(None)

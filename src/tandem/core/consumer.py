@@ -78,6 +78,7 @@ class Consumer:
         "on_idle",
         "owner",
         "queue",
+        "sent",
         "since",
         "sink",
         "window",
@@ -104,6 +105,7 @@ class Consumer:
         self.browse_only = browse_only
         self.owner = owner
         self.delivering: OrderedDict[int, MessageRef] = OrderedDict()
+        self.sent = 0  # deliveries handed to the sink (a client that closes says how many it got)
         self.delivered_bytes = 0  # bytes delivered and not yet acknowledged
         self.closed = False
         self.on_idle: Callable[[], None] | None = None
@@ -137,12 +139,21 @@ class Consumer:
             self.credits -= 1 if self.message_mode else size
         if not self.browse_only:
             self.delivering[m.id] = ref
+            self.sent += 1
             self.delivered_bytes += size
             a = self.account
             if a is not None:
                 a.messages += 1
                 a.bytes += size
         self.sink.deliver(self, ref)
+
+    def in_flight(self, received: int) -> list[int]:
+        """Ids of the deliveries a client that got `received` of them never had: the last ones
+        sent (acknowledgements only ever remove earlier ones)."""
+        n = min(self.sent - received, len(self.delivering))
+        if received < 0 or n <= 0:
+            return []
+        return list(self.delivering)[-n:]
 
     def take_acked(self, message_id: int, cumulative: bool) -> list[MessageRef]:
         """Remove and return the deliveries an ack covers (in delivery order)."""

@@ -97,6 +97,8 @@ class CloseSession(Packet, tag=11):
     # consumer id -> ids of messages it received but never handed to the application: they
     # go back without counting as a failed delivery (see CloseConsumer)
     unseen: dict[int, list[int]] = {}
+    # consumer id -> deliveries it received (-1 or absent: not said); those sent after are in flight
+    received: dict[int, int] = {}
 
 
 class Send(Packet, tag=12):
@@ -120,6 +122,7 @@ class CloseConsumer(Packet, tag=14):
     cmd: int
     consumer_id: int
     unseen: list[int] = []  # still in the client's buffer: returned without a delivery count + 1
+    received: int = -1  # deliveries it received; those sent after were in flight: unseen too (-1: not said)
 
 
 class Flow(Packet, tag=15):

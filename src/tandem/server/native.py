@@ -769,7 +769,12 @@ class NativeConnection(asyncio.Protocol):
         s = self.sessions.pop(pkt.channel, None)
         if s is not None:
             s.drop_large()
-            s.core.close({cid: set(ids) for cid, ids in pkt.unseen.items()})
+            unseen = {cid: set(ids) for cid, ids in pkt.unseen.items()}
+            for cid, got in pkt.received.items():  # and what was still on its way to the client
+                c = s.core.consumers.get(cid)
+                if c is not None:
+                    unseen.setdefault(cid, set()).update(c.in_flight(got))
+            s.core.close(unseen)
         self.send(p.Response(pkt.channel, pkt.cmd, None))
         r = self.replay.get(pkt.channel)
         if r is not None:  # its last command id stays: a replayed CLOSE must not open it again
@@ -901,7 +906,11 @@ class NativeConnection(asyncio.Protocol):
 
     def on_close_consumer(self, pkt: p.CloseConsumer) -> None:
         s = self._session(pkt.channel)
-        s.core.close_consumer(pkt.consumer_id, set(pkt.unseen))
+        unseen = set(pkt.unseen)
+        c = s.core.consumers.get(pkt.consumer_id)
+        if c is not None:  # and what was still on its way to the client
+            unseen.update(c.in_flight(pkt.received))
+        s.core.close_consumer(pkt.consumer_id, unseen)
         self.send(p.Response(pkt.channel, pkt.cmd, None))
 
     def on_flow(self, pkt: p.Flow) -> None:

@@ -82,6 +82,7 @@ def take_lost_deliveries(consumer: Consumer, lost: int) -> list[Any]:
     if n <= 0:
         return []
     refs = list(d.values())[-n:]
+    consumer.sent -= n  # (counted again as they are sent again)
     size = 0
     for ref in refs:
         del d[ref.message.id]
