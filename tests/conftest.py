@@ -45,3 +45,21 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
         yield zk
     finally:
         zk.stop()
+
+
+# The longest work first, so that no worker is left with it at the end while the other idles:
+# the Spark tests run as one unit on one worker (tests/spark/conftest.py), then the chaos and
+# crash loops, then everything else in its usual order.
+LONGEST_FIRST = (
+    "tests/spark/",
+    "tests/chaos/",
+    "tests/integration/test_crash.py",
+    "tests/integration/test_tx_crash.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the order within each rank stays

@@ -426,5 +426,5 @@ class PagedStore(RuleBasedStateMachine):
 
 TestPagedStore = PagedStore.TestCase
 TestPagedStore.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+    max_examples=30, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )

@@ -310,7 +310,7 @@ class QueueOps(RuleBasedStateMachine):
 
 TestQueueOps = QueueOps.TestCase
 TestQueueOps.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+    max_examples=30, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
 
 
