@@ -461,17 +461,19 @@
     return text(v);
   }
 
-  // A list endpoint's items (an array, or `{items}`); null on an error, which the box in `err`
-  // then shows (the items on screen stay as they were).
-  async function loadList(path, err) {
+  // Hands a list endpoint's items (an array, or `{items}`) to `show`; on an error the box in
+  // `err` says why and the items on screen stay as they were.
+  async function loadList(path, err, show) {
+    let items;
     try {
       const res = await api("GET", path);
-      replace(err);
-      return Array.isArray(res) ? res : res.items || [];
+      items = Array.isArray(res) ? res : res.items || [];
     } catch (e) {
       replace(err, errorBox(e));
-      return null;
+      return;
     }
+    replace(err);
+    show(items);
   }
 
   function errorBox(e) {
@@ -1055,13 +1057,11 @@
     }
 
     const view = {
-      async refresh() {
-        const got = await loadList("/api/connections", err);
-        if (got) {
+      refresh: () =>
+        loadList("/api/connections", err, (got) => {
           items = got;
           render();
-        }
-      },
+        }),
     };
     return view;
   }
@@ -1107,13 +1107,11 @@
     }
 
     return {
-      async refresh() {
-        const got = await loadList("/api/consumers", err);
-        if (got) {
+      refresh: () =>
+        loadList("/api/consumers", err, (got) => {
           items = got;
           render();
-        }
-      },
+        }),
     };
   }
 
@@ -1162,13 +1160,11 @@
     }
 
     return {
-      async refresh() {
-        const got = await loadList("/api/addresses", err);
-        if (got) {
+      refresh: () =>
+        loadList("/api/addresses", err, (got) => {
           items = got;
           render();
-        }
-      },
+        }),
     };
   }
 
