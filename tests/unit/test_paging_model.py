@@ -17,7 +17,6 @@ cursors, they must still equal it.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+import store_loop
 from tandem.core.address import MemoryLimits
 from tandem.core.consumer import Consumer
 from tandem.core.ids import IdGenerator
@@ -116,29 +116,15 @@ class PagedStore(RuleBasedStateMachine):
         return po
 
     def _run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, 20))
+        return store_loop.run(self.loop, coro, 20)
 
     def _quiet(self) -> None:
         """Let every write finish (pages, then the journals) and the loop run its callbacks."""
         assert self.storage is not None
-        storage = self.storage
-
-        async def settle() -> None:
-            for _ in range(3):
-                done: asyncio.Future[None] = self.loop.create_future()
-                storage.after_durable(lambda fut=done: fut.done() or fut.set_result(None))  # type: ignore[misc]
-                await done
-                await asyncio.sleep(0)
-
-        self._run(settle())
+        store_loop.settle(self.loop, self.storage, 20)
 
     def teardown(self) -> None:
-        try:
-            if self.storage is not None:
-                self._run(self.storage.stop())
-        finally:
-            self.loop.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
+        store_loop.close(self.loop, self.storage, Path(self.dir), 20)
 
     # ---------------------------------------------------------------- rules
     @rule(address=st.sampled_from(["work", "news"]), n=st.integers(1, 30), size=st.integers(1, 120))

@@ -13,7 +13,6 @@ paused flags must still equal the model's.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+import store_loop
 from tandem.core import queueops
 from tandem.core.address import MemoryLimits
 from tandem.core.consumer import Consumer
@@ -126,28 +126,15 @@ class QueueOps(RuleBasedStateMachine):
         return po
 
     def _run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, 30))
+        return store_loop.run(self.loop, coro, 30)
 
     def _quiet(self) -> None:
+        """Let every write finish (pages, then the journals) and the loop run its callbacks."""
         assert self.storage is not None
-        storage = self.storage
-
-        async def settle() -> None:
-            for _ in range(3):
-                done: asyncio.Future[None] = self.loop.create_future()
-                storage.after_durable(lambda fut=done: fut.done() or fut.set_result(None))  # type: ignore[misc]
-                await done
-                await asyncio.sleep(0)
-
-        self._run(settle())
+        store_loop.settle(self.loop, self.storage, 30)
 
     def teardown(self) -> None:
-        try:
-            if self.storage is not None:
-                self._run(self.storage.stop())
-        finally:
-            self.loop.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
+        store_loop.close(self.loop, self.storage, Path(self.dir), 30)
 
     def _memory_head(self, q: Queue) -> MessageRef | None:
         """The queue's next message in memory, read back from its pages if need be."""
