@@ -48,8 +48,7 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
 
 
 # The longest work first, so that no worker is left with it at the end while the other idles:
-# the Spark tests run as one unit on one worker (tests/spark/conftest.py), then the chaos and
-# crash loops, then everything else in its usual order.
+# the Spark tests, then the chaos and crash loops, then everything else in its usual order.
 LONGEST_FIRST = (
     "tests/spark/",
     "tests/chaos/",
@@ -57,9 +56,38 @@ LONGEST_FIRST = (
     "tests/integration/test_tx_crash.py",
 )
 
+# Tests that share one costly thing run on one worker: one JVM and SparkSession for tests/spark,
+# one Chromium for tests/browser, and the chaos runs one after the other (each starts a pair, a
+# ZooKeeper and a dozen clients). Not xdist_group marks: pytest-xdist 3.8 writes the group into
+# `item._nodeid`, which pytest 9 no longer reads, so `--dist loadgroup` groups nothing.
+GROUPS = {
+    "tests/spark/": "spark",
+    "tests/browser/": "browser",
+    "tests/chaos/test_chaos_run.py": "chaos",
+}
+
+
+def group_of(nodeid: str) -> str:
+    """The scheduling unit of a test: its group, or the test itself."""
+    return next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
 
     items.sort(key=rank)  # stable: the order within each rank stays
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup` with GROUPS as the groups (largest group first, then the rest in order)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)

@@ -1,9 +1,10 @@
 """The web console in a real browser: Playwright for Python driving Debian's `chromium`
 (scripts/ensure-chromium.sh installs it) through `executable_path`, against real brokers.
 
-Every test here runs on one pytest-xdist worker (one Chromium for them all, as tests/spark
-shares one JVM). TANDEM_SCREENSHOTS=1 also writes the screenshots of docs/console.md into
-docs/images/ (console_pages.screenshot; off by default, so a test run does not rewrite the docs).
+Every test here runs on one pytest-xdist worker (GROUPS in tests/conftest.py): one Chromium for
+them all, as tests/spark shares one JVM. TANDEM_SCREENSHOTS=1 also writes the screenshots of
+docs/console.md into docs/images/ (console_pages.screenshot; off by default, so a test run does
+not rewrite the docs).
 """
 
 from __future__ import annotations
@@ -67,10 +68,3 @@ def other_page(browser: Browser) -> Iterator[Page]:
     """A second user at another browser: its own cookies."""
     with _fresh_page(browser) as p:
         yield p
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n` every browser test runs on one worker: one Chromium, not one per worker."""
-    for item in items:
-        if HERE in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.xdist_group("browser"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -164,6 +165,10 @@ def test_kill_of_the_primary_mid_consume_the_backup_redelivers_it_whole(started:
 
     async def run() -> None:
         async with await aio.connect(pair.url + opts(retry_interval=100)) as conn:
+            # A fixed small receive buffer: the kernel's autotuning (tcp_rmem up to 32 MiB here)
+            # could otherwise take the whole body in before the kill, and it would arrive whole.
+            sock = conn._proto.transport.get_extra_info("socket")  # type: ignore[union-attr]
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
             s = await conn.create_session(ack_mode="client")
             cons = await s.create_consumer(QUEUE)
             deadline = time.monotonic() + 10

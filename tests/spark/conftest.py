@@ -58,11 +58,3 @@ def arm_fault() -> Iterator[Any]:
     for m in armed:
         m.unlink(missing_ok=True)
         Path(str(m) + ".fired").unlink(missing_ok=True)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n` every Spark test runs on one worker: one JVM and one session, not one per worker."""
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
