@@ -160,6 +160,12 @@ def test_queue_administration(running: BrokerProcess) -> None:
     assert (stat["message_count"], stat["messages_added"], stat["durable"]) == (7, 7, True)
     table = parse_table(ok("queue", "stat", "--url", url))
     assert table["orders"]["MESSAGE_COUNT"] == "7"
+    assert table["orders"]["PAUSED"] == "False"
+    assert "queue 'orders' is paused" in ok("queue", "pause", "--url", url, "orders")
+    assert parse_table(ok("queue", "stat", "--url", url))["orders"]["PAUSED"] == "True"
+    assert parse_table(ok("queue", "stat", "--url", url, "orders"))["orders"]["PAUSED"] == "True"
+    assert "queue 'orders' is delivering" in ok("queue", "resume", "--url", url, "orders")
+    assert parse_table(ok("queue", "stat", "--url", url))["orders"]["PAUSED"] == "False"
 
     assert "purged 7 messages from 'orders'" in ok("queue", "purge", "--url", url, "orders")
     assert queue_stat(url, "orders")["message_count"] == 0
