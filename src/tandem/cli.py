@@ -275,6 +275,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
             "message_count",
             "delivering_count",
             "consumer_count",
+            "paused",
             "messages_added",
             "messages_acknowledged",
             "paging",
