@@ -241,6 +241,89 @@ def test_journal(broker_factory: Factory) -> None:
     assert Api.of(m).ok("GET", "/api/journal") == {"persistence": False, "journals": {}}
 
 
+PAGED = {"paged.#": {"max-size-bytes": 32 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 8 * 1024}}
+LARGE = 16 * 1024  # the client's min_large_message_size here
+
+
+def on_disk(directory: Path, suffix: str) -> dict[str, int]:
+    """The files of a store directory ending in `suffix`, with their sizes."""
+    return {p.name: p.stat().st_size for p in directory.iterdir() if p.name.endswith(suffix)}
+
+
+def test_journal_lists_page_files_and_large_messages(broker_factory: Factory) -> None:
+    b, api = start(broker_factory, address_settings=PAGED)
+    with connect(b.url) as conn:
+        conn.session().create_queue("plain")
+    quiet = api.ok("GET", "/api/journal")
+    assert quiet["paging"] == {
+        "directory": str(b.data_dir / "paging"),
+        "file_count": 0,
+        "bytes": 0,
+        "addresses": [],
+    }
+    assert quiet["large_messages"]["file_count"] == 0 and quiet["large_messages"]["bytes"] == 0
+    assert quiet["large_messages"]["directory"] == str(b.data_dir / "large-messages")
+
+    send(b.url, "paged.q", 300, properties={"pad": "x" * 1000})
+    bodies = [bytes([i]) * (100_000 + i) for i in range(3)]
+    with connect(f"{b.url}?min_large_message_size={LARGE}") as conn:
+        p = conn.session().create_producer("big")
+        for data in bodies:
+            p.send(data)
+
+    stat = api.ok("GET", "/api/queues/paged.q")
+    assert stat["message_count"] == 300 and stat["paged_count"] > 100, stat
+    pages = on_disk(b.data_dir / "paging", ".page")
+    assert len(pages) > 3, pages
+    j = api.ok("GET", "/api/journal?max_files=3")
+    paging = j["paging"]
+    assert (paging["file_count"], paging["bytes"]) == (len(pages), sum(pages.values()))
+    (store,) = paging["addresses"]
+    numbers = sorted(int(n.split("-")[1].split(".")[0]) for n in pages)
+    assert store["address"] == "paged.q" and store["paging"] is True
+    assert (store["file_count"], store["bytes"]) == (len(pages), sum(pages.values()))
+    assert (store["first_page"], store["last_page"]) == (numbers[0], numbers[-1])
+    assert store["paged_messages"] == stat["paged_count"]
+    assert store["messages"] >= stat["paged_count"]
+    assert store["truncated"] is True and len(store["files"]) == 3
+    for f in store["files"]:
+        assert f["size"] == pages[f["name"]] and f["name"].endswith(f"-{f['page']:010d}.page")
+    assert [f["page"] for f in store["files"]] == numbers[:3]
+    large = j["large_messages"]
+    msgs = on_disk(b.data_dir / "large-messages", ".msg")
+    assert len(msgs) == 3 and sorted(msgs.values()) == [len(d) for d in bodies]
+    assert (large["file_count"], large["bytes"]) == (3, sum(len(d) for d in bodies))
+    assert large["messages"] == 3 and large["truncated"] is False
+    assert {f["name"]: f["size"] for f in large["files"]} == msgs
+    whole = api.ok("GET", "/api/journal")["paging"]["addresses"][0]
+    assert whole["truncated"] is False and len(whole["files"]) == len(pages)
+    assert api.request("GET", "/api/journal?max_files=-1").code == "INVALID_ARGUMENT"
+
+    with connect(f"{b.url}?min_large_message_size={LARGE}") as conn:
+        s = conn.session()
+        got = [s.create_consumer("big").receive(5) for _ in bodies]
+        assert [m.body if m is not None else None for m in got] == bodies
+        c = s.create_consumer("paged.q")
+        texts = []
+        for _ in range(300):
+            m = c.receive(5)
+            assert m is not None, f"only {len(texts)} of 300 received"
+            texts.append(m.text)
+        assert texts == [f"paged.q-{i}" for i in range(300)]
+
+    def drained() -> dict[str, Any] | None:
+        j = api.ok("GET", "/api/journal")
+        empty = j["paging"]["file_count"] == 0 and j["large_messages"]["file_count"] == 0
+        return j if empty else None
+
+    j = until(drained, "the page files and large message files removed once acknowledged")
+    assert on_disk(b.data_dir / "paging", ".page") == {} and on_disk(b.data_dir / "large-messages", ".msg") == {}
+    assert j["paging"]["bytes"] == 0 and j["large_messages"]["bytes"] == 0 and j["large_messages"]["messages"] == 0
+    (store,) = j["paging"]["addresses"]
+    assert (store["file_count"], store["bytes"], store["paged_messages"], store["files"]) == (0, 0, 0, [])
+    assert store["first_page"] is None and store["last_page"] is None and store["paging"] is False
+
+
 def test_ha_of_a_single_broker(broker_factory: Factory) -> None:
     b, api = start(broker_factory)
     ha = api.ok("GET", "/api/ha")
