@@ -301,7 +301,8 @@ def test_journal_lists_page_files_and_large_messages(broker_factory: Factory) ->
 
     with connect(f"{b.url}?min_large_message_size={LARGE}") as conn:
         s = conn.session()
-        got = [s.create_consumer("big").receive(5) for _ in bodies]
+        big = s.create_consumer("big")
+        got = [big.receive(5) for _ in bodies]
         assert [m.body if m is not None else None for m in got] == bodies
         c = s.create_consumer("paged.q")
         texts = []

@@ -107,5 +107,5 @@ ROUTES: list[Route] = [
     Route("DELETE", "/api/connections/{id}", "connection.close", placeholders={"id": integer}),
     Route("GET", "/api/consumers", "consumer.list"),
     Route("GET", "/api/ha", "broker.ha"),
-    Route("GET", "/api/journal", "broker.journal"),
+    Route("GET", "/api/journal", "broker.journal", query={"max_files": integer}),
 ]

@@ -25,6 +25,8 @@ from ..errors import (
     TandemError,
     Unauthorized,
 )
+from ..store import disk_usage
+from ..store.journal_storage import JournalStorage
 from . import inventory
 from .audit import audit
 from .authorization import authorize_management
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 Reply = Callable[[Any], None]
 
 MAX_PAGE_SIZE = 1000  # queues in one page of queue.list
+MAX_FILES_LISTED = 10_000  # files broker.journal lists per page store and of large messages (all are counted)
 # queue.list's `sort` values -> the value sorted on
 QUEUE_SORT_KEYS: dict[str, Callable[[Any], Any]] = {
     "name": lambda q: q.name,
@@ -94,6 +97,7 @@ class Admin:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._pending: set[asyncio.Task[Any]] = set()  # answers that wait for ZooKeeper
+        self._pending_io: set[asyncio.Future[Any]] = set()  # answers that wait for a worker thread
         self.rates = RateTracker()  # msg/s in and out, per queue and in all (server/rates.py)
         self.connection_ids = inventory.ConnectionIds()
         self._ops: dict[str, Callable[..., Any]] = {
@@ -389,21 +393,48 @@ class Admin:
 
         task.add_done_callback(done)
 
-    def broker_journal(self, conn: Caller | None, reply: Reply) -> None:
-        """The store's journals (`GET /api/journal`): files, sizes, live records, compactions."""
-        self.broker.require_active()
+    def broker_journal(self, conn: Caller | None, reply: Reply, max_files: int = 100) -> None:
+        """The store's journals (`GET /api/journal`): files, sizes, live records, compactions; its
+        page files per paged address and its large messages' files (at most `max_files` listed
+        per store, every file counted). The files are listed and sized in a worker thread."""
+        if not 0 <= max_files <= MAX_FILES_LISTED:
+            raise InvalidArgument(
+                f"broker.journal: argument `max_files` must be 0 to {MAX_FILES_LISTED}, got {max_files}"
+            )
+        po = self.broker.require_active()
         storage = self.broker.storage
-        journals = getattr(storage, "journals", None)
-        if not journals:
+        if not isinstance(storage, JournalStorage):  # persistence-enabled = false
             reply({"persistence": False, "journals": {}})
             return
-        reply(
-            {
-                "persistence": True,
-                "data_directory": str(self.broker.config.data_path),
-                "journals": {j.prefix: inventory.journal_info(j) for j in journals},
-            }
-        )
+        out: dict[str, Any] = {
+            "persistence": True,
+            "data_directory": str(self.broker.config.data_path),
+            "journals": {j.prefix: inventory.journal_info(j) for j in storage.journals},
+        }
+        paging_dir = storage.pages.directory
+        large = storage.large
+        pagers = inventory.page_store_memory(po.addresses.values())  # on the loop, before the listing
+        large_records = len(large.records)
+
+        def scan() -> tuple[dict[str, Any], dict[str, Any]]:  # a worker thread: the filesystem only
+            paging = inventory.paging_info(paging_dir, pagers, disk_usage.scan_pages(paging_dir), max_files)
+            return paging, disk_usage.scan_large(large.directory, max_files)
+
+        def done(f: asyncio.Future[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+            self._pending_io.discard(f)
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:
+                out["paging"] = out["large_messages"] = {"error": str(exc)}
+            else:
+                out["paging"], files = f.result()
+                out["large_messages"] = {"directory": str(large.directory), "messages": large_records, **files}
+            reply(out)
+
+        fut = asyncio.get_running_loop().run_in_executor(None, scan)
+        self._pending_io.add(fut)
+        fut.add_done_callback(done)
 
     def broker_stop(self, conn: Caller | None, reply: Reply, failover: bool = False) -> None:
         """Stop the broker: cleanly (state P: no failover) or leaving state L so its backup takes over."""

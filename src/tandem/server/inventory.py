@@ -12,9 +12,11 @@ import enum
 import itertools
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 from ..core.settings import AddressSettings
+from ..store.disk_usage import PageStoreFiles
 
 
 class ConnectionIds:
@@ -126,4 +128,41 @@ def journal_info(journal: Any) -> dict[str, Any]:
         "compactions": stats.compactions,
         "last_compaction": None if last is None else {"at": round(last[0], 3), "seconds": round(last[1], 3)},
         "corrupt": stats.corrupt,
+    }
+
+
+def page_store_memory(addresses: Any) -> dict[int, dict[str, Any]]:
+    """Per address id, what the pager of each address that paged since start keeps in memory
+    (core/paging.py AddressPager): read on the loop, before the files are listed."""
+    out: dict[int, dict[str, Any]] = {}
+    for addr in addresses:
+        pager = addr.pager
+        if pager is None:
+            continue
+        out[addr.id] = {
+            "address": addr.name,
+            "address_id": addr.id,
+            "paging": pager.active,
+            "messages": sum(pager.counts.values()),  # records in its page files
+            "paged_messages": sum(pager.paged.values()),  # per queue, not read back yet
+        }
+    return out
+
+
+def paging_info(
+    directory: Path, memory: dict[int, dict[str, Any]], disk: dict[int, PageStoreFiles], limit: int
+) -> dict[str, Any]:
+    """`paging/`: per address (those with a pager, and any other id with files), its pager's
+    counts and its files; totals over every file."""
+    stores: list[dict[str, Any]] = []
+    for aid in set(memory) | set(disk):
+        row = dict(memory.get(aid) or {"address": None, "address_id": aid, "paging": False})
+        row.update((disk.get(aid) or PageStoreFiles()).describe(limit))
+        stores.append(row)
+    stores.sort(key=lambda r: (r["address"] is None, r["address"] or "", r["address_id"]))
+    return {
+        "directory": str(directory),
+        "file_count": sum(len(s.pages) + s.transaction_files for s in disk.values()),
+        "bytes": sum(s.page_bytes + s.transaction_bytes for s in disk.values()),
+        "addresses": stores,
     }
