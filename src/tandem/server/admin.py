@@ -411,14 +411,13 @@ class Admin:
             "data_directory": str(self.broker.config.data_path),
             "journals": {j.prefix: inventory.journal_info(j) for j in storage.journals},
         }
-        paging_dir = storage.pages.directory
-        large = storage.large
+        paging_dir, large_dir = storage.pages.directory, storage.large.directory
         pagers = inventory.page_store_memory(po.addresses.values())  # on the loop, before the listing
-        large_records = len(large.records)
+        large_records = len(storage.large.records)
 
         def scan() -> tuple[dict[str, Any], dict[str, Any]]:  # a worker thread: the filesystem only
             paging = inventory.paging_info(paging_dir, pagers, disk_usage.scan_pages(paging_dir), max_files)
-            return paging, disk_usage.scan_large(large.directory, max_files)
+            return paging, disk_usage.scan_large(large_dir, max_files)
 
         def done(f: asyncio.Future[tuple[dict[str, Any], dict[str, Any]]]) -> None:
             self._pending_io.discard(f)
@@ -429,7 +428,7 @@ class Admin:
                 out["paging"] = out["large_messages"] = {"error": str(exc)}
             else:
                 out["paging"], files = f.result()
-                out["large_messages"] = {"directory": str(large.directory), "messages": large_records, **files}
+                out["large_messages"] = {"directory": str(large_dir), "messages": large_records, **files}
             reply(out)
 
         fut = asyncio.get_running_loop().run_in_executor(None, scan)
