@@ -8,6 +8,7 @@ succeeding quietly: the application would believe the message done and then see 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -104,3 +105,88 @@ def test_ack_of_a_delivery_from_before_a_failover_blocking(pair: Cluster) -> Non
         assert [m.text for m in got if m is not None] == BODIES  # m1 came again, first
         got[-1].ack()  # type: ignore[union-attr]  # client mode: cumulative
     assert asyncio.run(queue_stat(c.url_of(1), "work"))["message_count"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_an_ack_sent_while_the_session_is_being_restored_is_confirmed(pair: Cluster) -> None:
+    """The backup delivers to a consumer as soon as the session's restore has recreated it, while
+    the restore still recreates the others: the application's ack of that delivery goes to the
+    backup and is confirmed there. It must not be failed as sent before the failover."""
+    c = pair
+
+    async def main() -> None:
+        await _fill(c.url)
+        conn = await aio.connect(c.url, retry_interval=50)
+        session = await conn.create_session(ack_mode="individual")
+        first = await session.create_consumer("work")
+        for i in range(8):  # recreated after `first`: the restore goes on while `first` gets its delivery
+            await session.create_queue(f"idle.{i}")
+            await session.create_consumer(f"idle.{i}")
+        old = [await first.receive(5) for _ in BODIES]
+        assert [m.text for m in old if m is not None] == BODIES
+        c.primary.kill()
+        got: list[str] = []
+        deadline = asyncio.get_running_loop().time() + 20
+        while len(got) < len(BODIES):
+            assert asyncio.get_running_loop().time() < deadline, f"the backup delivered only {got}"
+            try:
+                m = await first.receive(1)  # again, from the backup
+            except tandem.errors.Unblocked:
+                continue  # the wait that the failure interrupted (documented)
+            if m is not None:
+                await m.ack()  # raised Unblocked when it went out while the restore was not finished
+                got.append(m.text)
+        assert sorted(got) == BODIES
+        await conn.close()
+        assert (await queue_stat(c.url_of(1), "work"))["message_count"] == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_send_written_while_away_is_not_confirmed_by_the_new_servers_confirm_of_a_later_command(
+    pair: Cluster,
+) -> None:
+    """A send (no dedup id: not replayable) written while the client is between servers never
+    reaches either; an ack the backup confirms during the session's restore has a later command
+    id. That confirmation must not settle the send as confirmed: it would be a confirmed message
+    that no server has."""
+    c = pair
+
+    async def main() -> None:
+        await _fill(c.url)
+        conn = await aio.connect(c.url, retry_interval=50, auto_dedup=False)
+        session = await conn.create_session(ack_mode="individual")
+        await session.create_queue("away")
+        producer = session.create_producer("away")
+        first = await session.create_consumer("work")
+        for i in range(8):
+            await session.create_queue(f"idle.{i}")
+            await session.create_consumer(f"idle.{i}")
+        old = [await first.receive(5) for _ in BODIES]
+        assert [m.text for m in old if m is not None] == BODIES
+        c.primary.kill()
+        deadline = asyncio.get_running_loop().time() + 20
+        while conn.ready:
+            assert asyncio.get_running_loop().time() < deadline, "the client never saw the primary go"
+            await asyncio.sleep(0.002)
+        away = producer.send_nowait("written while away")
+        assert away is not None
+        acked = 0
+        while acked < len(BODIES):
+            assert asyncio.get_running_loop().time() < deadline, f"the backup delivered only {acked}"
+            try:
+                m = await first.receive(1)
+            except tandem.errors.Unblocked:
+                continue
+            if m is not None:
+                with contextlib.suppress(tandem.errors.Unblocked):
+                    await m.ack()
+                acked += 1
+        outcome = await _error_of(lambda: away)
+        there = (await queue_stat(c.url_of(1), "away"))["message_count"]
+        assert outcome is not None or there == 1, "a send confirmed that the backup does not have"
+        assert isinstance(outcome, tandem.errors.Unblocked) or there == 1, repr(outcome)
+        await conn.close()
+
+    asyncio.run(main())

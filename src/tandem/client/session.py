@@ -489,15 +489,26 @@ class AsyncSession:
     async def _restore(self) -> None:
         """Recreate this session on the new server (connection is restoring: no waiting for ready)."""
         conn, ch = self.conn, self.channel
-        await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
-        for args in self.temp_queues.values():
-            await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
-        for c in list(self.consumers.values()):
-            if not c.closed:
-                c._created(await conn._call_now(ch, c._create_packet))
-        pending = [*self._resend, *ch.confirms]  # what was never confirmed, in the order it was sent
+        # What was never confirmed, in the order it was sent, taken before the first await: once a
+        # consumer is recreated the new server delivers to it, and what the application sends
+        # then (an ack of such a delivery) goes to the new server, to be confirmed there.
+        resend, confirms = self._resend, list(ch.confirms)
+        pending = [*resend, *confirms]
         self._resend = []
         ch.confirms.clear()
+        try:
+            await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
+            for args in self.temp_queues.values():
+                await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
+            for c in list(self.consumers.values()):
+                if not c.closed:
+                    c._created(await conn._call_now(ch, c._create_packet))
+        except BaseException:
+            # Not restored (lost again, or closed): what was taken goes back, ahead of what came
+            # since, for the next restore or the connection's failure to settle.
+            self._resend[:0] = resend
+            ch.confirms.extendleft(reversed(confirms))
+            raise
         unblocked = Unblocked("sent while the connection was failing over and not replayable; its outcome is unknown")
         for pend in pending:
             data = pend.resend
