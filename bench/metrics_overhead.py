@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -106,11 +109,22 @@ def _acked(api: str) -> int:
         return int(json.loads(r.read())["messages_acknowledged"])
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` on `cpus` (its writer and executor threads too)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
 def windowed(b: TandemBroker, perf: list[str], metrics_url: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     """One perf pair for every window; the scraper on in alternate ones (A B B A ...)."""
     api = f"http://127.0.0.1:{b.ports['management']}/api/queues/perf"
     err = tempfile.TemporaryFile()
     proc = subprocess.Popen([*perf, "--count", "1000000000"], stdout=subprocess.DEVNULL, stderr=err)
+    if a.pin:  # the broker on CPU 0; the clients, the scraper and this process on CPU 1
+        pin(b.pid, {0})
+        pin(proc.pid, {1})
+        pin(os.getpid(), {1})
     runs: list[dict[str, Any]] = []
     try:
         deadline = time.monotonic() + 60
@@ -123,6 +137,9 @@ def windowed(b: TandemBroker, perf: list[str], metrics_url: str, a: argparse.Nam
                     err.seek(0)
                     raise RuntimeError(f"perf pair did not start: {err.read().decode(errors='replace')}") from e
                 time.sleep(0.2)
+        if a.pin:
+            pin(b.pid, {0})  # (threads started since)
+            pin(proc.pid, {1})
         time.sleep(a.window_seconds)  # warm up
         order = [m for i in range(0, a.windows, 2) for m in (("off", "scraper") if i % 4 == 0 else ("scraper", "off"))]
         for mode in order[: a.windows]:
@@ -207,6 +224,9 @@ def main() -> int:
     ap.add_argument("--method", choices=("windows", "runs"), default="windows")
     ap.add_argument("--windows", type=int, default=40, help="windows (even: half with the scraper)")
     ap.add_argument("--window-seconds", type=float, default=8.0)
+    ap.add_argument("--non-durable", action="store_true", help="non-durable messages")
+    ap.add_argument("--data-parent", help="where the broker's data directory goes (/dev/shm: no disk latency)")
+    ap.add_argument("--pin", action="store_true", help="broker on CPU 0, clients and scraper on CPU 1 (windows)")
     ap.add_argument("--count", type=int, default=100_000, help="messages per perf run (runs)")
     ap.add_argument("--repeat", type=int, default=5, help="runs per mode (runs)")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes")
@@ -218,18 +238,24 @@ def main() -> int:
     a = ap.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     runs: list[dict[str, Any]] = []
-    with TandemBroker(extra_toml=MANAGEMENT) as b:
-        metrics_url = f"http://127.0.0.1:{b.ports['management']}/metrics"
-        if a.queues:
-            asyncio.run(_make_queues(b.url, a.queues))
-        perf = [sys.executable, "-m", "tandem", "perf", "pair", "--url", b.url, "--json", "--no-progress",
-                "--producers", str(a.producers), "--consumers", str(a.consumers)]  # fmt: skip
-        _run_json([*perf, "--count", str(a.warmup)], 600)
-        per_scrape = scrape_cost(b.pid, metrics_url)
-        if a.method == "windows":
-            runs = windowed(b, perf, metrics_url, a)
-        else:
-            runs = by_runs(perf, metrics_url, b.pid, a)
+    data = Path(tempfile.mkdtemp(prefix="tandem-metrics-", dir=a.data_parent)) / "data" if a.data_parent else None
+    try:
+        with TandemBroker(data_dir=data, extra_toml=MANAGEMENT) as b:
+            metrics_url = f"http://127.0.0.1:{b.ports['management']}/metrics"
+            if a.queues:
+                asyncio.run(_make_queues(b.url, a.queues))
+            perf = [sys.executable, "-m", "tandem", "perf", "pair", "--url", b.url, "--json", "--no-progress",
+                    "--producers", str(a.producers), "--consumers", str(a.consumers),
+                    *(["--non-durable"] if a.non_durable else [])]  # fmt: skip
+            _run_json([*perf, "--count", str(a.warmup)], 600)
+            per_scrape = scrape_cost(b.pid, metrics_url)
+            if a.method == "windows":
+                runs = windowed(b, perf, metrics_url, a)
+            else:
+                runs = by_runs(perf, metrics_url, b.pid, a)
+    finally:
+        if data is not None:
+            shutil.rmtree(data.parent, ignore_errors=True)
     summary: dict[str, Any] = {"method": a.method}
     for mode in ("off", "scraper"):
         rs = [r for r in runs if r["driver"] == mode]
@@ -274,6 +300,9 @@ def main() -> int:
         "command": " ".join(["bench/metrics_overhead.py", *sys.argv[1:]]),
         "settings": {
             "method": a.method,
+            "pin": a.pin,
+            "non_durable": a.non_durable,
+            "data_parent": a.data_parent,
             "windows": a.windows,
             "window_seconds": a.window_seconds,
             "count": a.count,
