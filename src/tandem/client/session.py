@@ -496,6 +496,10 @@ class AsyncSession:
         pending = [*resend, *confirms]
         self._resend = []
         ch.confirms.clear()
+        if self.transacted and self._tx_work:
+            # Work done since the link failed (a send written while away) is among what was taken:
+            # no server has it, so the transaction can only be rolled back, as for work before.
+            self._rollback_only = True
         try:
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
             for args in self.temp_queues.values():
