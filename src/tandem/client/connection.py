@@ -443,14 +443,17 @@ class AsyncConnection:
         if not out:
             return
         proto = self._proto
-        if proto is None or (not self._ready.is_set() and not self._restoring):
+        if proto is None or (not self._ready.is_set() and self._restoring is not proto):
             return  # reconnecting: hold the bytes (they are rebuilt or dropped on reconnect)
         if proto.transport is not None and not proto.transport.is_closing():
             proto.transport.write(b"".join(out) if len(out) > 1 else out[0])
             self.last_sent = self.loop.time()
         out.clear()
 
-    _restoring = False
+    # The link whose sessions are being restored: what is written goes straight to it. Not a
+    # flag: a restore cut short by a second loss may still run while the next link reattaches,
+    # and that link must hold its bytes for the reattach's replay (or they go twice).
+    _restoring: _Protocol | None = None
 
     def schedule_ack(self, consumer: AsyncConsumer, message_id: int) -> None:
         self._pending_acks[consumer] = message_id
@@ -742,7 +745,7 @@ class AsyncConnection:
                 return
             self._unblock(cause)
         self._out.clear()  # nothing written for the old server may reach the new one
-        self._restoring = True
+        self._restoring = proto
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):
                 if ch.session is not None:
@@ -755,10 +758,17 @@ class AsyncConnection:
         except asyncio.CancelledError:
             return
         finally:
-            self._restoring = False
+            if self._restoring is proto:
+                self._restoring = None
+        kind = FailureEvent.RECONNECTED if self.server == failed_server else FailureEvent.FAILOVER
+        if self._proto is not proto:
+            # Lost again, yet restored: its answers came on the next link, which reattached to
+            # this restore's sessions. That link's reconnection makes the client ready: its
+            # reattach replays what was written meanwhile (a flush here would send it twice).
+            self._notify(kind, cause)
+            return
         self._ready.set()
         self._flush()
-        kind = FailureEvent.RECONNECTED if self.server == failed_server else FailureEvent.FAILOVER
         log.warning("%s: now connected to %s (node %s, was %s)", kind.value, self.server, self.node_id, failed_node)
         self._notify(kind, cause)
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.client")
 
 ACK_MODES = ("auto", "client", "individual")
+_UNREPLAYABLE = "sent while the connection was failing over and not replayable; its outcome is unknown"
 # Consumed bytes go back as credit once they reach a quarter of the window: at half, a consumer
 # of a busy broker sat with an empty window while its credit waited for a turn (4+4 p99 halved).
 _CREDIT_RETURN_PART = 4
@@ -496,6 +497,10 @@ class AsyncSession:
         pending = [*resend, *confirms]
         self._resend = []
         ch.confirms.clear()
+        if self.transacted and self._tx_work:
+            # Work done since the link failed (a send written while away) is among what was taken:
+            # no server has it, so the transaction can only be rolled back, as for work before.
+            self._rollback_only = True
         try:
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
             for args in self.temp_queues.values():
@@ -504,12 +509,18 @@ class AsyncSession:
                 if not c.closed:
                     c._created(await conn._call_now(ch, c._create_packet))
         except BaseException:
-            # Not restored (lost again, or closed): what was taken goes back, ahead of what came
-            # since, for the next restore or the connection's failure to settle.
-            self._resend[:0] = resend
-            ch.confirms.extendleft(reversed(confirms))
+            # Not restored (lost again, or closed). What can be sent again goes back, ahead of
+            # what came since, for the next restore. The rest fails now, as the next restore or
+            # the connection's failure would fail it: back in the channel's confirms, it could be
+            # settled by a confirmation of a later command (the next link may reattach to this
+            # restore's sessions, which never had it).
+            self._resend[:0] = [pend for pend in pending if pend.resend is not None]
+            unblocked = Unblocked(_UNREPLAYABLE)
+            for pend in pending:
+                if pend.resend is None:
+                    _fail_waiter(pend.waiter, unblocked)
             raise
-        unblocked = Unblocked("sent while the connection was failing over and not replayable; its outcome is unknown")
+        unblocked = Unblocked(_UNREPLAYABLE)
         for pend in pending:
             data = pend.resend
             if data is None:

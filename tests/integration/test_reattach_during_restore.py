@@ -1,0 +1,160 @@
+"""A link lost again while a session is being restored, and the client reattaches to that restore.
+
+The broker restarted (its sessions gone: the client restores them on it), and the link fails
+while the restore waits for the broker's answer to CREATE_SESSION. The broker keeps that new
+connection for its TTL, so the client reattaches to it. A send written while the REATTACH is
+answered is kept for the reattach's replay: it must reach the broker once, not also straight
+away (the broker would then store it twice: auto_dedup is off, no dedup id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import tandem.aio as aio
+from client_io import drain_texts
+from tandem.errors import TandemError
+from tandem.testing import AsyncFaultProxy, free_port
+
+FAST = {"client_failure_check_period": 2000, "connect_timeout": 3000, "retry_interval": 100}
+
+
+async def _until(cond: Callable[[], object], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.002)
+
+
+@pytest.mark.timeout(90)
+def test_a_send_written_while_reattaching_to_a_restore_reaches_the_broker_once(broker_factory: Any) -> None:
+    port, proxy_port = free_port(), free_port()
+    broker = broker_factory(
+        connection_check_period=100,
+        connector_ref="via-proxy",
+        extra_toml=(
+            f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n'
+            f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{proxy_port}"\n'
+        ),
+    ).start()
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await aio.connect(
+                proxy.url,
+                confirmation_window_size=1024,
+                auto_dedup=False,
+                reconnect_attempts=-1,
+                connection_ttl=30_000,
+                **FAST,
+            )
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            session = await conn.create_session()
+            await session.create_queue("once")
+            producer = session.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            # Answers from the restarted broker come late: the restore's CREATE_SESSION reaches
+            # it at once, its answer is still in the proxy when the link is cut.
+            await proxy.delay(1.0, "down")
+            await _until(lambda: conn._restoring, "the client restores its session on the restarted broker")
+            await asyncio.sleep(0.3)
+            generation = conn.generation
+            assert await proxy.reset() >= 1
+            # The next connection: its REATTACH answer is 1 s late; a send is written meanwhile.
+            await _until(lambda: conn.generation > generation, "the client connects again")
+            assert not conn.ready
+            during = producer.send_nowait("during")
+            assert during is not None
+            await asyncio.wait_for(during, 20)
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    texts = asyncio.run(drain_texts(broker.url, "once"))
+    assert sorted(texts) == ["after", "before", "during"], f"{texts} (events {events})"
+
+
+@pytest.mark.timeout(90)
+def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_on_a_reattached_link(
+    broker_factory: Any,
+) -> None:
+    """The restore takes the send written while away (a large send was open when the link failed:
+    no reattach, the sessions were dropped at once) and fails on the reattached link (a consumer
+    the restarted broker refuses). What it took must not wait in the live channel for a later
+    command's confirmation: it would settle a send the broker never had as confirmed."""
+    port, proxy_port = free_port(), free_port()
+    broker = broker_factory(
+        connection_check_period=100,
+        connector_ref="via-proxy",
+        extra_toml=(
+            f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n'
+            f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{proxy_port}"\n'
+        ),
+    ).start()
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await aio.connect(
+                proxy.url,
+                confirmation_window_size=1024,
+                auto_dedup=False,
+                reconnect_attempts=-1,
+                connection_ttl=30_000,
+                min_large_message_size=1024,
+                **FAST,
+            )
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            session = await conn.create_session()
+            await session.create_queue("once")
+            await session.create_queue("single", max_consumers=1)
+            await session.create_consumer("single")
+            producer = session.create_producer("once")
+            await proxy.cut("down")  # the large send's answer never comes: it is open at the loss
+            large = producer.send_nowait(b"x" * 10_000)
+            assert large is not None
+            await asyncio.sleep(0.3)
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+            await (await other.create_session()).create_consumer("single")
+            await proxy.heal()
+            await proxy.delay(1.0, "down")
+            await _until(lambda: conn._restoring, "the client restores its session on the restarted broker")
+            await asyncio.sleep(0.3)
+            generation = conn.generation
+            assert await proxy.reset() >= 1
+            await _until(lambda: conn.generation > generation, "the client connects again")
+            await _until(lambda: conn.ready, "the client reattaches")
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            try:
+                await asyncio.wait_for(away, 5)
+                confirmed = True
+            except TandemError:
+                confirmed = False
+            with contextlib.suppress(TandemError):
+                await large
+            texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
+            assert not confirmed or "away" in texts, f"a send confirmed that the broker does not have ({texts})"
+            await other.close()
+            with contextlib.suppress(TandemError):
+                await conn.close()
+
+    asyncio.run(main())
