@@ -38,7 +38,7 @@ typecheck: $(TSTAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 2 --dist loadgroup
+	$(BIN)/pytest -q -p no:cacheprovider --durations=30 -n 3 --dist loadgroup
 
 unit: $(TSTAMP)
 	$(BIN)/pytest -q tests/unit

@@ -184,6 +184,9 @@ def test_guesses_at_the_cluster_password_are_slowed_like_any_other(tmp_path: Pat
 def test_a_check_cut_short_by_its_client_leaving_still_slows_the_peer(tmp_path: Path) -> None:
     """Closing the connection right after HELLO must not buy hash checks that cost the peer nothing."""
     auth = authenticator(tmp_path, {"app": ("pw", [])}, login_failure_delay=300, login_failure_max_delay=300)
+    path = tmp_path / "users.toml"  # a costly hash (about 0.1 s): the check is still under way when cut short
+    u.write_users(path, {"app": u.User("app", u.parse_hash(u.hash_password("pw", n=2**15)), frozenset())})
+    assert auth.reload()
 
     async def main() -> None:
         task = asyncio.ensure_future(auth.check("app", "guess", "10.0.0.5:1"))
