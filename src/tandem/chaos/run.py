@@ -21,7 +21,7 @@ from typing import Any
 from . import checker, history, plot
 from .faults import Nemesis, plan
 from .topology import Pair
-from .workload import Shape, Workload, drain, left_in_queue
+from .workload import PRODUCERS, Shape, Workload, drain, left_in_queue
 
 QUIET = 3.0  # seconds without a delivery that end the consumers' drain
 DRAIN_LIMIT = 60.0
@@ -121,7 +121,7 @@ async def _main(
     progress(f"faults over; pair: {await asyncio.to_thread(pair.describe)}; producers stop in 2 s")
     await asyncio.sleep(2.0)
     wl.stop_producers()
-    producers = [t for t in wl.tasks if t.get_name()[0] in "st"]
+    producers = [t for t in wl.tasks if t.get_name()[0] in PRODUCERS]
     await asyncio.wait(producers, timeout=RETRY_BOUND)
     # The consumers go on until every confirmed value came and nothing more comes for a while.
     deadline = time.monotonic() + DRAIN_LIMIT

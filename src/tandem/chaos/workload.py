@@ -14,6 +14,11 @@ exactly-once mode (duplicate detection and transactions, the product's guarantee
 at-least-once mode (no duplicate ids, no transactions): senders without ids that send again
 after an unknown outcome, auto-acknowledging consumers, and consumers that await each ack.
 
+Both modes: pipelining senders, `send_nowait` without an id (not replayable) with up to
+PIPELINE sends in flight, so that a fault catches sends written and unconfirmed, or written
+while the client is between servers; each must end confirmed (and then be delivered) or
+unknown. They never send a value twice.
+
 Every operation goes to the history (history.py) before and after it happens.
 """
 
@@ -24,6 +29,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .. import aio
@@ -40,6 +46,8 @@ from .history import History
 
 QUEUE = "chaos"
 RETRIES = 8  # sends of one value, or retries of one commit, before its outcome stays unknown
+PIPELINE = 16  # a pipelining sender's sends in flight
+PRODUCERS = "spt"  # the first letters of the producing clients' names
 CLIENT_OPTIONS: dict[str, Any] = {
     "reconnect_attempts": -1,
     "retry_interval": 100,
@@ -59,6 +67,7 @@ class Shape:
 
     mode: str = "exactly-once"
     senders: int = 2
+    pipelined: int = 1
     tx_producers: int = 2
     tx_consumers: int = 2
     auto_consumers: int = 2
@@ -102,6 +111,8 @@ class Workload:
         s = self.shape
         for i in range(s.senders):
             self._spawn(f"s{i}", self._sender)
+        for i in range(s.pipelined):
+            self._spawn(f"p{i}", self._pipelined_sender)
         for i in range(s.tx_producers):
             self._spawn(f"t{i}", self._tx_producer)
         for i in range(s.tx_consumers if self.dedup else 0):
@@ -116,8 +127,8 @@ class Workload:
 
     async def _client(self, name: str, work: Callable[[str, aio.AsyncConnection], Awaitable[None]]) -> None:
         """One client: connect, work; on a connection lost for good, connect again."""
-        options = {**CLIENT_OPTIONS, "auto_dedup": self.dedup}
-        while self.producing if name[0] in "st" else self.consuming:
+        options = {**CLIENT_OPTIONS, "auto_dedup": self.dedup and name[0] != "p"}
+        while self.producing if name[0] in PRODUCERS else self.consuming:
             try:
                 conn = await asyncio.wait_for(aio.connect(self.url, **options), 30)
             except (TandemError, OSError, TimeoutError) as exc:
@@ -185,6 +196,43 @@ class Workload:
                 self.confirmed.add(v)
                 break
             await self._pace(t0, 1)
+
+    async def _pipelined_sender(self, name: str, conn: aio.AsyncConnection) -> None:
+        prod = (await conn.create_session()).create_producer(QUEUE)
+        loop = asyncio.get_running_loop()
+        inflight: set[asyncio.Future[None]] = set()
+
+        def settled(v: str, a0: float, fut: asyncio.Future[None]) -> None:
+            inflight.discard(fut)
+            exc = fut.exception() if not fut.cancelled() else ConnectionLost("cancelled")
+            if exc is None:
+                self.h.add("ok", name, [v], lat=round(loop.time() - a0, 4))
+                self.confirmed.add(v)
+            else:  # written, or perhaps not: unknown either way (never sent again)
+                self.h.add("info", name, [v], err=_err(exc))
+
+        try:
+            while self.producing:
+                while len(inflight) >= PIPELINE:
+                    await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                v = self._next(name)
+                t0 = time.monotonic()
+                self.h.add("attempt", name, [v])
+                try:
+                    fut = prod.send_nowait(v)
+                except TandemError as exc:  # refused before anything was written
+                    self.h.add("fail", name, [v], err=_err(exc))
+                    if conn.closed:
+                        raise
+                    await asyncio.sleep(0.1)
+                    continue
+                assert fut is not None
+                inflight.add(fut)
+                fut.add_done_callback(partial(settled, v, loop.time()))
+                await self._pace(t0, 1)
+        finally:
+            if inflight:  # the last ones settle (or the connection's close fails them: unknown)
+                await asyncio.wait(inflight, timeout=10)
 
     async def _tx_producer(self, name: str, conn: aio.AsyncConnection) -> None:
         session = await conn.create_session(transacted=True)
