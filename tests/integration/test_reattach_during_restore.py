@@ -32,8 +32,8 @@ async def _until(cond: Callable[[], object], what: str, timeout: float = 15.0) -
         await asyncio.sleep(0.002)
 
 
-@pytest.mark.timeout(90)
-def test_a_send_written_while_reattaching_to_a_restore_reaches_the_broker_once(broker_factory: Any) -> None:
+def _broker_behind_a_proxy(broker_factory: Any) -> tuple[Any, int]:
+    """A broker whose topology sends clients through a proxy on a port chosen now."""
     port, proxy_port = free_port(), free_port()
     broker = broker_factory(
         connection_check_period=100,
@@ -43,18 +43,41 @@ def test_a_send_written_while_reattaching_to_a_restore_reaches_the_broker_once(b
             f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{proxy_port}"\n'
         ),
     ).start()
+    return broker, proxy_port
+
+
+async def _connect(url: str, **more: Any) -> aio.AsyncConnection:
+    """A client with a confirmation window (it reattaches), without dedup ids (nothing replayable)."""
+    return await aio.connect(
+        url,
+        confirmation_window_size=1024,
+        auto_dedup=False,
+        reconnect_attempts=-1,
+        connection_ttl=30_000,
+        **FAST,
+        **more,
+    )
+
+
+async def _cut_the_restore(proxy: AsyncFaultProxy, conn: aio.AsyncConnection) -> None:
+    """Answers come 1 s late; once the client restores its session, the link is reset: the
+    restore is cut short, and the client connects again (answers still late)."""
+    await proxy.delay(1.0, "down")
+    await _until(lambda: conn._restoring, "the client restores its session on the restarted broker")
+    await asyncio.sleep(0.3)
+    generation = conn.generation
+    assert await proxy.reset() >= 1
+    await _until(lambda: conn.generation > generation, "the client connects again")
+
+
+@pytest.mark.timeout(90)
+def test_a_send_written_while_reattaching_to_a_restore_reaches_the_broker_once(broker_factory: Any) -> None:
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
     async def main() -> None:
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
-            conn = await aio.connect(
-                proxy.url,
-                confirmation_window_size=1024,
-                auto_dedup=False,
-                reconnect_attempts=-1,
-                connection_ttl=30_000,
-                **FAST,
-            )
+            conn = await _connect(proxy.url)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
             session = await conn.create_session()
             await session.create_queue("once")
@@ -64,13 +87,8 @@ def test_a_send_written_while_reattaching_to_a_restore_reaches_the_broker_once(b
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
             # Answers from the restarted broker come late: the restore's CREATE_SESSION reaches
             # it at once, its answer is still in the proxy when the link is cut.
-            await proxy.delay(1.0, "down")
-            await _until(lambda: conn._restoring, "the client restores its session on the restarted broker")
-            await asyncio.sleep(0.3)
-            generation = conn.generation
-            assert await proxy.reset() >= 1
+            await _cut_the_restore(proxy, conn)
             # The next connection: its REATTACH answer is 1 s late; a send is written meanwhile.
-            await _until(lambda: conn.generation > generation, "the client connects again")
             assert not conn.ready
             during = producer.send_nowait("during")
             assert during is not None
@@ -95,28 +113,12 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
     no reattach, the sessions were dropped at once) and fails on the reattached link (a consumer
     the restarted broker refuses). What it took must not wait in the live channel for a later
     command's confirmation: it would settle a send the broker never had as confirmed."""
-    port, proxy_port = free_port(), free_port()
-    broker = broker_factory(
-        connection_check_period=100,
-        connector_ref="via-proxy",
-        extra_toml=(
-            f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n'
-            f'[[connectors]]\nname = "via-proxy"\nurl = "127.0.0.1:{proxy_port}"\n'
-        ),
-    ).start()
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
     async def main() -> None:
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
-            conn = await aio.connect(
-                proxy.url,
-                confirmation_window_size=1024,
-                auto_dedup=False,
-                reconnect_attempts=-1,
-                connection_ttl=30_000,
-                min_large_message_size=1024,
-                **FAST,
-            )
+            conn = await _connect(proxy.url, min_large_message_size=1024)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
             session = await conn.create_session()
             await session.create_queue("once")
@@ -135,12 +137,7 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
             other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
             await (await other.create_session()).create_consumer("single")
             await proxy.heal()
-            await proxy.delay(1.0, "down")
-            await _until(lambda: conn._restoring, "the client restores its session on the restarted broker")
-            await asyncio.sleep(0.3)
-            generation = conn.generation
-            assert await proxy.reset() >= 1
-            await _until(lambda: conn.generation > generation, "the client connects again")
+            await _cut_the_restore(proxy, conn)
             await _until(lambda: conn.ready, "the client reattaches")
             await proxy.delay(0, "down")
             await producer.send("after")
