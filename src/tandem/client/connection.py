@@ -390,8 +390,11 @@ class AsyncConnection:
             self.window,
             self.client_uuid if self.window > 0 else "",
         )
-        proto.transport.write(p.MAGIC + p.encode(hello))
         try:
+            if proto.transport.is_closing():
+                # Reset as soon as accepted: a write now raises RuntimeError under uvloop.
+                raise ConnectionLost(f"{host}:{port} closed the connection at once")
+            proto.transport.write(p.MAGIC + p.encode(hello))
             ok = await asyncio.wait_for(asyncio.shield(proto.hello), timeout)
             if not ok.active and wait_active is not None:
                 if not wait_active:
