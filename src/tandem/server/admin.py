@@ -97,7 +97,6 @@ class Admin:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._pending: set[asyncio.Task[Any]] = set()  # answers that wait for ZooKeeper
-        self._pending_io: set[asyncio.Future[Any]] = set()  # answers that wait for a worker thread
         self.rates = RateTracker()  # msg/s in and out, per queue and in all (server/rates.py)
         self.connection_ids = inventory.ConnectionIds()
         self._ops: dict[str, Callable[..., Any]] = {
@@ -420,7 +419,6 @@ class Admin:
             return paging, disk_usage.scan_large(large_dir, max_files)
 
         def done(f: asyncio.Future[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-            self._pending_io.discard(f)
             if f.cancelled():
                 return
             exc = f.exception()
@@ -431,9 +429,7 @@ class Admin:
                 out["large_messages"] = {"directory": str(large_dir), "messages": large_records, **files}
             reply(out)
 
-        fut = asyncio.get_running_loop().run_in_executor(None, scan)
-        self._pending_io.add(fut)
-        fut.add_done_callback(done)
+        asyncio.get_running_loop().run_in_executor(None, scan).add_done_callback(done)
 
     def broker_stop(self, conn: Caller | None, reply: Reply, failover: bool = False) -> None:
         """Stop the broker: cleanly (state P: no failover) or leaving state L so its backup takes over."""
