@@ -112,6 +112,7 @@ def print_data(directory: str, records: bool, out: IO[str]) -> int:
                 pa = msgspec.msgpack.decode(lr.body, type=PageAckRecord)
                 if not pa.end_page:  # (a purged span: its records still count here)
                     page_acks.add((pa.queue_id, pa.page, pa.index))
+                    page_acks.update((pa.queue_id, page, index) for page, index in pa.more)
             elif utype == RecordType.PAGE_TX:
                 page_txs.add(rid)
                 if records:

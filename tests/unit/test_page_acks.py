@@ -276,3 +276,38 @@ def test_ack_up_to_past_messages_in_delivery_survives_a_restart(data: Path) -> N
     again = [r.message.id for r in b.take(q, 60)]
     assert again == [held[0].message.id, *sent[50:]], "an acknowledged message came back, or one is missing"
     b.close()
+
+
+def test_one_acknowledgement_batch_ahead_of_the_cursor_is_one_record_until_the_cursor_passes_its_last(
+    data: Path,
+) -> None:
+    """Decision 0073: the positions one acknowledgement takes share one PAGE_ACK record; a restart
+    skips each of them; the record goes only when the cursor is past the last one."""
+    b = Broker(data)
+    b.po.create_queue("work", "work", RoutingType.ANYCAST)
+    sent = _send(b, 60)
+    q = b.po.queue("work")
+    taken = b.take(q, 40)
+    depaged = [r for r in taken if r.pos is not None]
+    assert len(depaged) >= 12
+    held, early, later = depaged[0], depaged[1:6], depaged[6:]
+    q.acknowledge([r for r in taken if r.pos is None])
+    q.acknowledge(later)  # one batch, ahead of the cursor (held at `held`)
+    q.acknowledge(early)  # another
+    b.settle()
+    assert b.page_records() == 2
+    b.close()
+
+    b = Broker(data)  # the positions of both records are skipped; the held one comes back
+    q = b.po.queue("work")
+    again = b.take(q, 60)
+    assert [r.message.id for r in again] == [held.message.id, *sent[40:]]
+    assert b.page_records() == 2
+    q.acknowledge(again[:1])  # the cursor passes both records' last positions
+    b.settle()
+    assert b.page_records() == 0
+    q.acknowledge(again[1:])
+    b.settle()
+    b.close()
+    types = live_types(data)
+    assert RecordType.PAGE_ACK not in types, types

@@ -432,7 +432,7 @@ def test_a_deleted_queues_page_records_go_once_its_deletion_is_durable() -> None
         storage = m.storage
         assert storage is not None
         m.po.delete_queue("dst", force=True)  # (its purge journals the cursor at the head first)
-        held = [storage._cursor_rids[q.id], *storage._page_acks.get(q.id, {}).values()]
+        held = [storage._cursor_rids[q.id], *storage._page_acks.get(q.id, {})]
         assert all(storage.messages.contains(rid) for rid in held)  # the deletion is not durable yet
         m._quiet()
         assert not any(storage.messages.contains(rid) for rid in held)

@@ -286,11 +286,10 @@ class AddressPager:
         own, must never pass an acknowledgement the journal may not get)."""
         positions = [ref.pos for ref in refs if ref.pos is not None]
         if q.durable and self.storage.persistent:
-            ids = self.ids
-            acks = [(ids.next(), *ref.pos) for ref in refs if ref.pos is not None and ref.message.durable]
+            acks = [ref.pos for ref in refs if ref.pos is not None and ref.message.durable]
             if tx is not None:
                 if acks:
-                    self.storage.store_page_acks(q, acks, None, 0, tx)
+                    self.storage.store_page_acks(q, acks, self.ids.next(), None, 0, tx)
                 tx.append(partial(self._acked, q, positions))
                 return
             self._acked(q, positions, acks)
@@ -301,7 +300,7 @@ class AddressPager:
             self._acked(q, positions)
 
     def _acked(
-        self, q: Queue, positions: list[tuple[int, int]], acks: list[tuple[int, int, int]] | None = None
+        self, q: Queue, positions: list[tuple[int, int]], acks: list[tuple[int, int]] | None = None
     ) -> None:
         """Mark `positions` acknowledged; journal `acks` (not yet journaled) with the new cursor."""
         out = self.outstanding.get(q.id)
@@ -323,7 +322,7 @@ class AddressPager:
         self.pending_ahead.setdefault(q.id, set()).add(pos)
         self.paged[q.id] -= 1
         if q.durable and self.storage.persistent:
-            self.storage.store_page_acks(q, [(self.ids.next(), page, index)], None, 0, tx)
+            self.storage.store_page_acks(q, [pos], self.ids.next(), None, 0, tx)
         tx.append(partial(self._ahead_acked, q, pos))
 
     def _ahead_acked(self, q: Queue, pos: tuple[int, int]) -> None:
@@ -343,7 +342,7 @@ class AddressPager:
         not acknowledged, or a move's acknowledgement not journaled yet)."""
         return bool(self.outstanding.get(qid)) or bool(self.pending_ahead.get(qid))
 
-    def _advance(self, q: Queue, acks: list[tuple[int, int, int]] | None = None) -> None:
+    def _advance(self, q: Queue, acks: list[tuple[int, int]] | None = None) -> None:
         """Journal `q`'s new cursor (the first position read back and not acknowledged, else where
         it reads next, but never past a move's acknowledgement not journaled yet) if it moved,
         with `acks`; then delete the pages every cursor is past."""
@@ -360,7 +359,8 @@ class AddressPager:
         if moved:
             self.done[q.id] = new
         if q.durable and self.storage.persistent and (moved or acks):
-            self.storage.store_page_acks(q, acks or [], new if moved else None, self.ids.next())
+            ids = self.ids
+            self.storage.store_page_acks(q, acks or [], ids.next() if acks else 0, new if moved else None, ids.next())
         if moved:
             self._collect()
 
@@ -720,7 +720,7 @@ class AddressPager:
                 # Journaled too: no PAGE_ACK ahead of a cursor may outlive its page (a later page
                 # could take its number after a restart).
                 if self.done.get(q.id, head) != head and q.durable and self.storage.persistent:
-                    self.storage.store_page_acks(q, [], head, self.ids.next())
+                    self.storage.store_page_acks(q, [], 0, head, self.ids.next())
                 self.done[q.id] = head
             self.acked_ahead.clear()
             self.counts_ahead.clear()

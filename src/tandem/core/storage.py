@@ -43,7 +43,8 @@ class Storage(Protocol):
     def store_page_acks(
         self,
         queue: Queue,
-        acks: list[tuple[int, int, int]],
+        acks: list[tuple[int, int]],
+        arid: int,
         cursor: tuple[int, int] | None,
         rid: int,
         tx: list[object] | None = None,

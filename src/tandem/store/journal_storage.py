@@ -123,8 +123,10 @@ class JournalStorage:
         self._leftovers: dict[int, LiveRecord] | None = None
         self._cursor_rids: dict[int, int] = {}  # queue id -> its PAGE_CURSOR record
         self._cursors: dict[int, tuple[int, int]] = {}  # queue id -> its journaled cursor
-        # queue id -> (page, index) -> its PAGE_ACK / PAGE_DELIVERY_COUNT record (decision 0063)
-        self._page_acks: dict[int, dict[tuple[int, int], int]] = {}
+        # queue id -> PAGE_ACK record -> the last position it holds (decisions 0063, 0073)
+        self._page_acks: dict[int, dict[int, tuple[int, int]]] = {}
+        self._acks_loaded: dict[int, set[tuple[int, int]]] = {}  # (load only) qid -> acknowledged positions
+        # queue id -> (page, index) -> its PAGE_DELIVERY_COUNT record
         self._page_dcs: dict[int, dict[tuple[int, int], int]] = {}
         self._page_skips: dict[int, dict[int, tuple[tuple[int, int], tuple[int, int]]]] = {}  # qid -> rid -> span
         self._dc_values: dict[int, int] = {}  # (load only) PAGE_DELIVERY_COUNT record -> its count
@@ -204,7 +206,9 @@ class JournalStorage:
             if a.end_page:
                 self._page_skips.setdefault(a.queue_id, {})[rid] = ((a.page, a.index), (a.end_page, a.end_index))
             else:
-                self._page_acks.setdefault(a.queue_id, {})[(a.page, a.index)] = rid
+                positions = [(a.page, a.index), *a.more]
+                self._page_acks.setdefault(a.queue_id, {})[rid] = max(positions)
+                self._acks_loaded.setdefault(a.queue_id, set()).update(positions)
         else:
             d = _dec_page_dc.decode(body)
             dcs = self._page_dcs.setdefault(d.queue_id, {})
@@ -217,8 +221,8 @@ class JournalStorage:
         """The loaded PAGE_ACK / PAGE_DELIVERY_COUNT records ahead of their queue's cursor (any
         behind it are left over from nothing: a cursor's batch deletes those it passes)."""
         self._cursors.update(state.page_cursors)
-        for qid, acks in self._page_acks.items():
-            state.page_acks[qid] = set(acks)
+        state.page_acks.update(self._acks_loaded)
+        self._acks_loaded = {}
         for qid, dcs in self._page_dcs.items():
             state.page_counts[qid] = {pos: self._dc_values[rid] for pos, rid in dcs.items()}
         for qid, spans in self._page_skips.items():
@@ -470,11 +474,15 @@ class JournalStorage:
             ops.append(Op(DELETE, 0, old, b""))
         self._cursor_rids[qid] = rid
         self._cursors[qid] = cursor
-        for held in (self._page_acks.get(qid), self._page_dcs.get(qid)):
-            if held:
-                behind = [pos for pos in held if pos < cursor]
-                for pos in behind:
-                    ops.append(Op(DELETE, 0, held.pop(pos), b""))
+        acks = self._page_acks.get(qid)
+        if acks:  # a record goes once the cursor is past the last position it holds
+            for arid in [arid for arid, last in acks.items() if last < cursor]:
+                del acks[arid]
+                ops.append(Op(DELETE, 0, arid, b""))
+        dcs = self._page_dcs.get(qid)
+        if dcs:
+            for pos in [pos for pos in dcs if pos < cursor]:
+                ops.append(Op(DELETE, 0, dcs.pop(pos), b""))
         spans = self._page_skips.get(qid)
         if spans:
             for srid in [srid for srid, (_start, end) in spans.items() if end <= cursor]:
@@ -484,36 +492,39 @@ class JournalStorage:
     def store_page_acks(
         self,
         queue: Queue,
-        acks: list[tuple[int, int, int]],
+        acks: list[tuple[int, int]],
+        arid: int,
         cursor: tuple[int, int] | None,
         rid: int,
         tx: list[object] | None = None,
     ) -> None:
-        """A queue acknowledged page records it read back (decision 0063): a PAGE_ACK record
-        (id, page, index) for each, and, outside a transaction, its new cursor (record `rid`)
-        when that moved, in one batch (an acknowledgement the cursor passes needs no record).
-        In a transaction the records join `tx`; the cursor moves once it is committed."""
+        """A queue acknowledged page records it read back (decision 0063): one PAGE_ACK record
+        (`arid`) holding the positions `acks` its cursor does not pass, and, outside a
+        transaction, its new cursor (record `rid`) when that moved, in one batch (decision 0073).
+        In a transaction the record joins `tx`; the cursor moves once it is committed."""
         qid = queue.id
         ops: list[Op] = []
         dcs = self._page_dcs.get(qid)
+        if dcs:
+            for pos in acks:
+                if pos in dcs:
+                    ops.append(Op(DELETE, 0, dcs.pop(pos), b""))
+        ahead = acks if cursor is None else [pos for pos in acks if pos >= cursor]
+        if ahead:
+            (page, index), more = ahead[0], ahead[1:]
+            ops.append(Op(ADD, RecordType.PAGE_ACK, arid, _encode(PageAckRecord(qid, page, index, more=more))))
         mine = self._page_acks.setdefault(qid, {})
-        fresh: list[tuple[tuple[int, int], int]] = []
-        for arid, page, index in acks:
-            pos = (page, index)
-            if dcs and pos in dcs:
-                ops.append(Op(DELETE, 0, dcs.pop(pos), b""))
-            if cursor is not None and pos < cursor:
-                continue
-            ops.append(Op(ADD, RecordType.PAGE_ACK, arid, _encode(PageAckRecord(qid, page, index))))
-            fresh.append((pos, arid))
         if tx is not None:
             tx.extend(ops)
-            tx.append(partial(mine.update, fresh))  # known once the transaction's batch is handed over
+            if ahead:  # known once the transaction's batch is handed over
+                tx.append(partial(mine.__setitem__, arid, max(ahead)))
             return
-        mine.update(fresh)
+        if ahead:
+            mine[arid] = max(ahead)
         if cursor is not None:
             self._cursor_ops(qid, cursor, rid, ops)
-        self.messages.batch(ops)
+        if ops:
+            self.messages.batch(ops)
 
     def store_page_skip(self, queue: Queue, start: tuple[int, int], end: tuple[int, int], rid: int) -> None:
         """A purge acknowledged every page record of `queue` from `start` up to `end` while its
@@ -553,7 +564,7 @@ class JournalStorage:
 
     def delete_cursor_record(self, queue_id: int) -> None:
         """A queue deleted (or, at a reload, gone): its cursor and its page acknowledgements."""
-        rids = [*self._page_acks.pop(queue_id, {}).values(), *self._page_dcs.pop(queue_id, {}).values()]
+        rids = [*self._page_acks.pop(queue_id, {}), *self._page_dcs.pop(queue_id, {}).values()]
         rids += self._page_skips.pop(queue_id, {})
         old = self._cursor_rids.pop(queue_id, None)
         self._cursors.pop(queue_id, None)
@@ -767,7 +778,8 @@ class NullStorage:
     def store_page_acks(
         self,
         queue: Queue,
-        acks: list[tuple[int, int, int]],
+        acks: list[tuple[int, int]],
+        arid: int,
         cursor: tuple[int, int] | None,
         rid: int,
         tx: list[object] | None = None,

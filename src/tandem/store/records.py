@@ -103,13 +103,15 @@ class PageAckRecord(msgspec.Struct, array_like=True, gc=False):
     """Record `index` of `page` is no longer queue `queue_id`'s, ahead of its journaled cursor:
     read back and acknowledged (decision 0063), or moved away without being read back (decision
     0066); with `end_page`, every record of the queue from there up to (`end_page`, `end_index`): a purge
-    while messages read back are in delivery."""
+    while messages read back are in delivery. `more`: the other records one acknowledgement
+    batch took (one record per batch, not per message: decision 0073)."""
 
     queue_id: int
     page: int
     index: int
     end_page: int = 0
     end_index: int = 0
+    more: list[tuple[int, int]] = []  # further records (page, index) acknowledged in the same batch
 
 
 class PageDeliveryCountRecord(msgspec.Struct, array_like=True, gc=False):
