@@ -299,9 +299,7 @@ class AddressPager:
         else:
             self._acked(q, positions)
 
-    def _acked(
-        self, q: Queue, positions: list[tuple[int, int]], acks: list[tuple[int, int]] | None = None
-    ) -> None:
+    def _acked(self, q: Queue, positions: list[tuple[int, int]], acks: list[tuple[int, int]] | None = None) -> None:
         """Mark `positions` acknowledged; journal `acks` (not yet journaled) with the new cursor."""
         out = self.outstanding.get(q.id)
         if out is None:  # the queue was deleted meanwhile
