@@ -201,21 +201,33 @@ class Queue:
             self._scheduled = True
             self._schedule(self._dispatch)
 
-    def add_depaged(self, ref: MessageRef) -> None:
-        """A message read back from a page file (counted as added when it was paged)."""
-        m = ref.message
-        if self.last_value_key is not None:
-            self._replace_last_value(ref)
-        self._levels[m.priority].append(ref)
-        if m.expiration and m.expiration < self._next_expiry:
-            self._next_expiry = m.expiration
-        self._count += 1
-        size = len(m.raw)
+    def add_depaged(self, refs: list[MessageRef]) -> None:
+        """Messages read back from a page file, in order (counted as added when they were paged);
+        accounted once for the batch."""
+        if self.last_value_key is not None:  # a replacement drops a queued one, counted: one by one
+            for ref in refs:
+                self._add_depaged([ref])
+        else:
+            self._add_depaged(refs)
+
+    def _add_depaged(self, refs: list[MessageRef]) -> None:
+        levels = self._levels
+        size = 0
+        for ref in refs:
+            m = ref.message
+            if self.last_value_key is not None:
+                self._replace_last_value(ref)
+            levels[m.priority].append(ref)
+            if m.expiration and m.expiration < self._next_expiry:
+                self._next_expiry = m.expiration
+            size += len(m.raw)
+        self._count += len(refs)
         self._bytes += size
-        self._account(size, 1)
+        self._account(size, len(refs))
         if self.browsers:
-            for browse in self.browsers.values():
-                browse.added(ref, depaged=True)
+            for browse in list(self.browsers.values()):
+                for ref in refs:
+                    browse.added(ref, depaged=True)
 
     def add_loaded(self, ref: MessageRef) -> None:
         """Reload path: no dispatch, no statistics."""
