@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from functools import partial
@@ -730,9 +731,9 @@ class AddressPager:
                 log.info("address stopped paging", extra={"address": self.addr.name})
         else:
             low = min((c[0] for c in self.done.values()), default=self.next_page)
-            done = [p for p in self.pages if p < low]
-            if not done:
+            if not self.pages or self.pages[0] >= low:  # (in order: the common case, nothing to delete)
                 return
+            done = self.pages[: bisect_left(self.pages, low)]
             self.pages = self.pages[len(done) :]
             for p in done:
                 self.counts.pop(p, None)
