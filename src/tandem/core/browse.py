@@ -14,8 +14,6 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from .message import Message, MessageRef
 
 if TYPE_CHECKING:
@@ -74,7 +72,7 @@ class Browse:
                 assert self.pos is not None
                 self.pos[1] += 1
                 self.last_seq = seq
-                m = Message.decode(record.mid, msgspec.Raw(record.raw))
+                m = Message.decode(record.mid, record.raw)
                 if record.expiration:
                     m.expiration = record.expiration
                 ref = MessageRef(m, q, seq)

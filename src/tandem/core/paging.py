@@ -53,15 +53,20 @@ MAX_SCAN = 5000  # records one refill looks at, at most (a queue a filter routes
 READ_BYTES = 1 << 20
 
 
-class PagedRecord(msgspec.Struct, gc=False):
-    """One message in a page: its id, (queue id, sequence) per queue it was routed to, its bytes.
-    (A struct: made for every record read back, it costs a quarter of a NamedTuple.)"""
+class PagedRecord(msgspec.Struct, array_like=True, gc=False):
+    """One message in a page: (queue id, sequence) per queue it was routed to, its bytes, its id.
 
-    mid: int
+    Decoded straight from a page record's body (the layout of store/records.py's MessageRecord,
+    field for field), its bytes a `Raw` over that body alone, and `mid` set from the record's
+    header after: one object and one copy per record read back, no more."""
+
     refs: list[tuple[int, int]]
-    raw: bytes
-    expiration: int
+    raw: msgspec.Raw
+    expiration: int = 0
+    large: object = None  # (never set in a page: a large message's record stays in the journal)
+    message_id: int = 0
     tx: int = 0  # its page transaction (0: none): readable once that is journaled
+    mid: int = 0  # the record's id: the message's
 
 
 class PageStore(Protocol):
@@ -443,7 +448,7 @@ class AddressPager:
                 continue
             if spans and self._purged(qid, pos):
                 continue
-            m = Message.decode(r.mid, msgspec.Raw(r.raw))  # Raw: sent on as it is, as a journaled one
+            m = Message.decode(r.mid, r.raw)  # Raw: sent on as it is, as a journaled one
             if not m.durable and page <= self.loaded_upto:
                 continue  # a non-durable message does not outlive the broker that took it
             if r.expiration:
@@ -512,7 +517,7 @@ class AddressPager:
                     and not self._purged(qid, (page, idx))
                 ):
                     seq = self._seq_in(r, qid)
-                    if seq and (page > self.loaded_upto or Message.decode(r.mid, msgspec.Raw(r.raw)).durable):
+                    if seq and (page > self.loaded_upto or Message.decode(r.mid, r.raw).durable):
                         return r, seq
                 idx += 1
         finally:
@@ -652,7 +657,7 @@ class AddressPager:
                         now = time.time_ns() // 1_000_000
                     if record.expiration <= now:
                         continue
-                m = Message.decode(record.mid, msgspec.Raw(record.raw))
+                m = Message.decode(record.mid, record.raw)
                 if record.expiration:
                     m.expiration = record.expiration
                 out.append(MessageRef(m, q, seq))

@@ -52,7 +52,7 @@ log = logging.getLogger("tandem.paging")
 
 _NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
 _TX_NAME = re.compile(r"^a\d{1,19}-t\d{1,19}-\d{6}\.page$")
-_dec_message = msgspec.msgpack.Decoder(MessageRecord)
+_dec_record = msgspec.msgpack.Decoder(PagedRecord)  # MessageRecord's layout, read back
 
 
 def page_name(address_id: int, page: int) -> str:
@@ -92,7 +92,7 @@ def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tup
     mv = memoryview(data)
     unpack = rec.HEADER.unpack_from
     crc = crc32c.crc32c
-    decode = _dec_message.decode
+    decode = _dec_record.decode
     hs = rec.HEADER_SIZE
     add = rec.ADD
     paged = RecordType.PAGED_MESSAGE
@@ -102,16 +102,18 @@ def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tup
             break
         if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
             break
-        r = decode(mv[pos + hs : pos + length])
-        out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration, r.tx))
+        r = decode(data[pos + hs : pos + length])  # a copy of the body: its Raw keeps only that
+        r.mid = rid
+        out.append(r)
         pos += length
     parsed: list[rec.Parsed] = []
     stop = rec.scan(data, pos, page, parsed)
     for _off, _len, kind, utype, rid, body in parsed:
         if kind != rec.ADD or utype != RecordType.PAGED_MESSAGE:
             continue
-        r = _dec_message.decode(body)
-        out.append(PagedRecord(rid, r.refs, bytes(r.message), r.expiration, r.tx))
+        r = decode(bytes(body))
+        r.mid = rid
+        out.append(r)
     return out, stop.offset, stop.reason
 
 
