@@ -413,6 +413,8 @@ class AddressPager:
         skip = self.acked_ahead.get(qid)
         counts = self.counts_ahead.get(qid)
         spans = self.spans_ahead.get(qid)
+        tx_open, tx_dead, loaded_upto = self.tx_open, self.tx_dead, self.loaded_upto
+        decode = Message.decode
         while have + size < share and scanned < MAX_SCAN:
             count = self.counts.get(page)
             if count is None:  # deleted, or not written yet
@@ -433,28 +435,43 @@ class AddressPager:
                 c, cpage = self._records(page, idx), page
                 if idx - c.base >= len(c.records):
                     break  # the rest of this page is not durable, or not read, yet (queues are woken then)
-            r = c.records[idx - c.base]
-            if r.tx and r.tx in self.tx_open:
-                break  # its transaction's commit is not journaled yet: nothing after it either
-            idx += 1
-            moved = True
-            scanned += 1
-            seq = self._seq_in(r, qid)
-            if not seq or (r.tx and r.tx in self.tx_dead):
-                continue  # not this queue's, or of a transaction that never committed
-            pos = (page, idx - 1)
-            if skip and pos in skip:
-                skip.discard(pos)  # acknowledged before a restart
-                continue
-            if spans and self._purged(qid, pos):
-                continue
-            m = Message.decode(r.mid, r.raw)  # Raw: sent on as it is, as a journaled one
-            if not m.durable and page <= self.loaded_upto:
-                continue  # a non-durable message does not outlive the broker that took it
-            if r.expiration:
-                m.expiration = r.expiration
-            taken.append(MessageRef(m, q, seq, counts.pop(pos, 0) if counts else 0, pos=pos))
-            size += len(r.raw) + per
+            # The records of this chunk up to the page's end, one after another.
+            records, base = c.records, c.base
+            stop = min(count, base + len(records), idx + MAX_SCAN - scanned)
+            blocked = False
+            for i in range(idx - base, stop - base):
+                r = records[i]
+                tx = r.tx
+                if tx and tx in tx_open:
+                    blocked = True  # its transaction's commit is not journaled yet: nothing after it either
+                    break
+                idx += 1
+                moved = True
+                scanned += 1
+                refs = r.refs
+                if not tx and refs and refs[0][0] == qid:
+                    seq = refs[0][1]
+                else:
+                    seq = self._seq_in(r, qid)
+                    if not seq or (tx and tx in tx_dead):
+                        continue  # not this queue's, or of a transaction that never committed
+                pos = (page, idx - 1)
+                if skip and pos in skip:
+                    skip.discard(pos)  # acknowledged before a restart
+                    continue
+                if spans and self._purged(qid, pos):
+                    continue
+                m = decode(r.mid, r.raw)  # Raw: sent on as it is, as a journaled one
+                if not m.durable and page <= loaded_upto:
+                    continue  # a non-durable message does not outlive the broker that took it
+                if r.expiration:
+                    m.expiration = r.expiration
+                taken.append(MessageRef(m, q, seq, counts.pop(pos, 0) if counts else 0, pos=pos))
+                size += len(r.raw) + per
+                if have + size >= share:
+                    break
+            if blocked:
+                break
         if not moved:
             self._read_ahead(page, idx)
             return 0
