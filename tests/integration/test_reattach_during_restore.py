@@ -47,16 +47,16 @@ def _broker_behind_a_proxy(broker_factory: Any) -> tuple[Any, int]:
 
 
 async def _connect(url: str, **more: Any) -> aio.AsyncConnection:
-    """A client with a confirmation window (it reattaches), without dedup ids (nothing replayable)."""
-    return await aio.connect(
-        url,
-        confirmation_window_size=1024,
-        auto_dedup=False,
-        reconnect_attempts=-1,
-        connection_ttl=30_000,
+    """A client with a confirmation window (it reattaches), without dedup ids (nothing replayable)
+    unless `more` says otherwise."""
+    options: dict[str, Any] = {
+        "confirmation_window_size": 1024,
+        "auto_dedup": False,
+        "reconnect_attempts": -1,
+        "connection_ttl": 30_000,
         **FAST,
-        **more,
-    )
+    }
+    return await aio.connect(url, **{**options, **more})
 
 
 async def _cut_the_restore(proxy: AsyncFaultProxy, conn: aio.AsyncConnection) -> None:
@@ -155,3 +155,57 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
                 await conn.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_is_sent_again_at_once(
+    broker_factory: Any,
+) -> None:
+    """As above, with a dedup id on the send written while away: the failed restore parks it for a
+    resend. No restore follows (the link reattached), so it must go now, on the reattached link,
+    and be confirmed (once stored), not wait for the next failover or for close."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, min_large_message_size=1024, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            session = await conn.create_session()
+            await session.create_queue("once")
+            await session.create_queue("single", max_consumers=1)
+            await session.create_consumer("single")
+            producer = session.create_producer("once")
+            await proxy.cut("down")  # the large send's answer never comes: it is open at the loss
+            large = producer.send_nowait(b"x" * 10_000)
+            assert large is not None
+            await asyncio.sleep(0.3)
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # auto_dedup: it has a dedup id, it can be sent again
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+            await (await other.create_session()).create_consumer("single")
+            await proxy.heal()
+            await _cut_the_restore(proxy, conn)
+            await _until(lambda: conn.ready, "the client reattaches")
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            done, _ = await asyncio.wait([away], timeout=5)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for a resend is still unconfirmed after the reattach ({events})"
+            assert away.exception() is None, repr(away.exception())
+            try:
+                await large
+                large_confirmed = True
+            except TandemError:  # its answer was cut: outcome unknown (the old broker may have it)
+                large_confirmed = False
+            texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
+            assert sorted(t for t in texts if t != "x" * 8) == ["after", "away"], texts  # "away" once
+            assert not large_confirmed or "x" * 8 in texts, texts
+            await other.close()
+            with contextlib.suppress(TandemError, TimeoutError):
+                await asyncio.wait_for(conn.close(), 5)
+
+    asyncio.run(main())
+    assert aio.FailureEvent.REATTACHED in events, events
