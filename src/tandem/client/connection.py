@@ -742,6 +742,9 @@ class AsyncConnection:
             if done:
                 self.generation = generation  # deliveries from before the failure stay valid
                 self._ready.set()
+                for ch in sorted(self.channels.values(), key=lambda c: c.id):
+                    if ch.session is not None:
+                        ch.session._send_parked()  # a restore failed earlier: no restore takes them now
                 self._flush()
                 log.warning("reattached to %s (node %s)", self.server, self.node_id)
                 self._notify(FailureEvent.REATTACHED, cause)

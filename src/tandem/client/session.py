@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.client")
 
 ACK_MODES = ("auto", "client", "individual")
+_PARKED = "the send was waiting to be sent again after a connection loss; its outcome is unknown"
 _UNREPLAYABLE = "sent while the connection was failing over and not replayable; its outcome is unknown"
 # Consumed bytes go back as credit once they reach a quarter of the window: at half, a consumer
 # of a busy broker sat with an empty window while its credit waited for a turn (4+4 p99 halved).
@@ -97,7 +98,10 @@ class AsyncSession:
         self._tx_work = False  # the open transaction has sent or acknowledged something
         self._rollback_only = False
         self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
-        self._resend: list[Pending] = []
+        self._resend: list[Pending] = []  # sends with a dedup id, parked until the session is on a server again
+        # The server lost this session with the link (set by _unblock), until a restore has
+        # created it again: parked sends cannot go on its channel meanwhile.
+        self._unrestored = False
         self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
         self.sending_large = False  # a large message's chunks are going out (one at a time per session)
@@ -409,6 +413,9 @@ class AsyncSession:
             return
         for c in list(self.consumers.values()):
             c._emit_pending()
+        await self.conn.until_reattached()
+        if self.conn.ready:  # parked, yet the link is ready: this session was never restored on it
+            self._fail_parked(Unblocked(f"the session was closed before it was restored: {_PARKED}"))
         for prod in self.producers:
             try:
                 await prod.flush()
@@ -473,6 +480,7 @@ class AsyncSession:
             c._mark_closed(err)
 
     def _connection_failed(self, err: TandemError) -> None:
+        self._fail_parked(Unblocked(f"{err.message}: {_PARKED}"))
         for c in self.consumers.values():
             c._mark_closed(err)
         for prod in self.producers:
@@ -481,6 +489,7 @@ class AsyncSession:
     def _transport_lost(self, exc: TandemError, resend: list[Pending]) -> None:
         if self.transacted and self._tx_work:
             self._rollback_only = True
+        self._unrestored = True
         self._resend.extend(resend)
         for c in self.consumers.values():
             c._transport_lost(exc)
@@ -503,6 +512,7 @@ class AsyncSession:
             self._rollback_only = True
         try:
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
+            self._unrestored = False  # on the server again: what is parked can go on this channel
             for args in self.temp_queues.values():
                 await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
             for c in list(self.consumers.values()):
@@ -519,6 +529,13 @@ class AsyncSession:
             for pend in pending:
                 if pend.resend is None:
                     _fail_waiter(pend.waiter, unblocked)
+            if conn.closed:  # the connection gave up (or was closed) while this restore waited
+                self._fail_parked(Unblocked(f"{conn._closed_error().message}: {_PARKED}"))
+            elif conn.ready:
+                # The next link reattached to this restore's sessions, and no restore follows a
+                # reattach: what was parked goes now (its dedup id keeps it once), or it would
+                # wait for the next failover or for close. Not ready: the reattach sends it.
+                self._send_parked()
             raise
         unblocked = Unblocked(_UNREPLAYABLE)
         for pend in pending:
@@ -527,6 +544,24 @@ class AsyncSession:
                 _fail_waiter(pend.waiter, unblocked)
             else:
                 conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+
+    def _send_parked(self) -> None:
+        """The link reattached: sends parked for a resend go again on it, in the order they were
+        first sent, when the server has this session (a restore created it). A duplicate of one
+        the broker stored before is dropped by its dedup id and confirmed."""
+        if not self._resend or self._unrestored or self.closed:
+            return
+        conn, ch = self.conn, self.channel
+        parked, self._resend = self._resend, []
+        for pend in parked:
+            data = pend.resend
+            conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+
+    def _fail_parked(self, exc: TandemError) -> None:
+        """Sends parked for a resend that no server will get now (closed, or the connection failed)."""
+        parked, self._resend = self._resend, []
+        for pend in parked:
+            _fail_waiter(pend.waiter, exc)
 
 
 def _call_handler(handler: SendAckHandler, msg: Message, exc: BaseException | None) -> None:
