@@ -516,6 +516,17 @@ class AsyncConnection:
         self._write(frame)
         ch.confirms.append(Pending(cmd, waiter, resend))
 
+    def pipeline_after(self, ch: Channel, before: list[bytes | bytearray], pkt: p.Packet, waiter: Waiter) -> None:
+        """`pipeline` of a command that must follow frames without a command id (a large
+        message's BEGIN and chunks), kept with them as one frame: a reattach replays all of them
+        or none, in order. Never sent again after a failover (the send fails with Unblocked)."""
+        frame = b"".join([*before, p.encode(pkt)])
+        cmd: int = pkt.cmd  # type: ignore[attr-defined]
+        if ch.kept is not None:
+            ch.kept.append((cmd, frame))
+        self._write(frame)
+        ch.confirms.append(Pending(cmd, waiter, None))
+
     async def call(
         self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
     ) -> Any:

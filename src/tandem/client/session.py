@@ -57,6 +57,7 @@ _encode = msgspec.msgpack.Encoder().encode
 
 Listener = Callable[[ReceivedMessage], Any]
 SendCallback = Callable[[BaseException | None], None]
+Frames = list[bytes | bytearray]  # encoded frames held back to go out with a later one
 # Artemis's SendAcknowledgementHandler: (the message sent, None once confirmed or the error).
 SendAckHandler = Callable[[Message, BaseException | None], Any]
 
@@ -656,8 +657,9 @@ class AsyncProducer:
         return None
 
     # --------------------------------------------------------- large messages
-    def _begin_large(self, data: MessageData, size: int) -> tuple[Channel, int]:
-        """LARGE_BEGIN for `data` (its body goes in the chunks); the channel and the chunk size."""
+    def _begin_large(self, data: MessageData, size: int, held: Frames | None = None) -> tuple[Channel, int]:
+        """LARGE_BEGIN for `data` (its body goes in the chunks); the channel and the chunk size.
+        With `held`, the frame goes there instead of out (see `_send_large_now`)."""
         session = self.session
         conn = session.conn
         opts = conn.options
@@ -666,27 +668,44 @@ class AsyncProducer:
         ch = session.channel
         compress = opts.compress_large_messages
         # Compressed, the size that goes is known only at the end.
-        conn.send_packet(p.LargeBegin(ch.id, msgspec.Raw(_encode(header)), -1 if compress else size, compress))
+        begin = p.LargeBegin(ch.id, msgspec.Raw(_encode(header)), -1 if compress else size, compress)
+        if held is None:
+            conn.send_packet(begin)
+        else:
+            held.append(p.encode(begin))
         session.large_open += 1
         if session.transacted:
             session._tx_work = True
         return ch, step
 
-    def _end_large(self, ch: Channel, chunks: int, size: int, waiter: Any) -> None:
+    def _end_large(self, ch: Channel, chunks: int, size: int, waiter: Any, held: Frames | None = None) -> None:
         self.in_flight += 1
         cmd = ch.cmd()
-        self.session.conn.pipeline(ch, p.LargeEnd(ch.id, cmd, chunks, size), waiter, None)
+        end = p.LargeEnd(ch.id, cmd, chunks, size)
+        if held is None:
+            self.session.conn.pipeline(ch, end, waiter, None)
+        else:
+            self.session.conn.pipeline_after(ch, held, end, waiter)
 
     def _send_large_now(self, data: MessageData, callback: SendCallback | None) -> asyncio.Future[None] | None:
         """A large bytes body from `send_nowait`: every chunk written now (the caller holds the
-        body anyway). Not resent after a failover: the send fails with Unblocked."""
+        body anyway). Not resent after a failover: the send fails with Unblocked.
+
+        Written while the client is between links with a confirmation window, its BEGIN and
+        chunks (no command ids) are kept with its END as one frame: a reattach replays the whole
+        message or none of it (the broker refuses a reattach with an upload begun), never an END
+        alone, which the broker would refuse as a protocol error."""
         conn = self.session.conn
         if self.session.sending_large:
             raise IllegalState("a large message is being streamed on this session: send this one with send()")
-        ch, step = self._begin_large(data, len(data.body))
+        held: Frames | None = [] if conn.window > 0 and not conn.ready else None
+        ch, step = self._begin_large(data, len(data.body), held)
         n = total = 0
         for piece in pieces(data.body, step, conn.options.compress_large_messages):
-            conn.send_packet(p.LargeChunk(ch.id, n, piece))
+            if held is None:
+                conn.send_packet(p.LargeChunk(ch.id, n, piece))
+            else:
+                held.append(p.encode(p.LargeChunk(ch.id, n, piece)))
             n += 1
             total += len(piece)
         session = self.session
@@ -698,14 +717,14 @@ class AsyncProducer:
             fut: asyncio.Future[None] = conn.loop.create_future()
             fut.add_done_callback(self._done_future)
             fut.add_done_callback(answered)
-            self._end_large(ch, n, total, fut)
+            self._end_large(ch, n, total, fut, held)
             return fut
 
         def confirmed(exc: BaseException | None) -> None:
             answered()
             self._confirmed(callback, exc)
 
-        self._end_large(ch, n, total, confirmed)
+        self._end_large(ch, n, total, confirmed, held)
         return None
 
     async def send_stream(
