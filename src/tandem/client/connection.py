@@ -666,6 +666,7 @@ class AsyncConnection:
             self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
             return
         log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
+        self._reattaching = None  # lost again while reattaching: what follows _unblock is a restore, never a reattach
         self._unblock(exc)
         self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
 

@@ -106,8 +106,9 @@ class AsyncSession:
         self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
         self.sending_large = False  # a large message's chunks are going out (one at a time per session)
-        # Large sends begun and not answered yet: their chunks are not kept for a reattach, so a
-        # connection lost meanwhile reconnects instead (the send starts again from its start).
+        # Large sends begun on a link and not answered yet: their chunks are not kept for a
+        # reattach, so a connection lost meanwhile reconnects instead (the send starts again from
+        # its start). One written while away is kept whole (`_send_large_now`): not counted.
         self.large_open = 0
         self._large_done: asyncio.Future[None] | None = None
         self._range_reads: dict[int, RangeBodies] = {}  # by READ_RANGE command id: answers and bodies arriving
@@ -671,9 +672,9 @@ class AsyncProducer:
         begin = p.LargeBegin(ch.id, msgspec.Raw(_encode(header)), -1 if compress else size, compress)
         if held is None:
             conn.send_packet(begin)
+            session.large_open += 1
         else:
-            held.append(p.encode(begin))
-        session.large_open += 1
+            held.append(p.encode(begin))  # kept whole: a reattach can replay it, it is not "open"
         if session.transacted:
             session._tx_work = True
         return ch, step
@@ -711,7 +712,8 @@ class AsyncProducer:
         session = self.session
 
         def answered(*_: object) -> None:
-            session.large_open -= 1
+            if held is None:
+                session.large_open -= 1
 
         if callback is None:
             fut: asyncio.Future[None] = conn.loop.create_future()
