@@ -19,7 +19,7 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from tandem.errors import TandemError
+from tandem.errors import ProtocolError, TandemError
 from tandem.testing import AsyncFaultProxy, free_port
 
 FAST = {"client_failure_check_period": 2000, "connect_timeout": 3000, "retry_interval": 100}
@@ -209,3 +209,55 @@ def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_is_sent_aga
 
     asyncio.run(main())
     assert aio.FailureEvent.REATTACHED in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_large_send_written_while_away_on_a_session_not_restored_yet_is_not_replayed_by_a_reattach(
+    broker_factory: Any,
+) -> None:
+    """A large send written while away, on the second session, waits for that session's restore
+    (which fails it: it cannot be sent again). The link is cut while the first session is being
+    restored, and the next link reattaches to that restore: the reattach must not replay the
+    large send, on a channel the broker has no session on yet (a protocol error, and the whole
+    connection starts again)."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[tuple[aio.FailureEvent, TandemError | None]] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, min_large_message_size=1024)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await proxy.cut("down")  # this large send's answer never comes: it is open at the loss
+            large = producer.send_nowait(b"x" * 10_000)
+            assert large is not None
+            await asyncio.sleep(0.3)
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait(b"a" * 10_000)  # large, written while away
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await proxy.heal()
+            await _cut_the_restore(proxy, conn)  # the first session's restore: the second's waits
+            await _until(lambda: conn.ready, "the client reattaches")
+            await proxy.delay(0, "down")
+            try:
+                await asyncio.wait_for(away, 10)
+                away_confirmed = True
+            except TandemError:
+                away_confirmed = False
+            with contextlib.suppress(TandemError):
+                await large
+            await producer.send("after")
+            texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
+            assert "after" in texts, texts
+            assert not away_confirmed or "a" * 8 in texts, texts
+            with contextlib.suppress(TandemError):
+                await conn.close()
+
+    asyncio.run(main())
+    errors = [cause for _, cause in events if isinstance(cause, ProtocolError)]
+    assert not errors, f"the broker refused what the client replayed: {errors} (events {events})"
