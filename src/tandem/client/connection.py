@@ -763,6 +763,12 @@ class AsyncConnection:
                 return
             self._unblock(cause)
         self._out.clear()  # nothing written for the old server may reach the new one
+        for ch in self.channels.values():
+            if ch.kept is not None:
+                # Nor by a reattach to this restore (if its link is lost): what was written
+                # since the loss is each session's restore's to send again or fail, and a
+                # session not restored yet has no channel on this server.
+                ch.kept.clear()
         self._restoring = proto
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):
