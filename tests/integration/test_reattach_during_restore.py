@@ -261,3 +261,50 @@ def test_a_large_send_written_while_away_on_a_session_not_restored_yet_is_not_re
     asyncio.run(main())
     errors = [cause for _, cause in events if isinstance(cause, ProtocolError)]
     assert not errors, f"the broker refused what the client replayed: {errors} (events {events})"
+
+
+@pytest.mark.timeout(90)
+def test_a_large_send_on_a_session_not_restored_yet_written_during_another_ones_restore(
+    broker_factory: Any,
+) -> None:
+    """The broker restarted: the client restores its sessions one after the other, writing
+    straight to the new link. A large send written meanwhile on the second session, whose
+    channel the broker has no session on yet, must not reach it (a protocol error, and the
+    whole connection starts again): it fails with Unblocked, or is stored once it can be."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[tuple[aio.FailureEvent, TandemError | None]] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, min_large_message_size=1024)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            await proxy.delay(1.0, "down")  # the answers of the restarted broker come late
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
+            await asyncio.sleep(0.3)
+            large = producer.send_nowait(b"x" * 10_000)  # the first session's restore is under way
+            assert large is not None
+            await proxy.delay(0, "down")
+            try:
+                await asyncio.wait_for(large, 10)
+                confirmed = True
+            except TandemError:
+                confirmed = False
+            await _until(lambda: conn.ready, "the client is back")
+            await producer.send("after")
+            texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
+            assert "after" in texts, texts
+            assert not confirmed or "x" * 8 in texts, texts
+            await conn.close()
+
+    asyncio.run(main())
+    errors = [cause for _, cause in events if isinstance(cause, ProtocolError)]
+    assert not errors, f"the broker refused what the client wrote: {errors} (events {events})"
+    assert [k for k, _ in events] == [aio.FailureEvent.RECONNECTED], events
