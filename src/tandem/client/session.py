@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.client")
 
 ACK_MODES = ("auto", "client", "individual")
+_NOT_RESTORED = "not sent: its session is not restored yet after a connection loss (send it again once connected)"
 _PARKED = "the send was waiting to be sent again after a connection loss; its outcome is unknown"
 _UNREPLAYABLE = "sent while the connection was failing over and not replayable; its outcome is unknown"
 # Consumed bytes go back as credit once they reach a quarter of the window: at half, a consumer
@@ -103,6 +104,7 @@ class AsyncSession:
         # The server lost this session with the link (set by _unblock), until a restore has
         # created it again: parked sends cannot go on its channel meanwhile.
         self._unrestored = False
+        self._restore_begun = False  # its restore's CREATE_SESSION is written: frames after it are valid
         self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
         self.sending_large = False  # a large message's chunks are going out (one at a time per session)
@@ -492,6 +494,7 @@ class AsyncSession:
         if self.transacted and self._tx_work:
             self._rollback_only = True
         self._unrestored = True
+        self._restore_begun = False
         self._resend.extend(resend)
         for c in self.consumers.values():
             c._transport_lost(exc)
@@ -513,6 +516,7 @@ class AsyncSession:
             # no server has it, so the transaction can only be rolled back, as for work before.
             self._rollback_only = True
         try:
+            self._restore_begun = True
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
             self._unrestored = False  # on the server again: what is parked can go on this channel
             for args in self.temp_queues.values():
@@ -527,6 +531,8 @@ class AsyncSession:
             # settled by a confirmation of a later command (the next link may reattach to this
             # restore's sessions, which never had it).
             self._resend[:0] = [pend for pend in pending if pend.resend is not None]
+            if self._unrestored:
+                self._restore_begun = False  # the server may not have it: the next restore makes it
             unblocked = Unblocked(_UNREPLAYABLE)
             for pend in pending:
                 if pend.resend is None:
@@ -696,9 +702,15 @@ class AsyncProducer:
         chunks (no command ids) are kept with its END as one frame: a reattach replays the whole
         message or none of it (the broker refuses a reattach with an upload begun), never an END
         alone, which the broker would refuse as a protocol error."""
-        conn = self.session.conn
-        if self.session.sending_large:
+        session = self.session
+        conn = session.conn
+        if session.sending_large:
             raise IllegalState("a large message is being streamed on this session: send this one with send()")
+        if session._unrestored and not session._restore_begun:
+            # The server has no session on this channel yet (the client is restoring its sessions
+            # after a failover, or will): its restore would fail this send, which it cannot send
+            # again, and its BEGIN written before that restore is a protocol error.
+            return self._failed_at_once(callback, Unblocked(_NOT_RESTORED))
         held: Frames | None = [] if conn.window > 0 and not conn.ready else None
         ch, step = self._begin_large(data, len(data.body), held)
         n = total = 0
@@ -709,7 +721,6 @@ class AsyncProducer:
                 held.append(p.encode(p.LargeChunk(ch.id, n, piece)))
             n += 1
             total += len(piece)
-        session = self.session
 
         def answered(*_: object) -> None:
             if held is None:
@@ -728,6 +739,17 @@ class AsyncProducer:
 
         self._end_large(ch, n, total, confirmed, held)
         return None
+
+    def _failed_at_once(self, callback: SendCallback | None, exc: TandemError) -> asyncio.Future[None] | None:
+        """A send that cannot go, failed as one in flight would be (callback on the next loop pass)."""
+        loop = self.session.conn.loop
+        if callback is not None:
+            loop.call_soon(callback, exc)
+            return None
+        fut: asyncio.Future[None] = loop.create_future()
+        fut.set_exception(exc)
+        fut.exception()  # as a send failed in flight: no "never retrieved" warning if it is not awaited
+        return fut
 
     async def send_stream(
         self, source: Source, size: int | None = None, *, message: Message | None = None, **fields: Any
