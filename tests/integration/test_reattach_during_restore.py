@@ -308,3 +308,43 @@ def test_a_large_send_on_a_session_not_restored_yet_written_during_another_ones_
     errors = [cause for _, cause in events if isinstance(cause, ProtocolError)]
     assert not errors, f"the broker refused what the client wrote: {errors} (events {events})"
     assert [k for k, _ in events] == [aio.FailureEvent.RECONNECTED], events
+
+
+@pytest.mark.timeout(90)
+def test_a_send_on_a_session_not_restored_yet_written_during_another_ones_restore_waits_for_its_restore(
+    broker_factory: Any,
+) -> None:
+    """As above with a small send that has a dedup id: it must not reach the broker before its
+    session does (the broker refuses it: no session on that channel). Its session's restore
+    sends it, as any send written while away; it is stored once and confirmed."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            await proxy.delay(1.0, "down")  # the answers of the restarted broker come late
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
+            await asyncio.sleep(0.3)
+            during = producer.send_nowait("during")  # the first session's restore is under way
+            assert during is not None
+            await proxy.delay(0, "down")
+            await asyncio.wait_for(during, 10)  # raised SessionDoesNotExist
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert events == [aio.FailureEvent.RECONNECTED], events
