@@ -651,10 +651,12 @@ class AsyncProducer:
         self.in_flight += 1
         if transacted:
             session._tx_work = True
+        resend = data if data.dedup_id is not None and not transacted else None
+        if session._unrestored and not session._restore_begun and not conn.ready:
+            return self._hold_for_restore(resend, callback)
         ch = session.channel
         cmd = ch.next_cmd
         ch.next_cmd = cmd + 1
-        resend = data if data.dedup_id is not None and not transacted else None
         if callback is None:
             fut: asyncio.Future[None] = conn.loop.create_future()
             fut.add_done_callback(self._done_future)
@@ -662,6 +664,28 @@ class AsyncProducer:
             return fut
         conn.pipeline(ch, p.SendData(ch.id, cmd, data), partial(self._confirmed, callback), resend)
         return None
+
+    def _hold_for_restore(self, data: MessageData | None, callback: SendCallback | None) -> asyncio.Future[None] | None:
+        """A send on a session that lost its server state, written before its restore began: not
+        written now (during another session's restore the new server would refuse it: no
+        session on its channel yet). With a dedup id its session's restore sends it; without,
+        it fails now, as that restore would fail it."""
+        from .connection import Pending
+
+        session = self.session
+        loop = session.conn.loop
+        fut: asyncio.Future[None] | None = None
+        waiter: Any
+        if callback is None:
+            fut = waiter = loop.create_future()
+            fut.add_done_callback(self._done_future)
+        else:
+            waiter = partial(self._confirmed, callback)
+        if data is not None:
+            session._resend.append(Pending(0, waiter, data))
+        else:
+            loop.call_soon(_fail_waiter, waiter, Unblocked(_NOT_RESTORED))
+        return fut
 
     # --------------------------------------------------------- large messages
     def _begin_large(self, data: MessageData, size: int, held: Frames | None = None) -> tuple[Channel, int]:
