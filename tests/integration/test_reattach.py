@@ -594,3 +594,113 @@ def test_large_deliveries_through_a_blackhole_arrive_whole_once_and_in_order(bro
     asyncio.run(main())
     assert events, "the blackhole went unnoticed"
     assert [b for b, _ in got] == bodies, [len(b) for b, _ in got]
+
+
+@pytest.mark.timeout(60)
+def test_a_large_send_written_while_away_goes_whole_after_the_reattach(broker_factory: Any) -> None:
+    """`send_nowait` of a large body while the client is between links: its LARGE_BEGIN and
+    chunks carry no command id. The reattach that follows must not replay only its LARGE_END
+    (the broker takes that as a protocol error and the whole connection starts again): the
+    message goes whole, once, and the link stays reattached."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    body = bytes(range(256)) * 64  # 16 KiB: 16 chunks of 1 KiB
+    events: Events = []
+    outcome: dict[str, BaseException | None] = {}
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(
+                proxy.url, connection_ttl=10_000, min_large_message_size=1024, **{**WINDOW, **FAST}
+            )
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            producer = (await conn.create_session()).create_producer("big")
+            await producer.send("before")
+            await proxy.blackhole()
+            await _reconnecting(proxy)
+            assert not conn.ready
+            large = producer.send_nowait(body)
+            assert large is not None
+            await proxy.heal()
+            try:
+                await asyncio.wait_for(large, 10)
+                outcome["large"] = None
+            except TandemError as exc:
+                outcome["large"] = exc
+            await producer.send("after")
+            await conn.close()
+
+    asyncio.run(main())
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+    assert outcome["large"] is None, outcome
+
+    async def receive() -> list[bytes]:
+        conn = await aio.connect(broker.url)
+        consumer = await (await conn.create_session()).create_consumer("big")
+        out = []
+        while (m := await consumer.receive(1.0)) is not None:
+            out.append(m.body)
+        await conn.close()
+        return out
+
+    got = asyncio.run(receive())
+    assert got == [b"before", body, b"after"], [len(b) for b in got]
+
+
+@pytest.mark.timeout(60)
+def test_a_large_send_written_while_away_survives_a_loss_before_the_reattach_is_answered(broker_factory: Any) -> None:
+    """As above, and the link that reattaches is reset while the broker's answer is on its way.
+    The message is kept whole, chunks and all, so it does not force a reconnection (as a large
+    send cut on the wire does): the client reattaches again and the message goes once, whole."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    body = bytes(range(256)) * 64
+    events: Events = []
+    outcome: dict[str, BaseException | None] = {}
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(
+                proxy.url,
+                connection_ttl=10_000,
+                min_large_message_size=1024,
+                **{**WINDOW, **FAST, "connect_timeout": 3000, "client_failure_check_period": 2000},
+            )
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            producer = (await conn.create_session()).create_producer("big")
+            await producer.send("before")
+            await proxy.blackhole()
+            await _reconnecting(proxy)
+            assert not conn.ready
+            large = producer.send_nowait(body)
+            assert large is not None
+            await proxy.heal()
+            await proxy.delay(1.0, "down")  # the next link's HELLO and REATTACH answers come late
+            await _until(lambda: conn._proto is not None, "the client connects again")
+            await asyncio.sleep(0.3)
+            assert not conn.ready, "reattached before the link was cut: the test missed its moment"
+            assert await proxy.reset() >= 1  # the REATTACH reached the broker, its answer is lost
+            await proxy.delay(0, "down")
+            try:
+                await asyncio.wait_for(large, 15)
+                outcome["large"] = None
+            except TandemError as exc:
+                outcome["large"] = exc
+            await producer.send("after")
+            await conn.close()
+
+    asyncio.run(main())
+    assert outcome["large"] is None, (outcome, events)
+    assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+
+    async def receive() -> list[bytes]:
+        conn = await aio.connect(broker.url)
+        consumer = await (await conn.create_session()).create_consumer("big")
+        out = []
+        while (m := await consumer.receive(1.0)) is not None:
+            out.append(m.body)
+        await conn.close()
+        return out
+
+    got = asyncio.run(receive())
+    assert got == [b"before", body, b"after"], [len(b) for b in got]

@@ -19,7 +19,7 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from tandem.errors import TandemError
+from tandem.errors import ProtocolError, TandemError
 from tandem.testing import AsyncFaultProxy, free_port
 
 FAST = {"client_failure_check_period": 2000, "connect_timeout": 3000, "retry_interval": 100}
@@ -47,16 +47,16 @@ def _broker_behind_a_proxy(broker_factory: Any) -> tuple[Any, int]:
 
 
 async def _connect(url: str, **more: Any) -> aio.AsyncConnection:
-    """A client with a confirmation window (it reattaches), without dedup ids (nothing replayable)."""
-    return await aio.connect(
-        url,
-        confirmation_window_size=1024,
-        auto_dedup=False,
-        reconnect_attempts=-1,
-        connection_ttl=30_000,
+    """A client with a confirmation window (it reattaches), without dedup ids (nothing replayable)
+    unless `more` says otherwise."""
+    options: dict[str, Any] = {
+        "confirmation_window_size": 1024,
+        "auto_dedup": False,
+        "reconnect_attempts": -1,
+        "connection_ttl": 30_000,
         **FAST,
-        **more,
-    )
+    }
+    return await aio.connect(url, **{**options, **more})
 
 
 async def _cut_the_restore(proxy: AsyncFaultProxy, conn: aio.AsyncConnection) -> None:
@@ -155,3 +155,196 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
                 await conn.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_is_sent_again_at_once(
+    broker_factory: Any,
+) -> None:
+    """As above, with a dedup id on the send written while away: the failed restore parks it for a
+    resend. No restore follows (the link reattached), so it must go now, on the reattached link,
+    and be confirmed (once stored), not wait for the next failover or for close."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, min_large_message_size=1024, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            session = await conn.create_session()
+            await session.create_queue("once")
+            await session.create_queue("single", max_consumers=1)
+            await session.create_consumer("single")
+            producer = session.create_producer("once")
+            await proxy.cut("down")  # the large send's answer never comes: it is open at the loss
+            large = producer.send_nowait(b"x" * 10_000)
+            assert large is not None
+            await asyncio.sleep(0.3)
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # auto_dedup: it has a dedup id, it can be sent again
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+            await (await other.create_session()).create_consumer("single")
+            await proxy.heal()
+            await _cut_the_restore(proxy, conn)
+            await _until(lambda: conn.ready, "the client reattaches")
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            done, _ = await asyncio.wait([away], timeout=5)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for a resend is still unconfirmed after the reattach ({events})"
+            assert away.exception() is None, repr(away.exception())
+            try:
+                await large
+                large_confirmed = True
+            except TandemError:  # its answer was cut: outcome unknown (the old broker may have it)
+                large_confirmed = False
+            texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
+            assert sorted(t for t in texts if t != "x" * 8) == ["after", "away"], texts  # "away" once
+            assert not large_confirmed or "x" * 8 in texts, texts
+            await other.close()
+            with contextlib.suppress(TandemError, TimeoutError):
+                await asyncio.wait_for(conn.close(), 5)
+
+    asyncio.run(main())
+    assert aio.FailureEvent.REATTACHED in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_large_send_written_while_away_on_a_session_not_restored_yet_is_not_replayed_by_a_reattach(
+    broker_factory: Any,
+) -> None:
+    """A large send written while away, on the second session, waits for that session's restore
+    (which fails it: it cannot be sent again). The link is cut while the first session is being
+    restored, and the next link reattaches to that restore: the reattach must not replay the
+    large send, on a channel the broker has no session on yet (a protocol error, and the whole
+    connection starts again)."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[tuple[aio.FailureEvent, TandemError | None]] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, min_large_message_size=1024)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await proxy.cut("down")  # this large send's answer never comes: it is open at the loss
+            large = producer.send_nowait(b"x" * 10_000)
+            assert large is not None
+            await asyncio.sleep(0.3)
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait(b"a" * 10_000)  # large, written while away
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await proxy.heal()
+            await _cut_the_restore(proxy, conn)  # the first session's restore: the second's waits
+            await _until(lambda: conn.ready, "the client reattaches")
+            await proxy.delay(0, "down")
+            try:
+                await asyncio.wait_for(away, 10)
+                away_confirmed = True
+            except TandemError:
+                away_confirmed = False
+            with contextlib.suppress(TandemError):
+                await large
+            await producer.send("after")
+            texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
+            assert "after" in texts, texts
+            assert not away_confirmed or "a" * 8 in texts, texts
+            with contextlib.suppress(TandemError):
+                await conn.close()
+
+    asyncio.run(main())
+    errors = [cause for _, cause in events if isinstance(cause, ProtocolError)]
+    assert not errors, f"the broker refused what the client replayed: {errors} (events {events})"
+
+
+@pytest.mark.timeout(90)
+def test_a_large_send_on_a_session_not_restored_yet_written_during_another_ones_restore(
+    broker_factory: Any,
+) -> None:
+    """The broker restarted: the client restores its sessions one after the other, writing
+    straight to the new link. A large send written meanwhile on the second session, whose
+    channel the broker has no session on yet, must not reach it (a protocol error, and the
+    whole connection starts again): it fails with Unblocked, or is stored once it can be."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[tuple[aio.FailureEvent, TandemError | None]] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, min_large_message_size=1024)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            await proxy.delay(1.0, "down")  # the answers of the restarted broker come late
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
+            await asyncio.sleep(0.3)
+            large = producer.send_nowait(b"x" * 10_000)  # the first session's restore is under way
+            assert large is not None
+            await proxy.delay(0, "down")
+            try:
+                await asyncio.wait_for(large, 10)
+                confirmed = True
+            except TandemError:
+                confirmed = False
+            await _until(lambda: conn.ready, "the client is back")
+            await producer.send("after")
+            texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
+            assert "after" in texts, texts
+            assert not confirmed or "x" * 8 in texts, texts
+            await conn.close()
+
+    asyncio.run(main())
+    errors = [cause for _, cause in events if isinstance(cause, ProtocolError)]
+    assert not errors, f"the broker refused what the client wrote: {errors} (events {events})"
+    assert [k for k, _ in events] == [aio.FailureEvent.RECONNECTED], events
+
+
+@pytest.mark.timeout(90)
+def test_a_send_on_a_session_not_restored_yet_written_during_another_ones_restore_waits_for_its_restore(
+    broker_factory: Any,
+) -> None:
+    """As above with a small send that has a dedup id: it must not reach the broker before its
+    session does (the broker refuses it: no session on that channel). Its session's restore
+    sends it, as any send written while away; it is stored once and confirmed."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            await proxy.delay(1.0, "down")  # the answers of the restarted broker come late
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
+            await asyncio.sleep(0.3)
+            during = producer.send_nowait("during")  # the first session's restore is under way
+            assert during is not None
+            await proxy.delay(0, "down")
+            await asyncio.wait_for(during, 10)  # raised SessionDoesNotExist
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert events == [aio.FailureEvent.RECONNECTED], events

@@ -516,6 +516,17 @@ class AsyncConnection:
         self._write(frame)
         ch.confirms.append(Pending(cmd, waiter, resend))
 
+    def pipeline_after(self, ch: Channel, before: list[bytes | bytearray], pkt: p.Packet, waiter: Waiter) -> None:
+        """`pipeline` of a command that must follow frames without a command id (a large
+        message's BEGIN and chunks), kept with them as one frame: a reattach replays all of them
+        or none, in order. Never sent again after a failover (the send fails with Unblocked)."""
+        frame = b"".join([*before, p.encode(pkt)])
+        cmd: int = pkt.cmd  # type: ignore[attr-defined]
+        if ch.kept is not None:
+            ch.kept.append((cmd, frame))
+        self._write(frame)
+        ch.confirms.append(Pending(cmd, waiter, None))
+
     async def call(
         self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
     ) -> Any:
@@ -655,6 +666,7 @@ class AsyncConnection:
             self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
             return
         log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
+        self._reattaching = None  # lost again while reattaching: what follows _unblock is a restore, never a reattach
         self._unblock(exc)
         self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
 
@@ -742,12 +754,21 @@ class AsyncConnection:
             if done:
                 self.generation = generation  # deliveries from before the failure stay valid
                 self._ready.set()
+                for ch in sorted(self.channels.values(), key=lambda c: c.id):
+                    if ch.session is not None:
+                        ch.session._send_parked()  # a restore failed earlier: no restore takes them now
                 self._flush()
                 log.warning("reattached to %s (node %s)", self.server, self.node_id)
                 self._notify(FailureEvent.REATTACHED, cause)
                 return
             self._unblock(cause)
         self._out.clear()  # nothing written for the old server may reach the new one
+        for ch in self.channels.values():
+            if ch.kept is not None:
+                # Nor by a reattach to this restore (if its link is lost): what was written
+                # since the loss is each session's restore's to send again or fail, and a
+                # session not restored yet has no channel on this server.
+                ch.kept.clear()
         self._restoring = proto
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.client")
 
 ACK_MODES = ("auto", "client", "individual")
+_NOT_RESTORED = "not sent: its session is not restored yet after a connection loss (send it again once connected)"
+_PARKED = "the send was waiting to be sent again after a connection loss; its outcome is unknown"
 _UNREPLAYABLE = "sent while the connection was failing over and not replayable; its outcome is unknown"
 # Consumed bytes go back as credit once they reach a quarter of the window: at half, a consumer
 # of a busy broker sat with an empty window while its credit waited for a turn (4+4 p99 halved).
@@ -56,6 +58,7 @@ _encode = msgspec.msgpack.Encoder().encode
 
 Listener = Callable[[ReceivedMessage], Any]
 SendCallback = Callable[[BaseException | None], None]
+Frames = list[bytes | bytearray]  # encoded frames held back to go out with a later one
 # Artemis's SendAcknowledgementHandler: (the message sent, None once confirmed or the error).
 SendAckHandler = Callable[[Message, BaseException | None], Any]
 
@@ -97,12 +100,17 @@ class AsyncSession:
         self._tx_work = False  # the open transaction has sent or acknowledged something
         self._rollback_only = False
         self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
-        self._resend: list[Pending] = []
+        self._resend: list[Pending] = []  # sends with a dedup id, parked until the session is on a server again
+        # The server lost this session with the link (set by _unblock), until a restore has
+        # created it again: parked sends cannot go on its channel meanwhile.
+        self._unrestored = False
+        self._restore_begun = False  # its restore's CREATE_SESSION is written: frames after it are valid
         self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
         self.sending_large = False  # a large message's chunks are going out (one at a time per session)
-        # Large sends begun and not answered yet: their chunks are not kept for a reattach, so a
-        # connection lost meanwhile reconnects instead (the send starts again from its start).
+        # Large sends begun on a link and not answered yet: their chunks are not kept for a
+        # reattach, so a connection lost meanwhile reconnects instead (the send starts again from
+        # its start). One written while away is kept whole (`_send_large_now`): not counted.
         self.large_open = 0
         self._large_done: asyncio.Future[None] | None = None
         self._range_reads: dict[int, RangeBodies] = {}  # by READ_RANGE command id: answers and bodies arriving
@@ -409,6 +417,9 @@ class AsyncSession:
             return
         for c in list(self.consumers.values()):
             c._emit_pending()
+        await self.conn.until_reattached()
+        if self.conn.ready:  # parked, yet the link is ready: this session was never restored on it
+            self._fail_parked(Unblocked(f"the session was closed before it was restored: {_PARKED}"))
         for prod in self.producers:
             try:
                 await prod.flush()
@@ -473,6 +484,7 @@ class AsyncSession:
             c._mark_closed(err)
 
     def _connection_failed(self, err: TandemError) -> None:
+        self._fail_parked(Unblocked(f"{err.message}: {_PARKED}"))
         for c in self.consumers.values():
             c._mark_closed(err)
         for prod in self.producers:
@@ -481,6 +493,8 @@ class AsyncSession:
     def _transport_lost(self, exc: TandemError, resend: list[Pending]) -> None:
         if self.transacted and self._tx_work:
             self._rollback_only = True
+        self._unrestored = True
+        self._restore_begun = False
         self._resend.extend(resend)
         for c in self.consumers.values():
             c._transport_lost(exc)
@@ -502,7 +516,9 @@ class AsyncSession:
             # no server has it, so the transaction can only be rolled back, as for work before.
             self._rollback_only = True
         try:
+            self._restore_begun = True
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
+            self._unrestored = False  # on the server again: what is parked can go on this channel
             for args in self.temp_queues.values():
                 await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
             for c in list(self.consumers.values()):
@@ -515,10 +531,19 @@ class AsyncSession:
             # settled by a confirmation of a later command (the next link may reattach to this
             # restore's sessions, which never had it).
             self._resend[:0] = [pend for pend in pending if pend.resend is not None]
+            if self._unrestored:
+                self._restore_begun = False  # the server may not have it: the next restore makes it
             unblocked = Unblocked(_UNREPLAYABLE)
             for pend in pending:
                 if pend.resend is None:
                     _fail_waiter(pend.waiter, unblocked)
+            if conn.closed:  # the connection gave up (or was closed) while this restore waited
+                self._fail_parked(Unblocked(f"{conn._closed_error().message}: {_PARKED}"))
+            elif conn.ready:
+                # The next link reattached to this restore's sessions, and no restore follows a
+                # reattach: what was parked goes now (its dedup id keeps it once), or it would
+                # wait for the next failover or for close. Not ready: the reattach sends it.
+                self._send_parked()
             raise
         unblocked = Unblocked(_UNREPLAYABLE)
         for pend in pending:
@@ -527,6 +552,24 @@ class AsyncSession:
                 _fail_waiter(pend.waiter, unblocked)
             else:
                 conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+
+    def _send_parked(self) -> None:
+        """The link reattached: sends parked for a resend go again on it, in the order they were
+        first sent, when the server has this session (a restore created it). A duplicate of one
+        the broker stored before is dropped by its dedup id and confirmed."""
+        if not self._resend or self._unrestored or self.closed:
+            return
+        conn, ch = self.conn, self.channel
+        parked, self._resend = self._resend, []
+        for pend in parked:
+            data = pend.resend
+            conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+
+    def _fail_parked(self, exc: TandemError) -> None:
+        """Sends parked for a resend that no server will get now (closed, or the connection failed)."""
+        parked, self._resend = self._resend, []
+        for pend in parked:
+            _fail_waiter(pend.waiter, exc)
 
 
 def _call_handler(handler: SendAckHandler, msg: Message, exc: BaseException | None) -> None:
@@ -608,10 +651,12 @@ class AsyncProducer:
         self.in_flight += 1
         if transacted:
             session._tx_work = True
+        resend = data if data.dedup_id is not None and not transacted else None
+        if session._unrestored and not session._restore_begun and not conn.ready:
+            return self._hold_for_restore(resend, callback)
         ch = session.channel
         cmd = ch.next_cmd
         ch.next_cmd = cmd + 1
-        resend = data if data.dedup_id is not None and not transacted else None
         if callback is None:
             fut: asyncio.Future[None] = conn.loop.create_future()
             fut.add_done_callback(self._done_future)
@@ -620,9 +665,32 @@ class AsyncProducer:
         conn.pipeline(ch, p.SendData(ch.id, cmd, data), partial(self._confirmed, callback), resend)
         return None
 
+    def _hold_for_restore(self, data: MessageData | None, callback: SendCallback | None) -> asyncio.Future[None] | None:
+        """A send on a session that lost its server state, written before its restore began: not
+        written now (during another session's restore the new server would refuse it: no
+        session on its channel yet). With a dedup id its session's restore sends it; without,
+        it fails now, as that restore would fail it."""
+        from .connection import Pending
+
+        session = self.session
+        loop = session.conn.loop
+        fut: asyncio.Future[None] | None = None
+        waiter: Any
+        if callback is None:
+            fut = waiter = loop.create_future()
+            fut.add_done_callback(self._done_future)
+        else:
+            waiter = partial(self._confirmed, callback)
+        if data is not None:
+            session._resend.append(Pending(0, waiter, data))
+        else:
+            loop.call_soon(_fail_waiter, waiter, Unblocked(_NOT_RESTORED))
+        return fut
+
     # --------------------------------------------------------- large messages
-    def _begin_large(self, data: MessageData, size: int) -> tuple[Channel, int]:
-        """LARGE_BEGIN for `data` (its body goes in the chunks); the channel and the chunk size."""
+    def _begin_large(self, data: MessageData, size: int, held: Frames | None = None) -> tuple[Channel, int]:
+        """LARGE_BEGIN for `data` (its body goes in the chunks); the channel and the chunk size.
+        With `held`, the frame goes there instead of out (see `_send_large_now`)."""
         session = self.session
         conn = session.conn
         opts = conn.options
@@ -631,47 +699,81 @@ class AsyncProducer:
         ch = session.channel
         compress = opts.compress_large_messages
         # Compressed, the size that goes is known only at the end.
-        conn.send_packet(p.LargeBegin(ch.id, msgspec.Raw(_encode(header)), -1 if compress else size, compress))
-        session.large_open += 1
+        begin = p.LargeBegin(ch.id, msgspec.Raw(_encode(header)), -1 if compress else size, compress)
+        if held is None:
+            conn.send_packet(begin)
+            session.large_open += 1
+        else:
+            held.append(p.encode(begin))  # kept whole: a reattach can replay it, it is not "open"
         if session.transacted:
             session._tx_work = True
         return ch, step
 
-    def _end_large(self, ch: Channel, chunks: int, size: int, waiter: Any) -> None:
+    def _end_large(self, ch: Channel, chunks: int, size: int, waiter: Any, held: Frames | None = None) -> None:
         self.in_flight += 1
         cmd = ch.cmd()
-        self.session.conn.pipeline(ch, p.LargeEnd(ch.id, cmd, chunks, size), waiter, None)
+        end = p.LargeEnd(ch.id, cmd, chunks, size)
+        if held is None:
+            self.session.conn.pipeline(ch, end, waiter, None)
+        else:
+            self.session.conn.pipeline_after(ch, held, end, waiter)
 
     def _send_large_now(self, data: MessageData, callback: SendCallback | None) -> asyncio.Future[None] | None:
         """A large bytes body from `send_nowait`: every chunk written now (the caller holds the
-        body anyway). Not resent after a failover: the send fails with Unblocked."""
-        conn = self.session.conn
-        if self.session.sending_large:
+        body anyway). Not resent after a failover: the send fails with Unblocked.
+
+        Written while the client is between links with a confirmation window, its BEGIN and
+        chunks (no command ids) are kept with its END as one frame: a reattach replays the whole
+        message or none of it (the broker refuses a reattach with an upload begun), never an END
+        alone, which the broker would refuse as a protocol error."""
+        session = self.session
+        conn = session.conn
+        if session.sending_large:
             raise IllegalState("a large message is being streamed on this session: send this one with send()")
-        ch, step = self._begin_large(data, len(data.body))
+        if session._unrestored and not session._restore_begun:
+            # The server has no session on this channel yet (the client is restoring its sessions
+            # after a failover, or will): its restore would fail this send, which it cannot send
+            # again, and its BEGIN written before that restore is a protocol error.
+            return self._failed_at_once(callback, Unblocked(_NOT_RESTORED))
+        held: Frames | None = [] if conn.window > 0 and not conn.ready else None
+        ch, step = self._begin_large(data, len(data.body), held)
         n = total = 0
         for piece in pieces(data.body, step, conn.options.compress_large_messages):
-            conn.send_packet(p.LargeChunk(ch.id, n, piece))
+            if held is None:
+                conn.send_packet(p.LargeChunk(ch.id, n, piece))
+            else:
+                held.append(p.encode(p.LargeChunk(ch.id, n, piece)))
             n += 1
             total += len(piece)
-        session = self.session
 
         def answered(*_: object) -> None:
-            session.large_open -= 1
+            if held is None:
+                session.large_open -= 1
 
         if callback is None:
             fut: asyncio.Future[None] = conn.loop.create_future()
             fut.add_done_callback(self._done_future)
             fut.add_done_callback(answered)
-            self._end_large(ch, n, total, fut)
+            self._end_large(ch, n, total, fut, held)
             return fut
 
         def confirmed(exc: BaseException | None) -> None:
             answered()
             self._confirmed(callback, exc)
 
-        self._end_large(ch, n, total, confirmed)
+        self._end_large(ch, n, total, confirmed, held)
         return None
+
+    def _failed_at_once(self, callback: SendCallback | None, exc: TandemError) -> asyncio.Future[None] | None:
+        """A send that cannot go, failed as one in flight would be (callback on the next loop pass)."""
+        loop = self.session.conn.loop
+        if callback is not None:
+            loop.call_soon(callback, exc)
+            return None
+        fut: asyncio.Future[None] = loop.create_future()
+        fut.set_exception(exc)
+        fut.exception()  # as a send failed in flight: no "never retrieved" warning if it is not awaited
+        return fut
 
     async def send_stream(
         self, source: Source, size: int | None = None, *, message: Message | None = None, **fields: Any
