@@ -321,7 +321,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=10_000_000, help="the paged backlog (and RabbitMQ's)")
     ap.add_argument("--memory-messages", type=int, default=500_000, help="the in-memory comparison's backlog")
-    ap.add_argument("--global-max-size", type=int, default=256, help="MiB, the paged broker's global-max-size")
+    ap.add_argument(
+        "--global-max-size",
+        type=int,
+        default=64,
+        help="MiB, the paged broker's global-max-size (256 before 2026-11-27 11:00)",
+    )
     ap.add_argument("--size", type=int, default=1024, help="body bytes")
     ap.add_argument("--producers", type=int, default=4)
     ap.add_argument("--consumers", type=int, default=4)
