@@ -22,12 +22,21 @@ async def queue_stat(url: str, queue: str) -> dict[str, Any]:
 
 async def drain_texts(url: str, queue: str, wait: float = 0.5) -> list[str]:
     """Receive (auto-acknowledged) until `queue` has been quiet for `wait` seconds; the texts in order."""
+    return [m.text for m in await _drain(url, queue, wait)]
+
+
+async def drain_bodies(url: str, queue: str, wait: float = 0.5) -> list[bytes]:
+    """As `drain_texts`, the bodies (large ones read whole)."""
+    return [m.body for m in await _drain(url, queue, wait)]
+
+
+async def _drain(url: str, queue: str, wait: float) -> list[Any]:
     conn = await aio.connect(url)
     try:
         consumer = await (await conn.create_session()).create_consumer(queue)
         out = []
         while (m := await consumer.receive(wait)) is not None:
-            out.append(m.text)
+            out.append(m)
         return out
     finally:
         await conn.close()

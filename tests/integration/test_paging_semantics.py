@@ -10,7 +10,7 @@ from typing import Any
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
-from client_io import queue_stat
+from client_io import drain_bodies, queue_stat
 
 SETTINGS = {
     "paged.#": {
@@ -151,19 +151,10 @@ def test_a_large_message_sent_while_the_address_pages_keeps_its_body(broker_fact
         await prod.send(body)
         await conn.close()
 
-    async def bodies() -> list[bytes]:
-        conn = await aio.connect(b.url)
-        out: list[bytes] = []
-        consumer = await (await conn.create_session()).create_consumer("paged.l")
-        while (m := await consumer.receive(2.0)) is not None:
-            out.append(m.body)
-        await conn.close()
-        return out
-
     run(send_large())
     b.stop()
     b.start()
-    got = run(bodies())
+    got = run(drain_bodies(b.url, "paged.l", 2.0))
     assert len(got) == FILL + 1
     assert [x for x in got if x == body] == [body]
     assert sorted(x[:7].decode() for x in got if x != body) == _expected(FILL)

@@ -19,7 +19,7 @@ import pytest
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
-from client_io import drain_texts, send_confirmed
+from client_io import drain_bodies, drain_texts, send_confirmed
 from reply_proxy import CommitReplyDropper
 from tandem.errors import CallTimeout, IllegalState, TandemError, TransactionRolledBack, Unblocked
 from tandem.testing import AsyncFaultProxy, FaultProxy, free_port
@@ -545,16 +545,7 @@ def test_a_large_send_cut_by_a_blackhole_is_sent_again_whole_not_reattached(brok
     asyncio.run(main())
     assert aio.FailureEvent.REATTACHED not in [k for k, _ in events], events
 
-    async def receive() -> list[bytes]:
-        conn = await aio.connect(broker.url)
-        consumer = await (await conn.create_session()).create_consumer("big")
-        out = []
-        while (m := await consumer.receive(1.0)) is not None:
-            out.append(m.body)
-        await conn.close()
-        return out
-
-    got = asyncio.run(receive())
+    got = asyncio.run(drain_bodies(broker.url, "big", 1.0))
     assert len(got) == 1 and got[0] == body, [len(b) for b in got]
 
 
@@ -634,16 +625,7 @@ def test_a_large_send_written_while_away_goes_whole_after_the_reattach(broker_fa
     assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
     assert outcome["large"] is None, outcome
 
-    async def receive() -> list[bytes]:
-        conn = await aio.connect(broker.url)
-        consumer = await (await conn.create_session()).create_consumer("big")
-        out = []
-        while (m := await consumer.receive(1.0)) is not None:
-            out.append(m.body)
-        await conn.close()
-        return out
-
-    got = asyncio.run(receive())
+    got = asyncio.run(drain_bodies(broker.url, "big", 1.0))
     assert got == [b"before", body, b"after"], [len(b) for b in got]
 
 
@@ -693,14 +675,5 @@ def test_a_large_send_written_while_away_survives_a_loss_before_the_reattach_is_
     assert outcome["large"] is None, (outcome, events)
     assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
 
-    async def receive() -> list[bytes]:
-        conn = await aio.connect(broker.url)
-        consumer = await (await conn.create_session()).create_consumer("big")
-        out = []
-        while (m := await consumer.receive(1.0)) is not None:
-            out.append(m.body)
-        await conn.close()
-        return out
-
-    got = asyncio.run(receive())
+    got = asyncio.run(drain_bodies(broker.url, "big", 1.0))
     assert got == [b"before", body, b"after"], [len(b) for b in got]
