@@ -19,7 +19,7 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from tandem.errors import ProtocolError, TandemError
+from tandem.errors import ProtocolError, TandemError, Unblocked
 from tandem.testing import AsyncFaultProxy, free_port
 
 FAST = {"client_failure_check_period": 2000, "connect_timeout": 3000, "retry_interval": 100}
@@ -348,3 +348,53 @@ def test_a_send_on_a_session_not_restored_yet_written_during_another_ones_restor
     except TandemError as exc:
         pytest.fail(f"the client failed: {exc!r} (events {events})")
     assert events == [aio.FailureEvent.RECONNECTED], events
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_that_fails_on_a_reattached_link_leaves_no_later_session_unrestored(broker_factory: Any) -> None:
+    """Two sessions; the broker restarted. The first session's restore is cut (the next link
+    reattaches to it) and then fails on that link (a consumer the broker refuses). The second
+    session comes after it: it must end restored, or the client must give the connection up as
+    it does when a restore fails on its own link. Its send written while away (a dedup id:
+    parked for its restore) must not wait for a restore that never comes, nor be confirmed
+    without the broker having it; and the failure must not be swallowed."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            await first.create_queue("single", max_consumers=1)
+            await first.create_consumer("single")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+            await (await other.create_session()).create_consumer("single")
+            await _cut_the_restore(proxy, conn)  # the first session's restore: the second's waits
+            await proxy.delay(0, "down")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            error = away.exception()
+            assert error is None or isinstance(error, Unblocked), repr(error)
+            texts = await drain_texts(broker.url, "once", wait=0.3)
+            assert error is not None or "away" in texts, f"a send confirmed that the broker does not have ({texts})"
+            if not conn.closed:  # restored, then: the second session works
+                await producer.send("after")
+                texts += await drain_texts(broker.url, "once", wait=0.3)
+                assert "after" in texts, texts
+            else:
+                assert aio.FailureEvent.DISCONNECT in events, events
+            await other.close()
+            with contextlib.suppress(TandemError, TimeoutError):
+                await asyncio.wait_for(conn.close(), 5)
+
+    asyncio.run(main())
