@@ -112,7 +112,8 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
     """The restore takes the send written while away (a large send was open when the link failed:
     no reattach, the sessions were dropped at once) and fails on the reattached link (a consumer
     the restarted broker refuses). What it took must not wait in the live channel for a later
-    command's confirmation: it would settle a send the broker never had as confirmed."""
+    command's confirmation: it would settle a send the broker never had as confirmed. (The
+    connection then gives up, as for a restore refused on its own link: decision 0074.)"""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
@@ -138,9 +139,8 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
             await (await other.create_session()).create_consumer("single")
             await proxy.heal()
             await _cut_the_restore(proxy, conn)
-            await _until(lambda: conn.ready, "the client reattaches")
+            await _until(lambda: conn.closed, "the client gives up after the restore failed")
             await proxy.delay(0, "down")
-            await producer.send("after")
             try:
                 await asyncio.wait_for(away, 5)
                 confirmed = True
@@ -150,6 +150,7 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
                 await large
             texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
             assert not confirmed or "away" in texts, f"a send confirmed that the broker does not have ({texts})"
+            assert aio.FailureEvent.DISCONNECT in events, events
             await other.close()
             with contextlib.suppress(TandemError):
                 await conn.close()
@@ -158,12 +159,13 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
 
 
 @pytest.mark.timeout(90)
-def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_is_sent_again_at_once(
+def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_fails_when_the_client_gives_up(
     broker_factory: Any,
 ) -> None:
     """As above, with a dedup id on the send written while away: the failed restore parks it for a
-    resend. No restore follows (the link reattached), so it must go now, on the reattached link,
-    and be confirmed (once stored), not wait for the next failover or for close."""
+    resend. No restore follows (the link reattached): the client gives the connection up, as for
+    a restore refused on its own link (decision 0074), and the send fails with Unblocked at
+    once, neither waiting for a failover that never comes nor confirmed without being stored."""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
@@ -189,26 +191,25 @@ def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_is_sent_aga
             await (await other.create_session()).create_consumer("single")
             await proxy.heal()
             await _cut_the_restore(proxy, conn)
-            await _until(lambda: conn.ready, "the client reattaches")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for a resend is still waiting after the reattach ({events})"
+            assert isinstance(away.exception(), Unblocked), repr(away.exception())
+            assert conn.closed
             await proxy.delay(0, "down")
-            await producer.send("after")
-            done, _ = await asyncio.wait([away], timeout=5)  # bounded: the outcome, not a timing goal
-            assert away in done, f"a send parked for a resend is still unconfirmed after the reattach ({events})"
-            assert away.exception() is None, repr(away.exception())
             try:
                 await large
                 large_confirmed = True
             except TandemError:  # its answer was cut: outcome unknown (the old broker may have it)
                 large_confirmed = False
             texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
-            assert sorted(t for t in texts if t != "x" * 8) == ["after", "away"], texts  # "away" once
+            assert [t for t in texts if t != "x" * 8] == [], texts  # "away" never went
             assert not large_confirmed or "x" * 8 in texts, texts
             await other.close()
             with contextlib.suppress(TandemError, TimeoutError):
                 await asyncio.wait_for(conn.close(), 5)
 
     asyncio.run(main())
-    assert aio.FailureEvent.REATTACHED in events, events
+    assert events[-2:] == [aio.FailureEvent.REATTACHED, aio.FailureEvent.DISCONNECT], events
 
 
 @pytest.mark.timeout(90)

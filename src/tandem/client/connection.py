@@ -284,6 +284,7 @@ class AsyncConnection:
             self.pipeline = self._pipeline_kept  # type: ignore[method-assign]  # off: no per-send cost
         self.generation = 0  # +1 on every (re)connection: messages of older ones are stale
         self.losses = 0  # +1 on every link failure (a reattach keeps `generation`, not this)
+        self.drops = 0  # +1 each time the sessions are given up with a link (`_unblock`): a restore follows
         self._next_channel = 1
         self._proto: _Protocol | None = None
         self._out: list[bytes | bytearray] = []
@@ -684,6 +685,7 @@ class AsyncConnection:
         """The sessions are lost with the connection: calls in flight fail, sends with a dedup id
         wait to be sent again, consumers drop what the old server delivered."""
         self._pending_acks.clear()
+        self.drops += 1
         unblocked = Unblocked(f"{exc.message} (the call was in flight; its outcome is unknown)")
         self.control.take_resendable(unblocked)
         if self.control.kept is not None:
@@ -756,7 +758,7 @@ class AsyncConnection:
                 self._ready.set()
                 for ch in sorted(self.channels.values(), key=lambda c: c.id):
                     if ch.session is not None:
-                        ch.session._send_parked()  # a restore failed earlier: no restore takes them now
+                        ch.session._send_parked()  # parked, yet the server has the session (none expected: 0074)
                 self._flush()
                 log.warning("reattached to %s (node %s)", self.server, self.node_id)
                 self._notify(FailureEvent.REATTACHED, cause)
@@ -770,13 +772,20 @@ class AsyncConnection:
                 # session not restored yet has no channel on this server.
                 ch.kept.clear()
         self._restoring = proto
+        drops = self.drops
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):
                 if ch.session is not None:
                     await ch.session._restore()
         except TandemError as exc:
-            if self._proto is not proto or self.closed:
-                return  # lost again while restoring: that loss started a new reconnection
+            if self.drops != drops or self.closed:
+                return  # lost again while restoring, the sessions with it: that loss's reconnection restores them all
+            # Refused, or not answered in time: on this link, or on a later one that reattached
+            # to this restore (no restore follows a reattach). Either way the sessions after the
+            # failing one are not on the server: the failover failed, as Artemis's does.
+            reconnector = self._reconnector
+            if reconnector is not None and reconnector is not asyncio.current_task():
+                reconnector.cancel()  # a later link's reconnection (reattaching to this restore)
             self._fail(exc)
             return
         except asyncio.CancelledError:
