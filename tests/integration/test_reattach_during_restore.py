@@ -399,3 +399,40 @@ def test_a_restore_that_fails_on_a_reattached_link_leaves_no_later_session_unres
                 await asyncio.wait_for(conn.close(), 5)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_refused_on_its_own_link_gives_the_connection_up(broker_factory: Any) -> None:
+    """The rule the reattached case follows (decision 0074): the broker restarted, the first
+    session's restore is refused (a consumer), and nothing cuts the link. The client gives up:
+    DISCONNECT, and the second session's send parked for its restore fails with Unblocked."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            await first.create_queue("single", max_consumers=1)
+            await first.create_consumer("single")
+            producer = (await conn.create_session()).create_producer("once")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")
+            assert away is not None
+            await proxy.delay(1.0, "down")  # the restore waits for the other client's consumer
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)
+            await (await other.create_session()).create_consumer("single")
+            await proxy.delay(0, "down")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert isinstance(away.exception(), Unblocked), repr(away.exception())
+            assert conn.closed
+            assert await drain_texts(broker.url, "once", wait=0.3) == []
+            await other.close()
+
+    asyncio.run(main())
+    assert events == [aio.FailureEvent.DISCONNECT], events
