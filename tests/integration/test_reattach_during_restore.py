@@ -436,3 +436,51 @@ def test_a_restore_refused_on_its_own_link_gives_the_connection_up(broker_factor
 
     asyncio.run(main())
     assert events == [aio.FailureEvent.DISCONNECT], events
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_not_answered_while_its_link_is_down_is_done_again_on_a_fresh_link(broker_factory: Any) -> None:
+    """The broker restarted; the link is cut while the first session's restore waits for its
+    answer, and the client cannot connect again before that call times out. The restore failed
+    for want of a link, not because the broker refused it: the client must not reattach to what
+    it half made (the second session would have no session on the broker), nor give up; it
+    restores every session on a fresh link, and the second session's parked send (dedup id) is
+    stored once and confirmed."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True, call_timeout=2000)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            await proxy.delay(1.0, "down")  # the restarted broker's answers come late
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
+            await asyncio.sleep(0.3)
+            await proxy.refuse_new()
+            assert await proxy.reset() >= 1  # the restore's call is left without an answer
+            await asyncio.sleep(3.0)  # past call_timeout: the restore's call timed out
+            await proxy.delay(0, "down")
+            await proxy.refuse_new(False)
+            done, _ = await asyncio.wait([away], timeout=15)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert away.exception() is None, f"{away.exception()!r} ({events})"
+            await _until(lambda: conn.ready, "the client is back")
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
