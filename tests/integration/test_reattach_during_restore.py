@@ -113,7 +113,8 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
     no reattach, the sessions were dropped at once) and fails on the reattached link (a consumer
     the restarted broker refuses). What it took must not wait in the live channel for a later
     command's confirmation: it would settle a send the broker never had as confirmed. (The
-    connection then gives up, as for a restore refused on its own link: decision 0074.)"""
+    client then restores afresh on a new link, which the broker refuses too, and gives the
+    connection up: decision 0074.)"""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
@@ -163,9 +164,10 @@ def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_fails_when_
     broker_factory: Any,
 ) -> None:
     """As above, with a dedup id on the send written while away: the failed restore parks it for a
-    resend. No restore follows (the link reattached): the client gives the connection up, as for
-    a restore refused on its own link (decision 0074), and the send fails with Unblocked at
-    once, neither waiting for a failover that never comes nor confirmed without being stored."""
+    resend. No restore follows a reattach: the client gives that link up and restores every
+    session on a fresh one, which the broker refuses too, so it gives the connection up
+    (decision 0074), and the send fails with Unblocked, neither waiting for a failover that
+    never comes nor confirmed without being stored."""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
@@ -355,8 +357,8 @@ def test_a_send_on_a_session_not_restored_yet_written_during_another_ones_restor
 def test_a_restore_that_fails_on_a_reattached_link_leaves_no_later_session_unrestored(broker_factory: Any) -> None:
     """Two sessions; the broker restarted. The first session's restore is cut (the next link
     reattaches to it) and then fails on that link (a consumer the broker refuses). The second
-    session comes after it: it must end restored, or the client must give the connection up as
-    it does when a restore fails on its own link. Its send written while away (a dedup id:
+    session comes after it: it must end restored, or the client must give the connection up
+    (decision 0074: after one more restore on a fresh link). Its send written while away (a dedup id:
     parked for its restore) must not wait for a restore that never comes, nor be confirmed
     without the broker having it; and the failure must not be swallowed."""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)

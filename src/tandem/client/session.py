@@ -539,9 +539,9 @@ class AsyncSession:
                     _fail_waiter(pend.waiter, unblocked)
             if conn.closed:  # the connection gave up (or was closed) while this restore waited
                 self._fail_parked(Unblocked(f"{conn._closed_error().message}: {_PARKED}"))
-            # Else lost again, the sessions with it: the next restore sends what is parked; or
-            # refused (also on a link that reattached to this restore): the connection gives
-            # up (`_reconnect`), which fails it.
+            # Else the next restore sends what is parked: after a loss that took the sessions, or
+            # after a failure on a link that reattached to this one (`_restore_afresh`). Failed
+            # on its own link, the connection gives up (`_fail`), which fails it.
             raise
         unblocked = Unblocked(_UNREPLAYABLE)
         for pend in pending:
