@@ -19,7 +19,7 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from tandem.errors import ProtocolError, TandemError
+from tandem.errors import ProtocolError, TandemError, Unblocked
 from tandem.testing import AsyncFaultProxy, free_port
 
 FAST = {"client_failure_check_period": 2000, "connect_timeout": 3000, "retry_interval": 100}
@@ -112,7 +112,9 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
     """The restore takes the send written while away (a large send was open when the link failed:
     no reattach, the sessions were dropped at once) and fails on the reattached link (a consumer
     the restarted broker refuses). What it took must not wait in the live channel for a later
-    command's confirmation: it would settle a send the broker never had as confirmed."""
+    command's confirmation: it would settle a send the broker never had as confirmed. (The
+    client then restores afresh on a new link, which the broker refuses too, and gives the
+    connection up: decision 0074.)"""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
@@ -138,9 +140,8 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
             await (await other.create_session()).create_consumer("single")
             await proxy.heal()
             await _cut_the_restore(proxy, conn)
-            await _until(lambda: conn.ready, "the client reattaches")
+            await _until(lambda: conn.closed, "the client gives up after the restore failed")
             await proxy.delay(0, "down")
-            await producer.send("after")
             try:
                 await asyncio.wait_for(away, 5)
                 confirmed = True
@@ -150,6 +151,7 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
                 await large
             texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
             assert not confirmed or "away" in texts, f"a send confirmed that the broker does not have ({texts})"
+            assert aio.FailureEvent.DISCONNECT in events, events
             await other.close()
             with contextlib.suppress(TandemError):
                 await conn.close()
@@ -158,12 +160,14 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
 
 
 @pytest.mark.timeout(90)
-def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_is_sent_again_at_once(
+def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_fails_when_the_client_gives_up(
     broker_factory: Any,
 ) -> None:
     """As above, with a dedup id on the send written while away: the failed restore parks it for a
-    resend. No restore follows (the link reattached), so it must go now, on the reattached link,
-    and be confirmed (once stored), not wait for the next failover or for close."""
+    resend. No restore follows a reattach: the client gives that link up and restores every
+    session on a fresh one, which the broker refuses too, so it gives the connection up
+    (decision 0074), and the send fails with Unblocked, neither waiting for a failover that
+    never comes nor confirmed without being stored."""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
@@ -189,26 +193,25 @@ def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_is_sent_aga
             await (await other.create_session()).create_consumer("single")
             await proxy.heal()
             await _cut_the_restore(proxy, conn)
-            await _until(lambda: conn.ready, "the client reattaches")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for a resend is still waiting after the reattach ({events})"
+            assert isinstance(away.exception(), Unblocked), repr(away.exception())
+            assert conn.closed
             await proxy.delay(0, "down")
-            await producer.send("after")
-            done, _ = await asyncio.wait([away], timeout=5)  # bounded: the outcome, not a timing goal
-            assert away in done, f"a send parked for a resend is still unconfirmed after the reattach ({events})"
-            assert away.exception() is None, repr(away.exception())
             try:
                 await large
                 large_confirmed = True
             except TandemError:  # its answer was cut: outcome unknown (the old broker may have it)
                 large_confirmed = False
             texts = [t[:8] for t in await drain_texts(broker.url, "once", wait=0.3)]
-            assert sorted(t for t in texts if t != "x" * 8) == ["after", "away"], texts  # "away" once
+            assert [t for t in texts if t != "x" * 8] == [], texts  # "away" never went
             assert not large_confirmed or "x" * 8 in texts, texts
             await other.close()
             with contextlib.suppress(TandemError, TimeoutError):
                 await asyncio.wait_for(conn.close(), 5)
 
     asyncio.run(main())
-    assert aio.FailureEvent.REATTACHED in events, events
+    assert events[-2:] == [aio.FailureEvent.REATTACHED, aio.FailureEvent.DISCONNECT], events
 
 
 @pytest.mark.timeout(90)
@@ -348,3 +351,138 @@ def test_a_send_on_a_session_not_restored_yet_written_during_another_ones_restor
     except TandemError as exc:
         pytest.fail(f"the client failed: {exc!r} (events {events})")
     assert events == [aio.FailureEvent.RECONNECTED], events
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_that_fails_on_a_reattached_link_leaves_no_later_session_unrestored(broker_factory: Any) -> None:
+    """Two sessions; the broker restarted. The first session's restore is cut (the next link
+    reattaches to it) and then fails on that link (a consumer the broker refuses). The second
+    session comes after it: it must end restored, or the client must give the connection up
+    (decision 0074: after one more restore on a fresh link). Its send written while away (a dedup id:
+    parked for its restore) must not wait for a restore that never comes, nor be confirmed
+    without the broker having it; and the failure must not be swallowed."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            await first.create_queue("single", max_consumers=1)
+            await first.create_consumer("single")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+            await (await other.create_session()).create_consumer("single")
+            await _cut_the_restore(proxy, conn)  # the first session's restore: the second's waits
+            await proxy.delay(0, "down")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            error = away.exception()
+            assert error is None or isinstance(error, Unblocked), repr(error)
+            texts = await drain_texts(broker.url, "once", wait=0.3)
+            assert error is not None or "away" in texts, f"a send confirmed that the broker does not have ({texts})"
+            if not conn.closed:  # restored, then: the second session works
+                await producer.send("after")
+                texts += await drain_texts(broker.url, "once", wait=0.3)
+                assert "after" in texts, texts
+            else:
+                assert aio.FailureEvent.DISCONNECT in events, events
+            await other.close()
+            with contextlib.suppress(TandemError, TimeoutError):
+                await asyncio.wait_for(conn.close(), 5)
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_refused_on_its_own_link_gives_the_connection_up(broker_factory: Any) -> None:
+    """The rule the reattached case follows (decision 0074): the broker restarted, the first
+    session's restore is refused (a consumer), and nothing cuts the link. The client gives up:
+    DISCONNECT, and the second session's send parked for its restore fails with Unblocked."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            await first.create_queue("single", max_consumers=1)
+            await first.create_consumer("single")
+            producer = (await conn.create_session()).create_producer("once")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")
+            assert away is not None
+            await proxy.delay(1.0, "down")  # the restore waits for the other client's consumer
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)
+            await (await other.create_session()).create_consumer("single")
+            await proxy.delay(0, "down")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert isinstance(away.exception(), Unblocked), repr(away.exception())
+            assert conn.closed
+            assert await drain_texts(broker.url, "once", wait=0.3) == []
+            await other.close()
+
+    asyncio.run(main())
+    assert events == [aio.FailureEvent.DISCONNECT], events
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_not_answered_while_its_link_is_down_is_done_again_on_a_fresh_link(broker_factory: Any) -> None:
+    """The broker restarted; the link is cut while the first session's restore waits for its
+    answer, and the client cannot connect again before that call times out. The restore failed
+    for want of a link, not because the broker refused it: the client must not reattach to what
+    it half made (the second session would have no session on the broker), nor give up; it
+    restores every session on a fresh link, and the second session's parked send (dedup id) is
+    stored once and confirmed."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True, call_timeout=2000)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            await proxy.delay(1.0, "down")  # the restarted broker's answers come late
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
+            await asyncio.sleep(0.3)
+            await proxy.refuse_new()
+            assert await proxy.reset() >= 1  # the restore's call is left without an answer
+            await asyncio.sleep(3.0)  # past call_timeout: the restore's call timed out
+            await proxy.delay(0, "down")
+            await proxy.refuse_new(False)
+            done, _ = await asyncio.wait([away], timeout=15)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert away.exception() is None, f"{away.exception()!r} ({events})"
+            await _until(lambda: conn.ready, "the client is back")
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events

@@ -284,6 +284,7 @@ class AsyncConnection:
             self.pipeline = self._pipeline_kept  # type: ignore[method-assign]  # off: no per-send cost
         self.generation = 0  # +1 on every (re)connection: messages of older ones are stale
         self.losses = 0  # +1 on every link failure (a reattach keeps `generation`, not this)
+        self.drops = 0  # +1 each time the sessions are given up with a link (`_unblock`): a restore follows
         self._next_channel = 1
         self._proto: _Protocol | None = None
         self._out: list[bytes | bytearray] = []
@@ -684,6 +685,7 @@ class AsyncConnection:
         """The sessions are lost with the connection: calls in flight fail, sends with a dedup id
         wait to be sent again, consumers drop what the old server delivered."""
         self._pending_acks.clear()
+        self.drops += 1
         unblocked = Unblocked(f"{exc.message} (the call was in flight; its outcome is unknown)")
         self.control.take_resendable(unblocked)
         if self.control.kept is not None:
@@ -720,8 +722,8 @@ class AsyncConnection:
                 out.append((host, port))
         return out
 
-    async def _reconnect(self, cause: TandemError) -> None:
-        failed_server, failed_node = self.server, self.node_id
+    async def _reconnect(self, cause: TandemError, failed: tuple[str, str] | None = None) -> None:
+        failed_server, failed_node = failed or (self.server, self.node_id)
         if self._reattaching is not None:
             failed_server, failed_node, _ = self._reattaching
         try:
@@ -756,7 +758,7 @@ class AsyncConnection:
                 self._ready.set()
                 for ch in sorted(self.channels.values(), key=lambda c: c.id):
                     if ch.session is not None:
-                        ch.session._send_parked()  # a restore failed earlier: no restore takes them now
+                        ch.session._send_parked()  # parked, yet the server has the session (none expected: 0074)
                 self._flush()
                 log.warning("reattached to %s (node %s)", self.server, self.node_id)
                 self._notify(FailureEvent.REATTACHED, cause)
@@ -770,14 +772,21 @@ class AsyncConnection:
                 # session not restored yet has no channel on this server.
                 ch.kept.clear()
         self._restoring = proto
+        drops = self.drops
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):
                 if ch.session is not None:
                     await ch.session._restore()
         except TandemError as exc:
-            if self._proto is not proto or self.closed:
-                return  # lost again while restoring: that loss started a new reconnection
-            self._fail(exc)
+            if self.drops != drops or self.closed:
+                return  # lost again while restoring, the sessions with it: that loss's reconnection restores them all
+            if self._proto is proto:
+                self._fail(exc)  # refused, or not answered, on its own link: the failover failed (as Artemis's)
+                return
+            # Its link was lost meanwhile and the client is reattaching, or has reattached, to
+            # what it made: no restore follows a reattach, and the sessions after the failing one
+            # are not on the server. That link is given up and every session restored afresh.
+            self._restore_afresh(exc, failed_server, failed_node)
             return
         except asyncio.CancelledError:
             return
@@ -795,6 +804,43 @@ class AsyncConnection:
         self._flush()
         log.warning("%s: now connected to %s (node %s, was %s)", kind.value, self.server, self.node_id, failed_node)
         self._notify(kind, cause)
+
+    def _restore_afresh(self, exc: TandemError, failed_server: str, failed_node: str) -> None:
+        """A restore failed after its link was lost (decision 0074): give up the link that is
+        reattaching, or has reattached, to what it made (a live one is told DISCONNECT, so the
+        broker drops those sessions now, not after the TTL: they would hold their consumers),
+        and reconnect without reattaching: every session is restored on a fresh link. What was
+        in flight fails with `Unblocked`; sends with a dedup id go again in that restore."""
+        reconnector = self._reconnector
+        if reconnector is not None and reconnector is not asyncio.current_task():
+            reconnector.cancel()  # the later link's reconnection, reattaching to this restore
+        proto, self._proto = self._proto, None
+        self._ready.clear()
+        self.losses += 1
+        if self._pinger is not None:
+            self._pinger.cancel()
+            self._pinger = None
+        if proto is not None:
+            proto.lost = True
+            transport = proto.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(p.encode(p.Disconnect()))
+                transport.close()
+        for ch in self.channels.values():
+            if ch.session is not None:
+                ch.session._range_link_lost(exc)
+        log.warning(
+            "restoring the sessions on %s failed after its link was lost (%s): restoring them all on a new link",
+            self.server,
+            exc.message,
+        )
+        self._reattaching = None
+        self._out.clear()
+        self._writable.set()
+        self._unblock(exc)
+        self._reconnector = self.loop.create_task(
+            self._reconnect(exc, (failed_server, failed_node)), name="tandem-reconnect"
+        )
 
     async def _reattach(self) -> bool:
         """Ask the server for our sessions back; on success replay what it never received."""

@@ -539,11 +539,9 @@ class AsyncSession:
                     _fail_waiter(pend.waiter, unblocked)
             if conn.closed:  # the connection gave up (or was closed) while this restore waited
                 self._fail_parked(Unblocked(f"{conn._closed_error().message}: {_PARKED}"))
-            elif conn.ready:
-                # The next link reattached to this restore's sessions, and no restore follows a
-                # reattach: what was parked goes now (its dedup id keeps it once), or it would
-                # wait for the next failover or for close. Not ready: the reattach sends it.
-                self._send_parked()
+            # Else the next restore sends what is parked: after a loss that took the sessions, or
+            # after a failure on a link that reattached to this one (`_restore_afresh`). Failed
+            # on its own link, the connection gives up (`_fail`), which fails it.
             raise
         unblocked = Unblocked(_UNREPLAYABLE)
         for pend in pending:
