@@ -664,12 +664,25 @@ class AsyncConnection:
             log.warning("connection to %s lost (%s): reattaching", self.server, exc.message)
             if self._reattaching is None:  # else lost again while reattaching: the first failure counts
                 self._reattaching = (self.server, self.node_id, self.generation)
-            self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
+            self._start_reconnect(exc)
             return
         log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
         self._reattaching = None  # lost again while reattaching: what follows _unblock is a restore, never a reattach
         self._unblock(exc)
-        self._reconnector = self.loop.create_task(self._reconnect(exc), name="tandem-reconnect")
+        self._start_reconnect(exc)
+
+    def _start_reconnect(self, cause: TandemError, failed: tuple[str, str] | None = None) -> None:
+        self._reconnector = task = self.loop.create_task(self._reconnect(cause, failed), name="tandem-reconnect")
+        task.add_done_callback(self._reconnect_done)
+
+    def _reconnect_done(self, task: asyncio.Task[None]) -> None:
+        """An error the failover did not expect (a bug) gives the connection up, as a refusal
+        does: left alone, it would end the task and leave the client not ready for ever."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("failover failed: %r", exc, exc_info=exc)
+        self._fail(NotConnected(f"failover failed: {exc!r}"))
 
     _reattaching: tuple[str, str, int] | None = None  # the failed server, node and generation
 
@@ -838,9 +851,7 @@ class AsyncConnection:
         self._out.clear()
         self._writable.set()
         self._unblock(exc)
-        self._reconnector = self.loop.create_task(
-            self._reconnect(exc, (failed_server, failed_node)), name="tandem-reconnect"
-        )
+        self._start_reconnect(exc, (failed_server, failed_node))
 
     async def _reattach(self) -> bool:
         """Ask the server for our sessions back; on success replay what it never received."""
