@@ -70,6 +70,54 @@ async def _cut_the_restore(proxy: AsyncFaultProxy, conn: aio.AsyncConnection) ->
     await _until(lambda: conn.generation > generation, "the client connects again")
 
 
+async def _a_restore_refused_on_a_reattached_link(
+    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any
+) -> tuple[asyncio.Future[None], asyncio.Future[None], aio.AsyncConnection]:
+    """A large send open at the loss (its answer cut: no reattach, the sessions dropped at once),
+    the broker killed and restarted, a send written while away, another client holding the one
+    consumer of a queue the restore needs, and the restore cut so that the next link reattaches
+    to it: the restore fails (the consumer refused) on a reattached link. Returns the large send,
+    the send written while away and the other client."""
+    session = await conn.create_session()
+    await session.create_queue("once")
+    await session.create_queue("single", max_consumers=1)
+    await session.create_consumer("single")
+    producer = session.create_producer("once")
+    await proxy.cut("down")  # the large send's answer never comes: it is open at the loss
+    large = producer.send_nowait(b"x" * 10_000)
+    assert large is not None
+    await asyncio.sleep(0.3)
+    broker.kill()
+    await _until(lambda: not conn.ready, "the client sees the broker go")
+    away = producer.send_nowait("away")
+    assert away is not None
+    await asyncio.get_running_loop().run_in_executor(None, broker.start)
+    other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+    await (await other.create_session()).create_consumer("single")
+    await proxy.heal()
+    await _cut_the_restore(proxy, conn)
+    return large, away, other
+
+
+async def _during_the_first_of_two_restores(
+    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any
+) -> aio.AsyncProducer:
+    """Two sessions (a producer on the second, "before" sent); the broker killed and restarted,
+    its answers late: returns the producer while the first session's restore is under way."""
+    first = await conn.create_session()
+    await first.create_queue("once")
+    second = await conn.create_session()
+    producer = second.create_producer("once")
+    await producer.send("before")
+    broker.kill()
+    await _until(lambda: not conn.ready, "the client sees the broker go")
+    await proxy.delay(1.0, "down")  # the answers of the restarted broker come late
+    await asyncio.get_running_loop().run_in_executor(None, broker.start)
+    await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
+    await asyncio.sleep(0.3)
+    return producer
+
+
 @pytest.mark.timeout(90)
 def test_a_send_written_while_reattaching_to_a_restore_reaches_the_broker_once(broker_factory: Any) -> None:
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
@@ -122,24 +170,7 @@ def test_a_send_written_while_away_is_not_confirmed_after_a_restore_that_failed_
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, min_large_message_size=1024)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            session = await conn.create_session()
-            await session.create_queue("once")
-            await session.create_queue("single", max_consumers=1)
-            await session.create_consumer("single")
-            producer = session.create_producer("once")
-            await proxy.cut("down")  # the large send's answer never comes: it is open at the loss
-            large = producer.send_nowait(b"x" * 10_000)
-            assert large is not None
-            await asyncio.sleep(0.3)
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            away = producer.send_nowait("away")
-            assert away is not None
-            await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
-            await (await other.create_session()).create_consumer("single")
-            await proxy.heal()
-            await _cut_the_restore(proxy, conn)
+            large, away, other = await _a_restore_refused_on_a_reattached_link(proxy, conn, broker)
             await _until(lambda: conn.closed, "the client gives up after the restore failed")
             await proxy.delay(0, "down")
             try:
@@ -175,24 +206,8 @@ def test_a_send_parked_by_a_restore_that_failed_on_a_reattached_link_fails_when_
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, min_large_message_size=1024, auto_dedup=True)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            session = await conn.create_session()
-            await session.create_queue("once")
-            await session.create_queue("single", max_consumers=1)
-            await session.create_consumer("single")
-            producer = session.create_producer("once")
-            await proxy.cut("down")  # the large send's answer never comes: it is open at the loss
-            large = producer.send_nowait(b"x" * 10_000)
-            assert large is not None
-            await asyncio.sleep(0.3)
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            away = producer.send_nowait("away")  # auto_dedup: it has a dedup id, it can be sent again
-            assert away is not None
-            await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
-            await (await other.create_session()).create_consumer("single")
-            await proxy.heal()
-            await _cut_the_restore(proxy, conn)
+            # auto_dedup: the send written while away has a dedup id, it can be sent again
+            large, away, other = await _a_restore_refused_on_a_reattached_link(proxy, conn, broker)
             done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
             assert away in done, f"a send parked for a resend is still waiting after the reattach ({events})"
             assert isinstance(away.exception(), Unblocked), repr(away.exception())
@@ -281,17 +296,7 @@ def test_a_large_send_on_a_session_not_restored_yet_written_during_another_ones_
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, min_large_message_size=1024)
             conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
-            first = await conn.create_session()
-            await first.create_queue("once")
-            second = await conn.create_session()
-            producer = second.create_producer("once")
-            await producer.send("before")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            await proxy.delay(1.0, "down")  # the answers of the restarted broker come late
-            await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
-            await asyncio.sleep(0.3)
+            producer = await _during_the_first_of_two_restores(proxy, conn, broker)
             large = producer.send_nowait(b"x" * 10_000)  # the first session's restore is under way
             assert large is not None
             await proxy.delay(0, "down")
@@ -327,17 +332,7 @@ def test_a_send_on_a_session_not_restored_yet_written_during_another_ones_restor
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, auto_dedup=True)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            first = await conn.create_session()
-            await first.create_queue("once")
-            second = await conn.create_session()
-            producer = second.create_producer("once")
-            await producer.send("before")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            await proxy.delay(1.0, "down")  # the answers of the restarted broker come late
-            await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
-            await asyncio.sleep(0.3)
+            producer = await _during_the_first_of_two_restores(proxy, conn, broker)
             during = producer.send_nowait("during")  # the first session's restore is under way
             assert during is not None
             await proxy.delay(0, "down")
