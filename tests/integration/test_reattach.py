@@ -53,6 +53,21 @@ async def _reconnecting(proxy: AsyncFaultProxy, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _a_large_send_written_while_away(
+    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, body: bytes
+) -> tuple[aio.AsyncProducer, asyncio.Future[None]]:
+    """Send "before" to queue "big", blackhole the link until the client reconnects, then write a
+    large send_nowait of `body` while it is away: the producer and that send."""
+    producer = (await conn.create_session()).create_producer("big")
+    await producer.send("before")
+    await proxy.blackhole()
+    await _reconnecting(proxy)
+    assert not conn.ready
+    large = producer.send_nowait(body)
+    assert large is not None
+    return producer, large
+
+
 async def _status(url: str) -> dict[str, Any]:
     conn = await aio.connect(url)
     try:
@@ -605,13 +620,7 @@ def test_a_large_send_written_while_away_goes_whole_after_the_reattach(broker_fa
                 proxy.url, connection_ttl=10_000, min_large_message_size=1024, **{**WINDOW, **FAST}
             )
             conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
-            producer = (await conn.create_session()).create_producer("big")
-            await producer.send("before")
-            await proxy.blackhole()
-            await _reconnecting(proxy)
-            assert not conn.ready
-            large = producer.send_nowait(body)
-            assert large is not None
+            producer, large = await _a_large_send_written_while_away(proxy, conn, body)
             await proxy.heal()
             try:
                 await asyncio.wait_for(large, 10)
@@ -649,13 +658,7 @@ def test_a_large_send_written_while_away_survives_a_loss_before_the_reattach_is_
                 **{**WINDOW, **FAST, "connect_timeout": 3000, "client_failure_check_period": 2000},
             )
             conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
-            producer = (await conn.create_session()).create_producer("big")
-            await producer.send("before")
-            await proxy.blackhole()
-            await _reconnecting(proxy)
-            assert not conn.ready
-            large = producer.send_nowait(body)
-            assert large is not None
+            producer, large = await _a_large_send_written_while_away(proxy, conn, body)
             await proxy.heal()
             await proxy.delay(1.0, "down")  # the next link's HELLO and REATTACH answers come late
             await _until(lambda: conn._proto is not None, "the client connects again")
