@@ -42,7 +42,7 @@ def accounting(j: Journal) -> dict[str, Any]:
     """What the journal reclaims and compacts by: per file its live and all records and its live bytes; the live ids."""
     return {
         "files": {k: (f.live, f.records, f.live_bytes) for k, f in j._files.items()},
-        "ids": set(j._index),
+        "ids": j.ids(),
     }
 
 

@@ -25,7 +25,7 @@ def test_counter_reservations_keep_one_live_record_each(tmp_path: Path) -> None:
     st = JournalStorage(tmp_path, SETTINGS)
     state = st.load()
     assert state.id_reserved == 200_000
-    counters = [r for r in st.bindings._index if r >= (1 << 62)]
+    counters = [r for r in st.bindings.ids() if r >= (1 << 62)]
     assert len(counters) == 1, f"{len(counters)} live counter records"
     assert st.bindings.stats().live_ids == 1
 
@@ -80,4 +80,4 @@ def test_a_dedup_id_evicted_at_once_leaves_no_record(tmp_path: Path) -> None:
     asyncio.run(write())
     st = JournalStorage(tmp_path, SETTINGS)
     st.load()
-    assert set(st.messages._index) == {500}
+    assert st.messages.ids() == {500}
