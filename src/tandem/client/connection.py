@@ -65,11 +65,16 @@ class FailureEvent(Enum):
 
 
 class Pending(msgspec.Struct):
-    """A pipelined command waiting for CONFIRM; `resend` is the message to send again after failover."""
+    """A pipelined command waiting for CONFIRM; `resend` is the message to send again after failover.
+
+    `unsent`: a send made while the client knew it was between links, parked with its message:
+    no server can have it, so a restore sends it once; once written it is not replayable (no
+    dedup id: a second copy could be stored)."""
 
     cmd: int
     waiter: Waiter
     resend: Any = None
+    unsent: bool = False
 
 
 class Channel:

@@ -29,6 +29,7 @@ from ..errors import (
     ConnectionLost,
     IllegalState,
     InvalidArgument,
+    NotConnected,
     ProtocolError,
     StaleAcknowledge,
     TandemError,
@@ -549,7 +550,7 @@ class AsyncSession:
             if data is None:
                 _fail_waiter(pend.waiter, unblocked)
             else:
-                conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+                conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, None if pend.unsent else data)
 
     def _send_parked(self) -> None:
         """The link reattached: sends parked for a resend go again on it, in the order they were
@@ -561,13 +562,14 @@ class AsyncSession:
         parked, self._resend = self._resend, []
         for pend in parked:
             data = pend.resend
-            conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
+            conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, None if pend.unsent else data)
 
     def _fail_parked(self, exc: TandemError) -> None:
-        """Sends parked for a resend that no server will get now (closed, or the connection failed)."""
+        """Sends parked for a resend that no server will get now (closed, or the connection failed).
+        One never written anywhere was surely not stored: NotConnected, not an unknown outcome."""
         parked, self._resend = self._resend, []
         for pend in parked:
-            _fail_waiter(pend.waiter, exc)
+            _fail_waiter(pend.waiter, NotConnected(f"not sent: {exc.message}") if pend.unsent else exc)
 
 
 def _call_handler(handler: SendAckHandler, msg: Message, exc: BaseException | None) -> None:
@@ -651,7 +653,7 @@ class AsyncProducer:
             session._tx_work = True
         resend = data if data.dedup_id is not None and not transacted else None
         if session._unrestored and not session._restore_begun and not conn.ready:
-            return self._hold_for_restore(resend, callback)
+            return self._hold_for_restore(data, resend is not None, callback)
         ch = session.channel
         cmd = ch.next_cmd
         ch.next_cmd = cmd + 1
@@ -663,11 +665,15 @@ class AsyncProducer:
         conn.pipeline(ch, p.SendData(ch.id, cmd, data), partial(self._confirmed, callback), resend)
         return None
 
-    def _hold_for_restore(self, data: MessageData | None, callback: SendCallback | None) -> asyncio.Future[None] | None:
-        """A send on a session that lost its server state, written before its restore began: not
+    def _hold_for_restore(
+        self, data: MessageData, replayable: bool, callback: SendCallback | None
+    ) -> asyncio.Future[None] | None:
+        """A send on a session that lost its server state, made before its restore began: not
         written now (during another session's restore the new server would refuse it: no
-        session on its channel yet). With a dedup id its session's restore sends it; without,
-        it fails now, as that restore would fail it."""
+        session on its channel yet). Its session's restore sends it. With a dedup id it stays
+        replayable; without, it was never written anywhere, so it goes once and is then as any
+        send without an id (decision 0078). In a transaction it fails now: the transaction can
+        only be rolled back."""
         from .connection import Pending
 
         session = self.session
@@ -679,10 +685,10 @@ class AsyncProducer:
             fut.add_done_callback(self._done_future)
         else:
             waiter = partial(self._confirmed, callback)
-        if data is not None:
-            session._resend.append(Pending(0, waiter, data))
-        else:
+        if session.transacted:
             loop.call_soon(_fail_waiter, waiter, Unblocked(_NOT_RESTORED))
+        else:
+            session._resend.append(Pending(0, waiter, data, unsent=not replayable))
         return fut
 
     # --------------------------------------------------------- large messages
