@@ -481,3 +481,63 @@ def test_a_restore_not_answered_while_its_link_is_down_is_done_again_on_a_fresh_
     except TandemError as exc:
         pytest.fail(f"the client failed: {exc!r} (events {events})")
     assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_refused_on_a_reattached_link_and_not_on_the_fresh_one_restores_every_session(
+    broker_factory: Any,
+) -> None:
+    """Decision 0074's flapped case when the refusal was transient: the first session's restore is
+    cut (the next link reattaches to it) and refused on that link (a consumer on a queue at its
+    max_consumers, held by another client), so it is done again on a fresh link; the other client
+    lets the queue go before that restore asks. The connection must not be given up: every
+    session is restored, the second session's parked send (dedup id) is stored once and
+    confirmed, a later send is confirmed, and the first session's consumer receives."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            await first.create_queue("single", max_consumers=1)
+            single = await first.create_consumer("single")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+            await (await other.create_session()).create_consumer("single")
+            await _cut_the_restore(proxy, conn)  # the first session's restore: refused on the next link
+            drops = conn.drops
+            await _until(lambda: conn.drops > drops, "the refused restore is given up for a fresh one")
+            await other.close()  # answers are still 1 s late: the fresh restore has not asked yet
+            await proxy.delay(0, "down")
+            done, _ = await asyncio.wait([away], timeout=15)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert away.exception() is None, f"{away.exception()!r} ({events})"
+            await _until(lambda: conn.ready, "the client is back")
+            assert not conn.closed, f"the client gave up: {conn.error!r} ({events})"
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await second.create_producer("single").send("to single")
+            got = None
+            for _ in range(3):  # a receive may first raise the restore's Unblocked: call it again
+                with contextlib.suppress(Unblocked):
+                    got = await single.receive(timeout=5)
+                    break
+            assert got is not None and got.text == "to single", got
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+    assert events[-1] == aio.FailureEvent.RECONNECTED, events
