@@ -19,8 +19,10 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from tandem.errors import ProtocolError, TandemError, Unblocked
+from tandem.errors import ErrorCode, ProtocolError, TandemError, Unblocked
+from tandem.protocol import native as p
 from tandem.testing import AsyncFaultProxy, free_port
+from tandem.testing.proxy import Filter
 
 FAST = {"client_failure_check_period": 2000, "connect_timeout": 3000, "retry_interval": 100}
 
@@ -541,3 +543,72 @@ def test_a_restore_refused_on_a_reattached_link_and_not_on_the_fresh_one_restore
         pytest.fail(f"the client failed: {exc!r} (events {events})")
     assert aio.FailureEvent.DISCONNECT not in events, events
     assert events[-1] == aio.FailureEvent.RECONNECTED, events
+
+
+def _an_error_after_a_restore_answer(armed: list[bool]) -> Callable[[], tuple[Filter, Filter]]:
+    """The proxy's filters: on a link opened while `armed`, the broker's answer to the first call
+    on a session channel (a restore's CREATE_SESSION) is followed in the same read by an ERROR
+    (once): the client loses that link with the answer already in hand, before the restore has
+    run on."""
+
+    def filters() -> tuple[Filter, Filter]:
+        watch = armed[0]
+        reader = p.FrameReader(p.ServerPacket, 1 << 24, expect_magic=False)
+
+        def down(data: bytes) -> bytes:
+            if not (watch and armed[0]):
+                return data
+            for pkt in reader.feed(data):
+                if type(pkt) is p.Response and pkt.channel != 0:
+                    armed[0] = False
+                    return data + p.encode(p.Error(int(ErrorCode.PROTOCOL), "injected by the test's proxy"))
+            return data
+
+        return (lambda data: data), down
+
+    return filters
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_whose_link_is_lost_with_an_answer_in_hand_stops_there(broker_factory: Any) -> None:
+    """The broker restarted; the first session's restore gets its CREATE_SESSION answer and, in
+    the same read, loses the link (the sessions go with it: no confirmation window). That restore
+    must stop when it resumes: the next link's restore makes every session again. Going on, it
+    took the second session's parked send (dedup id) and waited for an answer on no link; the
+    fresh restore, finding nothing parked, did not send it, and the send stayed unconfirmed (then
+    parked on a session the server has, with no restore to come)."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+    armed = [False]
+
+    async def main() -> None:
+        async with AsyncFaultProxy(
+            broker.port, port=proxy_port, filters=_an_error_after_a_restore_answer(armed)
+        ) as proxy:
+            conn = await aio.connect(proxy.url, auto_dedup=True, reconnect_attempts=-1, **FAST)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            armed[0] = True
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: not armed[0], "the restore's first answer comes with an ERROR")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert away.exception() is None, f"{away.exception()!r} ({events})"
+            await _until(lambda: conn.ready, "the client is back")
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
