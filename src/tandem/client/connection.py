@@ -802,7 +802,7 @@ class AsyncConnection:
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):
                 if ch.session is not None:
-                    await ch.session._restore()
+                    await ch.session._restore(drops)
         except TandemError as exc:
             if self.drops != drops or self.closed:
                 return  # lost again while restoring, the sessions with it: that loss's reconnection restores them all

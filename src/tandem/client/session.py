@@ -501,9 +501,17 @@ class AsyncSession:
         for prod in self.producers:
             prod._credits.clear()
 
-    async def _restore(self) -> None:
-        """Recreate this session on the new server (connection is restoring: no waiting for ready)."""
+    async def _restore(self, drops: int) -> None:
+        """Recreate this session on the new server (connection is restoring: no waiting for ready).
+        `drops`: the connection's count of sessions given up when the restore began."""
         conn, ch = self.conn, self.channel
+
+        def check_link() -> None:
+            # An answer in hand when the link was lost with the sessions (in the same read): the
+            # server no longer has what it made, and the next link's restore makes it all again.
+            if conn.drops != drops:
+                raise Unblocked("the link was lost, the sessions with it, while restoring them")
+
         # What was never confirmed, in the order it was sent, taken before the first await: once a
         # consumer is recreated the new server delivers to it, and what the application sends
         # then (an ack of such a delivery) goes to the new server, to be confirmed there.
@@ -518,12 +526,16 @@ class AsyncSession:
         try:
             self._restore_begun = True
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
+            check_link()
             self._unrestored = False  # on the server again: what is parked can go on this channel
             for args in self.temp_queues.values():
                 await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
+                check_link()
             for c in list(self.consumers.values()):
                 if not c.closed:
-                    c._created(await conn._call_now(ch, c._create_packet))
+                    created = await conn._call_now(ch, c._create_packet)
+                    check_link()
+                    c._created(created)
         except BaseException:
             # Not restored (lost again, or closed). What can be sent again goes back, ahead of
             # what came since, for the next restore. The rest fails now, as the next restore or
