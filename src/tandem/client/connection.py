@@ -782,9 +782,8 @@ class AsyncConnection:
             if done:
                 self.generation = generation  # deliveries from before the failure stay valid
                 self._ready.set()
-                for ch in sorted(self.channels.values(), key=lambda c: c.id):
-                    if ch.session is not None:
-                        ch.session._send_parked()  # parked, yet the server has the session (none expected: 0074)
+                # Nothing is parked on a session the server has: a restore takes what it parked
+                # (and fails or gives up its link when it cannot send it: decision 0074).
                 self._flush()
                 log.warning("reattached to %s (node %s)", self.server, self.node_id)
                 self._notify(FailureEvent.REATTACHED, cause)

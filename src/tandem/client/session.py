@@ -102,7 +102,7 @@ class AsyncSession:
         self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
         self._resend: list[Pending] = []  # sends with a dedup id, parked until the session is on a server again
         # The server lost this session with the link (set by _unblock), until a restore has
-        # created it again: parked sends cannot go on its channel meanwhile.
+        # created it again: sends on its channel wait for that restore meanwhile.
         self._unrestored = False
         self._restore_begun = False  # its restore's CREATE_SESSION is written: frames after it are valid
         self.send_ack_handler: SendAckHandler | None = None
@@ -527,7 +527,7 @@ class AsyncSession:
             self._restore_begun = True
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
             check_link()
-            self._unrestored = False  # on the server again: what is parked can go on this channel
+            self._unrestored = False  # on the server again: sends on this channel go straight out
             for args in self.temp_queues.values():
                 await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
                 check_link()
@@ -562,18 +562,6 @@ class AsyncSession:
                 _fail_waiter(pend.waiter, unblocked)
             else:
                 conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
-
-    def _send_parked(self) -> None:
-        """The link reattached: sends parked for a resend go again on it, in the order they were
-        first sent, when the server has this session (a restore created it). A duplicate of one
-        the broker stored before is dropped by its dedup id and confirmed."""
-        if not self._resend or self._unrestored or self.closed:
-            return
-        conn, ch = self.conn, self.channel
-        parked, self._resend = self._resend, []
-        for pend in parked:
-            data = pend.resend
-            conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, data)
 
     def _fail_parked(self, exc: TandemError) -> None:
         """Sends parked for a resend that no server will get now (closed, or the connection failed)."""
