@@ -650,7 +650,8 @@ class AsyncProducer:
         if transacted:
             session._tx_work = True
         resend = data if data.dedup_id is not None and not transacted else None
-        if session._unrestored and not session._restore_begun and not conn.ready:
+        if session._unrestored and not session._restore_begun and not (conn.ready and conn._restoring is None):
+            # Its restore is to come (ready, yet restoring: the link reattached to a restore under way).
             return self._hold_for_restore(resend, callback)
         ch = session.channel
         cmd = ch.next_cmd
