@@ -614,15 +614,37 @@ def test_a_restore_whose_link_is_lost_with_an_answer_in_hand_stops_there(broker_
     assert aio.FailureEvent.DISCONNECT not in events, events
 
 
+async def _reattached_to_a_restore_before_the_second_session(
+    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any
+) -> aio.AsyncProducer:
+    """Two sessions (a consumer on the first, a producer on the second, "before" sent); the
+    broker restarted, the link cut while the first session is being restored, and the next link
+    reattached to that restore, which goes on (the first session's consumer, then the second
+    session: answers 1 s late). Returns the second session's producer, the client ready again
+    and the second session not restored yet."""
+    first = await conn.create_session()
+    await first.create_queue("once")
+    await first.create_queue("other")
+    await first.create_consumer("other")  # one more answer (1 s late) before the second session
+    second = await conn.create_session()
+    producer = second.create_producer("once")
+    await producer.send("before")
+    broker.kill()
+    await _until(lambda: not conn.ready, "the client sees the broker go")
+    await asyncio.get_running_loop().run_in_executor(None, broker.start)
+    await _cut_the_restore(proxy, conn)
+    await _until(lambda: conn.ready, "the client reattaches to the restore")
+    assert conn._restoring is not None, "the restore is over already: nothing to test"
+    return producer
+
+
 @pytest.mark.timeout(90)
 def test_a_send_on_a_session_not_restored_yet_written_after_the_link_reattached_to_the_restore(
     broker_factory: Any,
 ) -> None:
-    """The broker restarted; the link is cut while the first session is being restored, and the
-    next link reattaches to that restore, which goes on (the first session's consumer, then the
-    second session). A send with a dedup id written on the second session once the client is
-    ready again, before its restore, must wait for that restore, as it would before the
-    reattach: the broker has no session on its channel yet and would refuse it."""
+    """A send with a dedup id written on the second session once the client is ready again,
+    before that session's restore, must wait for that restore, as it would before the reattach:
+    the broker has no session on its channel yet and would refuse it."""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
@@ -630,24 +652,40 @@ def test_a_send_on_a_session_not_restored_yet_written_after_the_link_reattached_
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, auto_dedup=True)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            first = await conn.create_session()
-            await first.create_queue("once")
-            await first.create_queue("other")
-            await first.create_consumer("other")  # one more answer (1 s late) before the second session
-            second = await conn.create_session()
-            producer = second.create_producer("once")
-            await producer.send("before")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            await _cut_the_restore(proxy, conn)
-            await _until(lambda: conn.ready, "the client reattaches to the restore")
-            assert conn._restoring is not None, "the restore is over already: nothing to test"
+            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker)
             during = producer.send_nowait("during")
             assert during is not None
             done, _ = await asyncio.wait([during], timeout=10)  # bounded: the outcome, not a timing goal
             assert during in done, f"the send is still waiting ({events})"
             assert during.exception() is None, f"{during.exception()!r} ({events})"
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_call_on_a_session_not_restored_yet_made_after_the_link_reattached_to_the_restore(
+    broker_factory: Any,
+) -> None:
+    """As above with `send()`, which first asks the broker for credit (a call on the second
+    session's channel; the credit went with the old server): the call must wait for the
+    session's restore, not reach a broker that has no session on that channel yet."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker)
+            await asyncio.wait_for(producer.send("during"), 10)  # bounded: the outcome, not a timing goal
             await proxy.delay(0, "down")
             await producer.send("after")
             assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
