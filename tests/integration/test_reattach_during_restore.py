@@ -615,7 +615,7 @@ def test_a_restore_whose_link_is_lost_with_an_answer_in_hand_stops_there(broker_
 
 
 async def _reattached_to_a_restore_before_the_second_session(
-    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any
+    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any, transacted: bool = False
 ) -> aio.AsyncProducer:
     """Two sessions (a consumer on the first, a producer on the second, "before" sent); the
     broker restarted, the link cut while the first session is being restored, and the next link
@@ -626,9 +626,11 @@ async def _reattached_to_a_restore_before_the_second_session(
     await first.create_queue("once")
     await first.create_queue("other")
     await first.create_consumer("other")  # one more answer (1 s late) before the second session
-    second = await conn.create_session()
+    second = await conn.create_session(transacted=transacted)
     producer = second.create_producer("once")
     await producer.send("before")
+    if transacted:
+        await second.commit()
     broker.kill()
     await _until(lambda: not conn.ready, "the client sees the broker go")
     await asyncio.get_running_loop().run_in_executor(None, broker.start)
@@ -689,6 +691,35 @@ def test_a_call_on_a_session_not_restored_yet_made_after_the_link_reattached_to_
             await proxy.delay(0, "down")
             await producer.send("after")
             assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_commit_on_a_session_not_restored_yet_made_after_the_link_reattached_to_the_restore(
+    broker_factory: Any,
+) -> None:
+    """As above with `commit()` of a transaction that did nothing since the failure (the last one
+    was committed before it): it must wait for the session's restore and succeed, not reach a
+    broker that has no session on that channel yet."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker, transacted=True)
+            await asyncio.wait_for(producer.session.commit(), 10)  # bounded: the outcome, not a timing goal
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            await producer.session.commit()
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "after"]
             await conn.close()
 
     try:
