@@ -533,7 +533,21 @@ class AsyncConnection:
     ) -> Any:
         """Send a command and wait for its answer (up to call_timeout, or `forever` until the connection fails)."""
         await self.wait_ready(timeout)
+        await self.wait_session(ch, timeout)
         return await self._call_now(ch, make, timeout, forever)
+
+    async def wait_session(self, ch: Channel, timeout: float | None = None) -> None:
+        """Ready, yet the channel's session not restored: the link reattached to a restore still
+        under way, which has not made it yet (the server would refuse a call on it). Wait until
+        its restore has begun (up to call_timeout), or the connection fails."""
+        session = ch.session
+        if session is None or session._callable.is_set():
+            return
+        t = self.options.call_timeout / 1000 if timeout is None else timeout
+        try:
+            await asyncio.wait_for(session._callable.wait(), t)
+        except TimeoutError:
+            raise CallTimeout(f"the session was not restored within {t:.1f}s (call_timeout)") from None
 
     async def _call_now(
         self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False

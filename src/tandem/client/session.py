@@ -105,6 +105,9 @@ class AsyncSession:
         # created it again: sends on its channel wait for that restore meanwhile.
         self._unrestored = False
         self._restore_begun = False  # its restore's CREATE_SESSION is written: frames after it are valid
+        # Set while the server has this session or its restore has begun: a call waits for it.
+        self._callable = asyncio.Event()
+        self._callable.set()
         self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
         self.sending_large = False  # a large message's chunks are going out (one at a time per session)
@@ -361,6 +364,7 @@ class AsyncSession:
                 raise TransactionRolledBack(
                     "the connection failed during this transaction and is not back: it was rolled back; retry it"
                 ) from None
+        await conn.wait_session(ch)  # nothing sent yet if it times out: the transaction stays open
         for c in self.consumers.values():
             c._emit_pending()  # automatic acks belong to this transaction (or to the rollback below)
         if self._rollback_only:
@@ -485,6 +489,7 @@ class AsyncSession:
 
     def _connection_failed(self, err: TandemError) -> None:
         self._fail_parked(Unblocked(f"{err.message}: {_PARKED}"))
+        self._callable.set()  # a call waiting for this session's restore: it fails on the closed connection
         for c in self.consumers.values():
             c._mark_closed(err)
         for prod in self.producers:
@@ -495,6 +500,7 @@ class AsyncSession:
             self._rollback_only = True
         self._unrestored = True
         self._restore_begun = False
+        self._callable.clear()
         self._resend.extend(resend)
         for c in self.consumers.values():
             c._transport_lost(exc)
@@ -525,6 +531,7 @@ class AsyncSession:
             self._rollback_only = True
         try:
             self._restore_begun = True
+            self._callable.set()
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
             check_link()
             self._unrestored = False  # on the server again: sends on this channel go straight out
@@ -545,6 +552,7 @@ class AsyncSession:
             self._resend[:0] = [pend for pend in pending if pend.resend is not None]
             if self._unrestored:
                 self._restore_begun = False  # the server may not have it: the next restore makes it
+                self._callable.clear()
             unblocked = Unblocked(_UNREPLAYABLE)
             for pend in pending:
                 if pend.resend is None:
