@@ -19,8 +19,10 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from tandem.errors import ProtocolError, TandemError, Unblocked
+from tandem.errors import ErrorCode, ProtocolError, TandemError, Unblocked
+from tandem.protocol import native as p
 from tandem.testing import AsyncFaultProxy, free_port
+from tandem.testing.proxy import Filter
 
 FAST = {"client_failure_check_period": 2000, "connect_timeout": 3000, "retry_interval": 100}
 
@@ -474,6 +476,250 @@ def test_a_restore_not_answered_while_its_link_is_down_is_done_again_on_a_fresh_
             await _until(lambda: conn.ready, "the client is back")
             await producer.send("after")
             assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_refused_on_a_reattached_link_and_not_on_the_fresh_one_restores_every_session(
+    broker_factory: Any,
+) -> None:
+    """Decision 0074's flapped case when the refusal was transient: the first session's restore is
+    cut (the next link reattaches to it) and refused on that link (a consumer on a queue at its
+    max_consumers, held by another client), so it is done again on a fresh link; the other client
+    lets the queue go before that restore asks. The connection must not be given up: every
+    session is restored, the second session's parked send (dedup id) is stored once and
+    confirmed, a later send is confirmed, and the first session's consumer receives."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            await first.create_queue("single", max_consumers=1)
+            single = await first.create_consumer("single")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+            await (await other.create_session()).create_consumer("single")
+            await _cut_the_restore(proxy, conn)  # the first session's restore: refused on the next link
+            drops = conn.drops
+            await _until(lambda: conn.drops > drops, "the refused restore is given up for a fresh one")
+            await other.close()  # answers are still 1 s late: the fresh restore has not asked yet
+            await proxy.delay(0, "down")
+            done, _ = await asyncio.wait([away], timeout=15)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert away.exception() is None, f"{away.exception()!r} ({events})"
+            await _until(lambda: conn.ready, "the client is back")
+            assert not conn.closed, f"the client gave up: {conn.error!r} ({events})"
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await second.create_producer("single").send("to single")
+            got = None
+            for _ in range(3):  # a receive may first raise the restore's Unblocked: call it again
+                with contextlib.suppress(Unblocked):
+                    got = await single.receive(timeout=5)
+                    break
+            assert got is not None and got.text == "to single", got
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+    assert events[-1] == aio.FailureEvent.RECONNECTED, events
+
+
+def _an_error_after_a_restore_answer(armed: list[bool]) -> Callable[[], tuple[Filter, Filter]]:
+    """The proxy's filters: on a link opened while `armed`, the broker's answer to the first call
+    on a session channel (a restore's CREATE_SESSION) is followed in the same read by an ERROR
+    (once): the client loses that link with the answer already in hand, before the restore has
+    run on."""
+
+    def filters() -> tuple[Filter, Filter]:
+        watch = armed[0]
+        reader = p.FrameReader(p.ServerPacket, 1 << 24, expect_magic=False)
+
+        def down(data: bytes) -> bytes:
+            if not (watch and armed[0]):
+                return data
+            for pkt in reader.feed(data):
+                if type(pkt) is p.Response and pkt.channel != 0:
+                    armed[0] = False
+                    return data + p.encode(p.Error(int(ErrorCode.PROTOCOL), "injected by the test's proxy"))
+            return data
+
+        return (lambda data: data), down
+
+    return filters
+
+
+@pytest.mark.timeout(90)
+def test_a_restore_whose_link_is_lost_with_an_answer_in_hand_stops_there(broker_factory: Any) -> None:
+    """The broker restarted; the first session's restore gets its CREATE_SESSION answer and, in
+    the same read, loses the link (the sessions go with it: no confirmation window). That restore
+    must stop when it resumes: the next link's restore makes every session again. Going on, it
+    took the second session's parked send (dedup id) and waited for an answer on no link; the
+    fresh restore, finding nothing parked, did not send it, and the send stayed unconfirmed (then
+    parked on a session the server has, with no restore to come)."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+    armed = [False]
+
+    async def main() -> None:
+        async with AsyncFaultProxy(
+            broker.port, port=proxy_port, filters=_an_error_after_a_restore_answer(armed)
+        ) as proxy:
+            conn = await aio.connect(proxy.url, auto_dedup=True, reconnect_attempts=-1, **FAST)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            first = await conn.create_session()
+            await first.create_queue("once")
+            second = await conn.create_session()
+            producer = second.create_producer("once")
+            await producer.send("before")
+            broker.kill()
+            await _until(lambda: not conn.ready, "the client sees the broker go")
+            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
+            assert away is not None
+            armed[0] = True
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await _until(lambda: not armed[0], "the restore's first answer comes with an ERROR")
+            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
+            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+            assert away.exception() is None, f"{away.exception()!r} ({events})"
+            await _until(lambda: conn.ready, "the client is back")
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+async def _reattached_to_a_restore_before_the_second_session(
+    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any, transacted: bool = False
+) -> aio.AsyncProducer:
+    """Two sessions (a consumer on the first, a producer on the second, "before" sent); the
+    broker restarted, the link cut while the first session is being restored, and the next link
+    reattached to that restore, which goes on (the first session's consumer, then the second
+    session: answers 1 s late). Returns the second session's producer, the client ready again
+    and the second session not restored yet."""
+    first = await conn.create_session()
+    await first.create_queue("once")
+    await first.create_queue("other")
+    await first.create_consumer("other")  # one more answer (1 s late) before the second session
+    second = await conn.create_session(transacted=transacted)
+    producer = second.create_producer("once")
+    await producer.send("before")
+    if transacted:
+        await second.commit()
+    broker.kill()
+    await _until(lambda: not conn.ready, "the client sees the broker go")
+    await asyncio.get_running_loop().run_in_executor(None, broker.start)
+    await _cut_the_restore(proxy, conn)
+    await _until(lambda: conn.ready, "the client reattaches to the restore")
+    assert conn._restoring is not None, "the restore is over already: nothing to test"
+    return producer
+
+
+@pytest.mark.timeout(90)
+def test_a_send_on_a_session_not_restored_yet_written_after_the_link_reattached_to_the_restore(
+    broker_factory: Any,
+) -> None:
+    """A send with a dedup id written on the second session once the client is ready again,
+    before that session's restore, must wait for that restore, as it would before the reattach:
+    the broker has no session on its channel yet and would refuse it."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker)
+            during = producer.send_nowait("during")
+            assert during is not None
+            done, _ = await asyncio.wait([during], timeout=10)  # bounded: the outcome, not a timing goal
+            assert during in done, f"the send is still waiting ({events})"
+            assert during.exception() is None, f"{during.exception()!r} ({events})"
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_call_on_a_session_not_restored_yet_made_after_the_link_reattached_to_the_restore(
+    broker_factory: Any,
+) -> None:
+    """As above with `send()`, which first asks the broker for credit (a call on the second
+    session's channel; the credit went with the old server): the call must wait for the
+    session's restore, not reach a broker that has no session on that channel yet."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker)
+            await asyncio.wait_for(producer.send("during"), 10)  # bounded: the outcome, not a timing goal
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
+            await conn.close()
+
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_commit_on_a_session_not_restored_yet_made_after_the_link_reattached_to_the_restore(
+    broker_factory: Any,
+) -> None:
+    """As above with `commit()` of a transaction that did nothing since the failure (the last one
+    was committed before it): it must wait for the session's restore and succeed, not reach a
+    broker that has no session on that channel yet."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker, transacted=True)
+            await asyncio.wait_for(producer.session.commit(), 10)  # bounded: the outcome, not a timing goal
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            await producer.session.commit()
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "after"]
             await conn.close()
 
     try:

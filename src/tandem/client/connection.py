@@ -538,7 +538,21 @@ class AsyncConnection:
     ) -> Any:
         """Send a command and wait for its answer (up to call_timeout, or `forever` until the connection fails)."""
         await self.wait_ready(timeout)
+        await self.wait_session(ch, timeout)
         return await self._call_now(ch, make, timeout, forever)
+
+    async def wait_session(self, ch: Channel, timeout: float | None = None) -> None:
+        """Ready, yet the channel's session not restored: the link reattached to a restore still
+        under way, which has not made it yet (the server would refuse a call on it). Wait until
+        its restore has begun (up to call_timeout), or the connection fails."""
+        session = ch.session
+        if session is None or session._callable.is_set():
+            return
+        t = self.options.call_timeout / 1000 if timeout is None else timeout
+        try:
+            await asyncio.wait_for(session._callable.wait(), t)
+        except TimeoutError:
+            raise CallTimeout(f"the session was not restored within {t:.1f}s (call_timeout)") from None
 
     async def _call_now(
         self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
@@ -649,6 +663,26 @@ class AsyncConnection:
         """The socket of the current server failed: reconnect, or give up."""
         if self.closed:
             return
+        self._link_gone(exc)
+        if self.reconnect_attempts == 0:
+            self._fail(exc)
+            return
+        sessions = [ch.session for ch in self.channels.values() if ch.session is not None]
+        if self.window > 0 and sessions and not any(s.large_open for s in sessions):
+            # Everything stays as it is: a reattach replays it, or `_unblock` fails it later.
+            log.warning("connection to %s lost (%s): reattaching", self.server, exc.message)
+            self._out.clear()
+            self._writable.set()
+            if self._reattaching is None:  # else lost again while reattaching: the first failure counts
+                self._reattaching = (self.server, self.node_id, self.generation)
+            self._start_reconnect(exc)
+            return
+        log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
+        self._restore_on_a_new_link(exc)
+
+    def _link_gone(self, exc: TandemError) -> None:
+        """The current link is no longer the client's: not ready, no pings, and range reads whose
+        large bodies were arriving on it are asked again."""
         self._proto = None
         self._ready.clear()
         self.losses += 1
@@ -658,23 +692,16 @@ class AsyncConnection:
         for ch in self.channels.values():
             if ch.session is not None:
                 ch.session._range_link_lost(exc)
-        if self.reconnect_attempts == 0:
-            self._fail(exc)
-            return
-        self._out.clear()
+
+    def _restore_on_a_new_link(self, exc: TandemError, failed: tuple[str, str] | None = None) -> None:
+        """The sessions are given up with the link (`_unblock`) and reconnected to without a
+        reattach: the next link's restore makes them all again. Also after a loss while
+        reattaching: what follows `_unblock` is a restore, never a reattach."""
+        self._reattaching = None
+        self._out.clear()  # nothing written for the lost link may reach the next one
         self._writable.set()
-        sessions = [ch.session for ch in self.channels.values() if ch.session is not None]
-        if self.window > 0 and sessions and not any(s.large_open for s in sessions):
-            # Everything stays as it is: a reattach replays it, or `_unblock` fails it later.
-            log.warning("connection to %s lost (%s): reattaching", self.server, exc.message)
-            if self._reattaching is None:  # else lost again while reattaching: the first failure counts
-                self._reattaching = (self.server, self.node_id, self.generation)
-            self._start_reconnect(exc)
-            return
-        log.warning("connection to %s lost (%s): reconnecting", self.server, exc.message)
-        self._reattaching = None  # lost again while reattaching: what follows _unblock is a restore, never a reattach
         self._unblock(exc)
-        self._start_reconnect(exc)
+        self._start_reconnect(exc, failed)
 
     def _start_reconnect(self, cause: TandemError, failed: tuple[str, str] | None = None) -> None:
         self._reconnector = task = self.loop.create_task(self._reconnect(cause, failed), name="tandem-reconnect")
@@ -774,9 +801,8 @@ class AsyncConnection:
             if done:
                 self.generation = generation  # deliveries from before the failure stay valid
                 self._ready.set()
-                for ch in sorted(self.channels.values(), key=lambda c: c.id):
-                    if ch.session is not None:
-                        ch.session._send_parked()  # parked, yet the server has the session (none expected: 0074)
+                # Nothing is parked on a session the server has: a restore takes what it parked
+                # (and fails or gives up its link when it cannot send it: decision 0074).
                 self._flush()
                 log.warning("reattached to %s (node %s)", self.server, self.node_id)
                 self._notify(FailureEvent.REATTACHED, cause)
@@ -794,7 +820,7 @@ class AsyncConnection:
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):
                 if ch.session is not None:
-                    await ch.session._restore()
+                    await ch.session._restore(drops)
         except TandemError as exc:
             if self.drops != drops or self.closed:
                 return  # lost again while restoring, the sessions with it: that loss's reconnection restores them all
@@ -832,31 +858,20 @@ class AsyncConnection:
         reconnector = self._reconnector
         if reconnector is not None and reconnector is not asyncio.current_task():
             reconnector.cancel()  # the later link's reconnection, reattaching to this restore
-        proto, self._proto = self._proto, None
-        self._ready.clear()
-        self.losses += 1
-        if self._pinger is not None:
-            self._pinger.cancel()
-            self._pinger = None
+        proto = self._proto
+        self._link_gone(exc)
         if proto is not None:
             proto.lost = True
             transport = proto.transport
             if transport is not None and not transport.is_closing():
                 transport.write(p.encode(p.Disconnect()))
                 transport.close()
-        for ch in self.channels.values():
-            if ch.session is not None:
-                ch.session._range_link_lost(exc)
         log.warning(
             "restoring the sessions on %s failed after its link was lost (%s): restoring them all on a new link",
             self.server,
             exc.message,
         )
-        self._reattaching = None
-        self._out.clear()
-        self._writable.set()
-        self._unblock(exc)
-        self._start_reconnect(exc, (failed_server, failed_node))
+        self._restore_on_a_new_link(exc, (failed_server, failed_node))
 
     async def _reattach(self) -> bool:
         """Ask the server for our sessions back; on success replay what it never received."""

@@ -103,9 +103,12 @@ class AsyncSession:
         self.unresolved_commit: str | None = None  # id of the last commit whose outcome is unknown
         self._resend: list[Pending] = []  # sends with a dedup id, parked until the session is on a server again
         # The server lost this session with the link (set by _unblock), until a restore has
-        # created it again: parked sends cannot go on its channel meanwhile.
+        # created it again: sends on its channel wait for that restore meanwhile.
         self._unrestored = False
         self._restore_begun = False  # its restore's CREATE_SESSION is written: frames after it are valid
+        # Set while the server has this session or its restore has begun: a call waits for it.
+        self._callable = asyncio.Event()
+        self._callable.set()
         self.send_ack_handler: SendAckHandler | None = None
         self.closed = False
         self.sending_large = False  # a large message's chunks are going out (one at a time per session)
@@ -362,6 +365,7 @@ class AsyncSession:
                 raise TransactionRolledBack(
                     "the connection failed during this transaction and is not back: it was rolled back; retry it"
                 ) from None
+        await conn.wait_session(ch)  # nothing sent yet if it times out: the transaction stays open
         for c in self.consumers.values():
             c._emit_pending()  # automatic acks belong to this transaction (or to the rollback below)
         if self._rollback_only:
@@ -486,6 +490,7 @@ class AsyncSession:
 
     def _connection_failed(self, err: TandemError) -> None:
         self._fail_parked(Unblocked(f"{err.message}: {_PARKED}"))
+        self._callable.set()  # a call waiting for this session's restore: it fails on the closed connection
         for c in self.consumers.values():
             c._mark_closed(err)
         for prod in self.producers:
@@ -496,15 +501,24 @@ class AsyncSession:
             self._rollback_only = True
         self._unrestored = True
         self._restore_begun = False
+        self._callable.clear()
         self._resend.extend(resend)
         for c in self.consumers.values():
             c._transport_lost(exc)
         for prod in self.producers:
             prod._credits.clear()
 
-    async def _restore(self) -> None:
-        """Recreate this session on the new server (connection is restoring: no waiting for ready)."""
+    async def _restore(self, drops: int) -> None:
+        """Recreate this session on the new server (connection is restoring: no waiting for ready).
+        `drops`: the connection's count of sessions given up when the restore began."""
         conn, ch = self.conn, self.channel
+
+        def check_link() -> None:
+            # An answer in hand when the link was lost with the sessions (in the same read): the
+            # server no longer has what it made, and the next link's restore makes it all again.
+            if conn.drops != drops:
+                raise Unblocked("the link was lost, the sessions with it, while restoring them")
+
         # What was never confirmed, in the order it was sent, taken before the first await: once a
         # consumer is recreated the new server delivers to it, and what the application sends
         # then (an ack of such a delivery) goes to the new server, to be confirmed there.
@@ -518,13 +532,18 @@ class AsyncSession:
             self._rollback_only = True
         try:
             self._restore_begun = True
+            self._callable.set()
             await conn._call_now(ch, lambda cmd: p.CreateSession(ch.id, cmd, self.transacted))
-            self._unrestored = False  # on the server again: what is parked can go on this channel
+            check_link()
+            self._unrestored = False  # on the server again: sends on this channel go straight out
             for args in self.temp_queues.values():
                 await conn._call_now(conn.control, partial(p.Manage, 0, op="queue.create", args=args))
+                check_link()
             for c in list(self.consumers.values()):
                 if not c.closed:
-                    c._created(await conn._call_now(ch, c._create_packet))
+                    created = await conn._call_now(ch, c._create_packet)
+                    check_link()
+                    c._created(created)
         except BaseException:
             # Not restored (lost again, or closed). What can be sent again goes back, ahead of
             # what came since, for the next restore. The rest fails now, as the next restore or
@@ -534,6 +553,7 @@ class AsyncSession:
             self._resend[:0] = [pend for pend in pending if pend.resend is not None]
             if self._unrestored:
                 self._restore_begun = False  # the server may not have it: the next restore makes it
+                self._callable.clear()
             unblocked = Unblocked(_UNREPLAYABLE)
             for pend in pending:
                 if pend.resend is None:
@@ -551,18 +571,6 @@ class AsyncSession:
                 _fail_waiter(pend.waiter, unblocked)
             else:
                 conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, None if pend.unsent else data)
-
-    def _send_parked(self) -> None:
-        """The link reattached: sends parked for a resend go again on it, in the order they were
-        first sent, when the server has this session (a restore created it). A duplicate of one
-        the broker stored before is dropped by its dedup id and confirmed."""
-        if not self._resend or self._unrestored or self.closed:
-            return
-        conn, ch = self.conn, self.channel
-        parked, self._resend = self._resend, []
-        for pend in parked:
-            data = pend.resend
-            conn.pipeline(ch, p.SendData(ch.id, ch.cmd(), data), pend.waiter, None if pend.unsent else data)
 
     def _fail_parked(self, exc: TandemError) -> None:
         """Sends parked for a resend that no server will get now (closed, or the connection failed).
@@ -652,7 +660,8 @@ class AsyncProducer:
         if transacted:
             session._tx_work = True
         resend = data if data.dedup_id is not None and not transacted else None
-        if session._unrestored and not session._restore_begun and not conn.ready:
+        if session._unrestored and not session._restore_begun and not (conn.ready and conn._restoring is None):
+            # Its restore is to come (ready, yet restoring: the link reattached to a restore under way).
             return self._hold_for_restore(data, resend is not None, callback)
         ch = session.channel
         cmd = ch.next_cmd
