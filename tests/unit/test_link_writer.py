@@ -106,3 +106,26 @@ async def _a_peer_that_went_away_is_reported_and_later_writes_are_dropped() -> N
     w.write(b"after")  # ignored, not raised
     assert w.pending >= 0
     a.close()
+
+
+def test_a_frame_from_another_thread_with_nothing_queued_is_written_on_that_thread() -> None:
+    asyncio.run(_a_frame_from_another_thread_with_nothing_queued_is_written_on_that_thread())
+
+
+async def _a_frame_from_another_thread_with_nothing_queued_is_written_on_that_thread() -> None:
+    """The journal's writer thread hands over a batch's frame: written at once (no wake-up of the
+    writer's thread) when nothing is queued; the loop's own frames still go through the queue."""
+    loop = asyncio.get_running_loop()
+    a, b = _pair()
+    w = LinkWriter(a.fileno(), loop, 1 << 20, 1 << 12, lambda: None, lambda: None, lambda exc: None)
+    frame = b"batch;" * 1000
+    await asyncio.to_thread(w.write, frame)
+    assert w.written_directly == len(frame)
+    w.write(b"from the loop")
+    assert w.written_directly == len(frame)
+    got = await asyncio.to_thread(_read_exactly, b, len(frame) + len(b"from the loop"))
+    assert got == frame + b"from the loop"
+    w.close()
+    await asyncio.sleep(0.05)
+    a.close()
+    b.close()

@@ -5,6 +5,9 @@ event loop to write means waiting for the loop's next pass, and the loop then sp
 system call (the loopback's whole TCP path) under the interpreter lock. This writer takes frames
 from any thread, in the order they are handed to it, and a thread of its own writes them on a
 duplicate of the connection's descriptor, without the lock during the call (decision 0042).
+A frame handed over by another thread (the journal's writer) while nothing is queued or being
+written is written at once on that thread, as far as the socket takes it, and only the rest is
+queued: the common case then costs no wake-up of this thread (decision 0076).
 The event loop keeps reading the connection; once a writer is attached every write of the
 connection goes through it, so frames never overtake each other.
 """
@@ -45,11 +48,13 @@ class LinkWriter:
         self._resumed_cb = resumed
         self._failed_cb = failed
         self._cv = threading.Condition(threading.Lock())
-        self._queue: deque[bytes | bytearray] = deque()
+        self._queue: deque[bytes | bytearray | memoryview] = deque()
         self._pending = 0  # bytes handed over, not written yet
         self._paused = False
         self._closing = False
         self._deadline = 0.0
+        self._loop_thread = threading.get_ident()  # made on the loop: its own writes are queued
+        self.written_directly = 0  # bytes written on the calling thread (decision 0076)
         self._thread = threading.Thread(target=self._run, name="replication-send", daemon=True)
         self._thread.start()
 
@@ -58,8 +63,21 @@ class LinkWriter:
         with self._cv:
             if self._closing:
                 return
-            self._queue.append(data)
-            self._pending += len(data)
+            if not self._pending and threading.get_ident() != self._loop_thread:
+                # Nothing queued or being written: no frame can be overtaken. A full socket, or an
+                # error, leaves the rest to this writer's thread (which reports the error).
+                try:
+                    n = os.write(self._fd, data)
+                except OSError:
+                    n = 0
+                self.written_directly += n
+                if n == len(data):
+                    return
+            else:
+                n = 0
+            rest = memoryview(data)[n:] if n else data
+            self._queue.append(rest)
+            self._pending += len(rest)
             if self._pending > self._high and not self._paused:
                 self._paused = True
                 self._post(self._paused_cb)
@@ -108,7 +126,7 @@ class LinkWriter:
         finally:
             os.close(self._fd)
 
-    def _write_all(self, buffers: list[bytes | bytearray], poller: select.poll) -> bool:
+    def _write_all(self, buffers: list[bytes | bytearray | memoryview], poller: select.poll) -> bool:
         """Every byte of `buffers`; False when closing ran out of time first."""
         views = [memoryview(b) for b in buffers]
         i = 0
