@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -640,29 +640,28 @@ async def _reattached_to_a_restore_before_the_second_session(
     return producer
 
 
-@pytest.mark.timeout(90)
-def test_a_send_on_a_session_not_restored_yet_written_after_the_link_reattached_to_the_restore(
-    broker_factory: Any,
+def _on_a_session_not_restored_yet(
+    broker_factory: Any, act: Callable[[Any], Awaitable[None]], expected: list[str], transacted: bool = False
 ) -> None:
-    """A send with a dedup id written on the second session once the client is ready again,
-    before that session's restore, must wait for that restore, as it would before the reattach:
-    the broker has no session on its channel yet and would refuse it."""
+    """The link reattached to a restore that has not reached the second session yet: `act` on
+    that session's producer must wait for its restore and succeed, then a later send (committed
+    in a transacted session) goes too, the queue holds `expected` once each, no DISCONNECT."""
     broker, proxy_port = _broker_behind_a_proxy(broker_factory)
     events: list[aio.FailureEvent] = []
 
     async def main() -> None:
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
-            conn = await _connect(proxy.url, auto_dedup=True)
+            conn = await (_connect(proxy.url) if transacted else _connect(proxy.url, auto_dedup=True))
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker)
-            during = producer.send_nowait("during")
-            assert during is not None
-            done, _ = await asyncio.wait([during], timeout=10)  # bounded: the outcome, not a timing goal
-            assert during in done, f"the send is still waiting ({events})"
-            assert during.exception() is None, f"{during.exception()!r} ({events})"
+            producer = await _reattached_to_a_restore_before_the_second_session(
+                proxy, conn, broker, transacted=transacted
+            )
+            await act(producer)
             await proxy.delay(0, "down")
             await producer.send("after")
-            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
+            if transacted:
+                await producer.session.commit()
+            assert await drain_texts(broker.url, "once", wait=0.3) == expected
             await conn.close()
 
     try:
@@ -670,6 +669,24 @@ def test_a_send_on_a_session_not_restored_yet_written_after_the_link_reattached_
     except TandemError as exc:
         pytest.fail(f"the client failed: {exc!r} (events {events})")
     assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+@pytest.mark.timeout(90)
+def test_a_send_on_a_session_not_restored_yet_written_after_the_link_reattached_to_the_restore(
+    broker_factory: Any,
+) -> None:
+    """A send with a dedup id written on the second session once the client is ready again,
+    before that session's restore, must wait for that restore, as it would before the reattach:
+    the broker has no session on its channel yet and would refuse it."""
+
+    async def act(producer: Any) -> None:
+        during = producer.send_nowait("during")
+        assert during is not None
+        done, _ = await asyncio.wait([during], timeout=10)  # bounded: the outcome, not a timing goal
+        assert during in done, "the send is still waiting"
+        assert during.exception() is None, repr(during.exception())
+
+    _on_a_session_not_restored_yet(broker_factory, act, ["before", "during", "after"])
 
 
 @pytest.mark.timeout(90)
@@ -679,25 +696,11 @@ def test_a_call_on_a_session_not_restored_yet_made_after_the_link_reattached_to_
     """As above with `send()`, which first asks the broker for credit (a call on the second
     session's channel; the credit went with the old server): the call must wait for the
     session's restore, not reach a broker that has no session on that channel yet."""
-    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
-    events: list[aio.FailureEvent] = []
 
-    async def main() -> None:
-        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
-            conn = await _connect(proxy.url, auto_dedup=True)
-            conn.add_failure_listener(lambda kind, _: events.append(kind))
-            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker)
-            await asyncio.wait_for(producer.send("during"), 10)  # bounded: the outcome, not a timing goal
-            await proxy.delay(0, "down")
-            await producer.send("after")
-            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "during", "after"]
-            await conn.close()
+    async def act(producer: Any) -> None:
+        await asyncio.wait_for(producer.send("during"), 10)  # bounded: the outcome, not a timing goal
 
-    try:
-        asyncio.run(main())
-    except TandemError as exc:
-        pytest.fail(f"the client failed: {exc!r} (events {events})")
-    assert aio.FailureEvent.DISCONNECT not in events, events
+    _on_a_session_not_restored_yet(broker_factory, act, ["before", "during", "after"])
 
 
 @pytest.mark.timeout(90)
@@ -707,23 +710,8 @@ def test_a_commit_on_a_session_not_restored_yet_made_after_the_link_reattached_t
     """As above with `commit()` of a transaction that did nothing since the failure (the last one
     was committed before it): it must wait for the session's restore and succeed, not reach a
     broker that has no session on that channel yet."""
-    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
-    events: list[aio.FailureEvent] = []
 
-    async def main() -> None:
-        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
-            conn = await _connect(proxy.url)
-            conn.add_failure_listener(lambda kind, _: events.append(kind))
-            producer = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker, transacted=True)
-            await asyncio.wait_for(producer.session.commit(), 10)  # bounded: the outcome, not a timing goal
-            await proxy.delay(0, "down")
-            await producer.send("after")
-            await producer.session.commit()
-            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "after"]
-            await conn.close()
+    async def act(producer: Any) -> None:
+        await asyncio.wait_for(producer.session.commit(), 10)  # bounded: the outcome, not a timing goal
 
-    try:
-        asyncio.run(main())
-    except TandemError as exc:
-        pytest.fail(f"the client failed: {exc!r} (events {events})")
-    assert aio.FailureEvent.DISCONNECT not in events, events
+    _on_a_session_not_restored_yet(broker_factory, act, ["before", "after"], transacted=True)
