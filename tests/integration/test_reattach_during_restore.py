@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -46,6 +46,29 @@ def _broker_behind_a_proxy(broker_factory: Any) -> tuple[Any, int]:
         ),
     ).start()
     return broker, proxy_port
+
+
+def _run_without_giving_up(main: Callable[[], Coroutine[Any, Any, None]], events: list[aio.FailureEvent]) -> None:
+    """Run the scenario; the client must neither fail a call nor give the connection up."""
+    try:
+        asyncio.run(main())
+    except TandemError as exc:
+        pytest.fail(f"the client failed: {exc!r} (events {events})")
+    assert aio.FailureEvent.DISCONNECT not in events, events
+
+
+async def _the_parked_send_goes_once(
+    away: asyncio.Future[None], conn: aio.AsyncConnection, producer: Any, url: str, events: list[Any], timeout: float
+) -> None:
+    """The send parked for its session's restore ("away", a dedup id) is confirmed, the client is
+    back, a later send goes too, and the queue holds each once, in order."""
+    done, _ = await asyncio.wait([away], timeout=timeout)  # bounded: the outcome, not a timing goal
+    assert away in done, f"a send parked for its session's restore is still waiting ({events})"
+    assert away.exception() is None, f"{away.exception()!r} ({events})"
+    await _until(lambda: conn.ready, "the client is back")
+    assert not conn.closed, f"the client gave up: {conn.error!r} ({events})"
+    await producer.send("after")
+    assert await drain_texts(url, "once", wait=0.3) == ["before", "away", "after"]
 
 
 async def _connect(url: str, **more: Any) -> aio.AsyncConnection:
@@ -470,19 +493,10 @@ def test_a_restore_not_answered_while_its_link_is_down_is_done_again_on_a_fresh_
             await asyncio.sleep(3.0)  # past call_timeout: the restore's call timed out
             await proxy.delay(0, "down")
             await proxy.refuse_new(False)
-            done, _ = await asyncio.wait([away], timeout=15)  # bounded: the outcome, not a timing goal
-            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
-            assert away.exception() is None, f"{away.exception()!r} ({events})"
-            await _until(lambda: conn.ready, "the client is back")
-            await producer.send("after")
-            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await _the_parked_send_goes_once(away, conn, producer, broker.url, events, 15)
             await conn.close()
 
-    try:
-        asyncio.run(main())
-    except TandemError as exc:
-        pytest.fail(f"the client failed: {exc!r} (events {events})")
-    assert aio.FailureEvent.DISCONNECT not in events, events
+    _run_without_giving_up(main, events)
 
 
 @pytest.mark.timeout(90)
@@ -521,13 +535,7 @@ def test_a_restore_refused_on_a_reattached_link_and_not_on_the_fresh_one_restore
             await _until(lambda: conn.drops > drops, "the refused restore is given up for a fresh one")
             await other.close()  # answers are still 1 s late: the fresh restore has not asked yet
             await proxy.delay(0, "down")
-            done, _ = await asyncio.wait([away], timeout=15)  # bounded: the outcome, not a timing goal
-            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
-            assert away.exception() is None, f"{away.exception()!r} ({events})"
-            await _until(lambda: conn.ready, "the client is back")
-            assert not conn.closed, f"the client gave up: {conn.error!r} ({events})"
-            await producer.send("after")
-            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await _the_parked_send_goes_once(away, conn, producer, broker.url, events, 15)
             await second.create_producer("single").send("to single")
             got = None
             for _ in range(3):  # a receive may first raise the restore's Unblocked: call it again
@@ -537,11 +545,7 @@ def test_a_restore_refused_on_a_reattached_link_and_not_on_the_fresh_one_restore
             assert got is not None and got.text == "to single", got
             await conn.close()
 
-    try:
-        asyncio.run(main())
-    except TandemError as exc:
-        pytest.fail(f"the client failed: {exc!r} (events {events})")
-    assert aio.FailureEvent.DISCONNECT not in events, events
+    _run_without_giving_up(main, events)
     assert events[-1] == aio.FailureEvent.RECONNECTED, events
 
 
@@ -599,19 +603,10 @@ def test_a_restore_whose_link_is_lost_with_an_answer_in_hand_stops_there(broker_
             armed[0] = True
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
             await _until(lambda: not armed[0], "the restore's first answer comes with an ERROR")
-            done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
-            assert away in done, f"a send parked for its session's restore is still waiting ({events})"
-            assert away.exception() is None, f"{away.exception()!r} ({events})"
-            await _until(lambda: conn.ready, "the client is back")
-            await producer.send("after")
-            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "after"]
+            await _the_parked_send_goes_once(away, conn, producer, broker.url, events, 10)
             await conn.close()
 
-    try:
-        asyncio.run(main())
-    except TandemError as exc:
-        pytest.fail(f"the client failed: {exc!r} (events {events})")
-    assert aio.FailureEvent.DISCONNECT not in events, events
+    _run_without_giving_up(main, events)
 
 
 async def _reattached_to_a_restore_before_the_second_session(
@@ -664,11 +659,7 @@ def _on_a_session_not_restored_yet(
             assert await drain_texts(broker.url, "once", wait=0.3) == expected
             await conn.close()
 
-    try:
-        asyncio.run(main())
-    except TandemError as exc:
-        pytest.fail(f"the client failed: {exc!r} (events {events})")
-    assert aio.FailureEvent.DISCONNECT not in events, events
+    _run_without_giving_up(main, events)
 
 
 @pytest.mark.timeout(90)
