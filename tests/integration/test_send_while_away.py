@@ -35,13 +35,19 @@ async def _away(conn: aio.AsyncConnection, broker: Any) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_sends_made_between_links_go_once_after_the_restore(broker_factory: Any) -> None:
+@pytest.mark.parametrize("window", [-1, 4096], ids=["no-window", "window"])
+def test_sends_made_between_links_go_once_after_the_restore(broker_factory: Any, window: int) -> None:
+    """Without a confirmation window the client restores at once; with one it first tries to
+    reattach (the sends wait among its kept commands), is refused by the restarted broker (it
+    has no sessions), then restores: either way each send goes once."""
     port = free_port()  # the same after the restart
     broker = broker_factory(extra_toml=f'[[acceptors]]\nname = "native"\nbind = "127.0.0.1:{port}"\n').start()
     out: dict[str, Any] = {}
 
     async def main() -> None:
-        conn = await aio.connect(broker.url, reconnect_attempts=-1, auto_dedup=False, **FAST)
+        conn = await aio.connect(
+            broker.url, reconnect_attempts=-1, auto_dedup=False, confirmation_window_size=window, **FAST
+        )
         events: list[aio.FailureEvent] = []
         session = await conn.create_session()
         replayable: list[bool] = []  # of the sends the restore wrote, when the listener hears of it
@@ -80,3 +86,55 @@ def test_sends_made_between_links_go_once_after_the_restore(broker_factory: Any)
     # Written once by the restore, not confirmed yet: none may go again after another loss.
     assert out["replayable"] == [False] * 8, out
     assert out["bodies"] == ["before", *(f"away-{i}" for i in range(8)), "after"], out
+
+
+@pytest.mark.timeout(60)
+def test_sends_made_while_reattaching_go_once_by_the_replay(broker_factory: Any) -> None:
+    """With a confirmation window and the broker still holding the sessions, the client
+    reattaches: the sends it held go once, by the reattach's replay, and are from then on as any
+    send without a dedup id (not replayable: another loss must not send them a second time)."""
+    from tandem.testing import AsyncFaultProxy
+
+    broker = broker_factory().start()
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port) as proxy:
+            conn = await aio.connect(
+                proxy.url,
+                reconnect_attempts=-1,
+                auto_dedup=False,
+                confirmation_window_size=4096,
+                connection_ttl=30_000,
+                **FAST,
+            )
+            session = await conn.create_session()
+            events: list[aio.FailureEvent] = []
+            replayable: list[bool] = []
+
+            def heard(kind: aio.FailureEvent, _cause: object) -> None:
+                events.append(kind)
+                replayable.extend(pend.resend is not None for pend in session.channel.confirms)
+
+            conn.add_failure_listener(heard)
+            producer = session.create_producer("replayed")
+            await producer.send("before")
+            await proxy.delay(0.5, "down")  # the replay's confirmations come late: still pending when heard
+            assert await proxy.reset() >= 1
+            deadline = time.monotonic() + 10
+            while conn.ready and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            assert not conn.ready, "the client did not see the reset"
+            futures = [producer.send_nowait(f"held-{i}") for i in range(3)]
+            out["results"] = await asyncio.gather(*(f for f in futures if f is not None), return_exceptions=True)
+            await proxy.delay(0, "down")
+            await producer.send("after")
+            out["events"], out["replayable"] = events, replayable
+            await conn.close()
+        out["bodies"] = await drain_texts(broker.url, "replayed")
+
+    asyncio.run(main())
+    assert out["events"] == [aio.FailureEvent.REATTACHED], out
+    assert out["results"] == [None] * 3, out
+    assert out["replayable"] == [False] * 3, out
+    assert out["bodies"] == ["before", "held-0", "held-1", "held-2", "after"], out

@@ -67,9 +67,9 @@ class FailureEvent(Enum):
 class Pending(msgspec.Struct):
     """A pipelined command waiting for CONFIRM; `resend` is the message to send again after failover.
 
-    `unsent`: a send made while the client knew it was between links, parked with its message:
-    no server can have it, so a restore sends it once; once written it is not replayable (no
-    dedup id: a second copy could be stored)."""
+    `unsent`: a send without a dedup id made while the client held its bytes (between links),
+    kept with its message: no server can have it, so a reattach's replay or a restore sends it
+    once; once written it is not replayable (a second copy could be stored). Decision 0078."""
 
     cmd: int
     waiter: Waiter
@@ -452,7 +452,7 @@ class AsyncConnection:
         if not out:
             return
         proto = self._proto
-        if proto is None or (not self._ready.is_set() and self._restoring is not proto):
+        if proto is None or self.holding:
             return  # reconnecting: hold the bytes (they are rebuilt or dropped on reconnect)
         if proto.transport is not None and not proto.transport.is_closing():
             proto.transport.write(b"".join(out) if len(out) > 1 else out[0])
@@ -508,19 +508,28 @@ class AsyncConnection:
         self.channels[ch.id] = ch
         return ch
 
-    def pipeline(self, ch: Channel, pkt: p.Packet, waiter: Waiter, resend: Any = None) -> None:
+    @property
+    def holding(self) -> bool:
+        """What is written now stays in the client: no link, or one that is neither ready nor a
+        restore's. It reaches a server only by a reattach's replay (or not at all)."""
+        proto = self._proto
+        return proto is None or (not self._ready.is_set() and self._restoring is not proto)
+
+    def pipeline(self, ch: Channel, pkt: p.Packet, waiter: Waiter, resend: Any = None, unsent: bool = False) -> None:
         """Send a confirmed command (its `cmd` already set from ch.cmd())."""
         self._write(p.encode(pkt))
-        ch.confirms.append(Pending(pkt.cmd, waiter, resend))  # type: ignore[attr-defined]
+        ch.confirms.append(Pending(pkt.cmd, waiter, resend, unsent))  # type: ignore[attr-defined]
 
-    def _pipeline_kept(self, ch: Channel, pkt: p.Packet, waiter: Waiter, resend: Any = None) -> None:
+    def _pipeline_kept(
+        self, ch: Channel, pkt: p.Packet, waiter: Waiter, resend: Any = None, unsent: bool = False
+    ) -> None:
         """`pipeline` with a confirmation window: the frame is kept until the server has it."""
         frame = p.encode(pkt)
         cmd: int = pkt.cmd  # type: ignore[attr-defined]
         if ch.kept is not None:
             ch.kept.append((cmd, frame))
         self._write(frame)
-        ch.confirms.append(Pending(cmd, waiter, resend))
+        ch.confirms.append(Pending(cmd, waiter, resend, unsent))
 
     def pipeline_after(self, ch: Channel, before: list[bytes | bytearray], pkt: p.Packet, waiter: Waiter) -> None:
         """`pipeline` of a command that must follow frames without a command id (a large
@@ -907,6 +916,10 @@ class AsyncConnection:
             ch.received(ok.last.get(ch.id, 0))
             if ch.kept:
                 self._out.extend(frame for _, frame in ch.kept)  # in order, each exactly once
+            for pend in ch.confirms:
+                if pend.unsent:  # written now, by the replay: from here on as any send without an id
+                    pend.unsent = False
+                    pend.resend = None
         for c, flowed in reported.items():  # credit granted since the REATTACH went out (its FLOW was dropped)
             if c.flowed > flowed and not c.closed:
                 self._out.append(p.encode(p.Flow(c.session.channel.id, c.id, c.flowed - flowed)))

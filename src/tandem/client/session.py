@@ -663,15 +663,20 @@ class AsyncProducer:
         if session._unrestored and not session._restore_begun and not (conn.ready and conn._restoring is None):
             # Its restore is to come (ready, yet restoring: the link reattached to a restore under way).
             return self._hold_for_restore(data, resend is not None, callback)
+        # Between links its bytes stay here: without a dedup id it is kept with its message, for
+        # the reattach's replay or the restore to send once (decision 0078).
+        unsent = resend is None and not transacted and conn.holding
+        if unsent:
+            resend = data
         ch = session.channel
         cmd = ch.next_cmd
         ch.next_cmd = cmd + 1
         if callback is None:
             fut: asyncio.Future[None] = conn.loop.create_future()
             fut.add_done_callback(self._done_future)
-            conn.pipeline(ch, p.SendData(ch.id, cmd, data), fut, resend)
+            conn.pipeline(ch, p.SendData(ch.id, cmd, data), fut, resend, unsent)
             return fut
-        conn.pipeline(ch, p.SendData(ch.id, cmd, data), partial(self._confirmed, callback), resend)
+        conn.pipeline(ch, p.SendData(ch.id, cmd, data), partial(self._confirmed, callback), resend, unsent)
         return None
 
     def _hold_for_restore(
