@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
+from ..connecting import within
 from ..errors import (
     CallTimeout,
     ConnectionLost,
@@ -378,8 +379,10 @@ class AsyncConnection:
                 self._tls = client_context(self.options)
             tls = {"ssl": self._tls, "server_hostname": host, "ssl_handshake_timeout": timeout}
         try:
-            _transport, proto = await asyncio.wait_for(
-                self.loop.create_connection(lambda: _Protocol(self), host, port, **tls), timeout
+            _transport, proto = await within(
+                timeout,
+                lambda: self.loop.create_connection(lambda: _Protocol(self), host, port, **tls),
+                lambda made: made[0].abort(),
             )
         except ssl.SSLError:
             await _let_tls_close()

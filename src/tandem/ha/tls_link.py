@@ -12,6 +12,8 @@ import contextlib
 import socket
 import ssl
 
+from ..connecting import within
+
 RELAY_CHUNK = 256 * 1024
 
 
@@ -42,8 +44,10 @@ async def open_tls_link(
     """A plain blocking socket whose bytes reach host:port over TLS, and the task relaying them
     (it ends when either side closes); raises OSError (ssl.SSLError, TimeoutError) if the
     TLS connection cannot be made."""
-    remote = await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=ctx, server_hostname=host, ssl_handshake_timeout=timeout), timeout
+    remote = await within(
+        timeout,
+        lambda: asyncio.open_connection(host, port, ssl=ctx, server_hostname=host, ssl_handshake_timeout=timeout),
+        lambda made: made[1].transport.abort(),
     )
     mine, theirs = socket.socketpair()
     try:

@@ -19,16 +19,22 @@ from .proxy import AsyncFaultProxy, FaultProxy, ProxyStats
 _LOW, _HIGH = 20000, 32768
 
 
+_given: set[int] = set()  # ports handed out by this process: never twice (a test asks for several at once)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, outside the ephemeral range when one can be found (another process could
-    still take it before it is bound)."""
+    """A port free now, outside the ephemeral range when one can be found, and not one this
+    process was given before (another process could still take it before it is bound)."""
     for _ in range(50):
         port = random.randrange(_LOW, _HIGH)
+        if port in _given:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
+            _given.add(port)
             return port
     with socket.socket() as s:
         s.bind((host, 0))
