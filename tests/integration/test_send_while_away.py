@@ -34,6 +34,20 @@ async def _away(conn: aio.AsyncConnection, broker: Any) -> None:
     assert not conn.ready, "the client did not see the loss"
 
 
+def _listen(conn: aio.AsyncConnection, session: aio.AsyncSession) -> tuple[list[aio.FailureEvent], list[bool]]:
+    """The failure events, and for each send unconfirmed when one is heard (those the restore or
+    the replay has just written) whether it could be sent again after another loss."""
+    events: list[aio.FailureEvent] = []
+    replayable: list[bool] = []
+
+    def heard(kind: aio.FailureEvent, _cause: object) -> None:
+        events.append(kind)
+        replayable.extend(pend.resend is not None for pend in session.channel.confirms)
+
+    conn.add_failure_listener(heard)
+    return events, replayable
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("window", [-1, 4096], ids=["no-window", "window"])
 def test_sends_made_between_links_go_once_after_the_restore(broker_factory: Any, window: int) -> None:
@@ -48,15 +62,8 @@ def test_sends_made_between_links_go_once_after_the_restore(broker_factory: Any,
         conn = await aio.connect(
             broker.url, reconnect_attempts=-1, auto_dedup=False, confirmation_window_size=window, **FAST
         )
-        events: list[aio.FailureEvent] = []
         session = await conn.create_session()
-        replayable: list[bool] = []  # of the sends the restore wrote, when the listener hears of it
-
-        def heard(kind: aio.FailureEvent, _cause: object) -> None:
-            events.append(kind)
-            replayable.extend(pend.resend is not None for pend in session.channel.confirms)
-
-        conn.add_failure_listener(heard)
+        events, replayable = _listen(conn, session)
         producer = session.create_producer("away")
         await producer.send("before")
         await _away(conn, broker)
@@ -109,14 +116,7 @@ def test_sends_made_while_reattaching_go_once_by_the_replay(broker_factory: Any)
                 **FAST,
             )
             session = await conn.create_session()
-            events: list[aio.FailureEvent] = []
-            replayable: list[bool] = []
-
-            def heard(kind: aio.FailureEvent, _cause: object) -> None:
-                events.append(kind)
-                replayable.extend(pend.resend is not None for pend in session.channel.confirms)
-
-            conn.add_failure_listener(heard)
+            events, replayable = _listen(conn, session)
             producer = session.create_producer("replayed")
             await producer.send("before")
             await proxy.delay(0.5, "down")  # the replay's confirmations come late: still pending when heard
