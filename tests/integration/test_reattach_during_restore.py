@@ -71,6 +71,47 @@ async def _the_parked_send_goes_once(
     assert await drain_texts(url, "once", wait=0.3) == ["before", "away", "after"]
 
 
+async def _two_sessions(conn: aio.AsyncConnection, single: bool = False) -> tuple[Any, Any]:
+    """A first session holding the queue "once" (with `single`, also a queue "single" that takes
+    one consumer, and that consumer), and a second session's producer on "once" that has sent
+    "before". Returns the producer and the consumer (or None)."""
+    first = await conn.create_session()
+    await first.create_queue("once")
+    consumer = None
+    if single:
+        await first.create_queue("single", max_consumers=1)
+        consumer = await first.create_consumer("single")
+    producer = (await conn.create_session()).create_producer("once")
+    await producer.send("before")
+    return producer, consumer
+
+
+async def _killed_with_a_parked_send(conn: aio.AsyncConnection, broker: Any, producer: Any) -> asyncio.Future[None]:
+    """Kill the broker; once the client has seen it go, send "away" (with a dedup id it waits for
+    its session's restore)."""
+    broker.kill()
+    await _until(lambda: not conn.ready, "the client sees the broker go")
+    away = producer.send_nowait("away")
+    assert away is not None
+    return away
+
+
+async def _a_restore_the_broker_refuses(
+    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any
+) -> tuple[Any, Any, asyncio.Future[None], aio.AsyncConnection]:
+    """Two sessions (`_two_sessions`, with the one-consumer queue), the broker killed with a send
+    parked, restarted, another client holding that queue's one consumer, and the first session's
+    restore cut (the next link reattaches to it, and the broker refuses its consumer there).
+    Returns the producer, the first session's consumer, the parked send and the other client."""
+    producer, single = await _two_sessions(conn, single=True)
+    away = await _killed_with_a_parked_send(conn, broker, producer)
+    await asyncio.get_running_loop().run_in_executor(None, broker.start)
+    other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
+    await (await other.create_session()).create_consumer("single")
+    await _cut_the_restore(proxy, conn)
+    return producer, single, away, other
+
+
 async def _connect(url: str, **more: Any) -> aio.AsyncConnection:
     """A client with a confirmation window (it reattaches), without dedup ids (nothing replayable)
     unless `more` says otherwise."""
@@ -112,10 +153,7 @@ async def _a_restore_refused_on_a_reattached_link(
     large = producer.send_nowait(b"x" * 10_000)
     assert large is not None
     await asyncio.sleep(0.3)
-    broker.kill()
-    await _until(lambda: not conn.ready, "the client sees the broker go")
-    away = producer.send_nowait("away")
-    assert away is not None
+    away = await _killed_with_a_parked_send(conn, broker, producer)
     await asyncio.get_running_loop().run_in_executor(None, broker.start)
     other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
     await (await other.create_session()).create_consumer("single")
@@ -388,21 +426,7 @@ def test_a_restore_that_fails_on_a_reattached_link_leaves_no_later_session_unres
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, auto_dedup=True)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            first = await conn.create_session()
-            await first.create_queue("once")
-            await first.create_queue("single", max_consumers=1)
-            await first.create_consumer("single")
-            second = await conn.create_session()
-            producer = second.create_producer("once")
-            await producer.send("before")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
-            assert away is not None
-            await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
-            await (await other.create_session()).create_consumer("single")
-            await _cut_the_restore(proxy, conn)  # the first session's restore: the second's waits
+            producer, _, away, other = await _a_restore_the_broker_refuses(proxy, conn, broker)
             await proxy.delay(0, "down")
             done, _ = await asyncio.wait([away], timeout=10)  # bounded: the outcome, not a timing goal
             assert away in done, f"a send parked for its session's restore is still waiting ({events})"
@@ -440,10 +464,7 @@ def test_a_restore_refused_on_its_own_link_gives_the_connection_up(broker_factor
             await first.create_queue("single", max_consumers=1)
             await first.create_consumer("single")
             producer = (await conn.create_session()).create_producer("once")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            away = producer.send_nowait("away")
-            assert away is not None
+            away = await _killed_with_a_parked_send(conn, broker, producer)
             await proxy.delay(1.0, "down")  # the restore waits for the other client's consumer
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
             other = await aio.connect(broker.url)
@@ -475,15 +496,8 @@ def test_a_restore_not_answered_while_its_link_is_down_is_done_again_on_a_fresh_
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, auto_dedup=True, call_timeout=2000)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            first = await conn.create_session()
-            await first.create_queue("once")
-            second = await conn.create_session()
-            producer = second.create_producer("once")
-            await producer.send("before")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
-            assert away is not None
+            producer, _ = await _two_sessions(conn)
+            away = await _killed_with_a_parked_send(conn, broker, producer)
             await proxy.delay(1.0, "down")  # the restarted broker's answers come late
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
             await _until(lambda: conn._restoring, "the client restores its sessions on the restarted broker")
@@ -516,27 +530,13 @@ def test_a_restore_refused_on_a_reattached_link_and_not_on_the_fresh_one_restore
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await _connect(proxy.url, auto_dedup=True)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            first = await conn.create_session()
-            await first.create_queue("once")
-            await first.create_queue("single", max_consumers=1)
-            single = await first.create_consumer("single")
-            second = await conn.create_session()
-            producer = second.create_producer("once")
-            await producer.send("before")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
-            assert away is not None
-            await asyncio.get_running_loop().run_in_executor(None, broker.start)
-            other = await aio.connect(broker.url)  # takes the queue's one consumer before the restore
-            await (await other.create_session()).create_consumer("single")
-            await _cut_the_restore(proxy, conn)  # the first session's restore: refused on the next link
+            producer, single, away, other = await _a_restore_the_broker_refuses(proxy, conn, broker)
             drops = conn.drops
             await _until(lambda: conn.drops > drops, "the refused restore is given up for a fresh one")
             await other.close()  # answers are still 1 s late: the fresh restore has not asked yet
             await proxy.delay(0, "down")
             await _the_parked_send_goes_once(away, conn, producer, broker.url, events, 15)
-            await second.create_producer("single").send("to single")
+            await producer.session.create_producer("single").send("to single")
             got = None
             for _ in range(3):  # a receive may first raise the restore's Unblocked: call it again
                 with contextlib.suppress(Unblocked):
@@ -591,15 +591,8 @@ def test_a_restore_whose_link_is_lost_with_an_answer_in_hand_stops_there(broker_
         ) as proxy:
             conn = await aio.connect(proxy.url, auto_dedup=True, reconnect_attempts=-1, **FAST)
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            first = await conn.create_session()
-            await first.create_queue("once")
-            second = await conn.create_session()
-            producer = second.create_producer("once")
-            await producer.send("before")
-            broker.kill()
-            await _until(lambda: not conn.ready, "the client sees the broker go")
-            away = producer.send_nowait("away")  # a dedup id: it waits for its session's restore
-            assert away is not None
+            producer, _ = await _two_sessions(conn)
+            away = await _killed_with_a_parked_send(conn, broker, producer)
             armed[0] = True
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
             await _until(lambda: not armed[0], "the restore's first answer comes with an ERROR")
