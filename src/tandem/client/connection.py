@@ -550,7 +550,9 @@ class AsyncConnection:
     ) -> Any:
         """Send a command and wait for its answer (up to call_timeout, or `forever` until the connection fails)."""
         await self.wait_ready(timeout)
-        await self.wait_session(ch, timeout)
+        session = ch.session
+        if session is not None and not session._callable.is_set():  # (no coroutine for the usual case)
+            await self.wait_session(ch, timeout)
         return await self._call_now(ch, make, timeout, forever)
 
     async def wait_session(self, ch: Channel, timeout: float | None = None) -> None:
