@@ -19,7 +19,7 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from tandem.errors import ErrorCode, ProtocolError, TandemError, Unblocked
+from tandem.errors import ErrorCode, NotConnected, ProtocolError, TandemError, Unblocked
 from tandem.protocol import native as p
 from tandem.testing import AsyncFaultProxy, free_port
 from tandem.testing.proxy import Filter
@@ -603,29 +603,45 @@ def test_a_restore_whose_link_is_lost_with_an_answer_in_hand_stops_there(broker_
 
 
 async def _reattached_to_a_restore_before_the_second_session(
-    proxy: AsyncFaultProxy, conn: aio.AsyncConnection, broker: Any, transacted: bool = False
-) -> aio.AsyncProducer:
-    """Two sessions (a consumer on the first, a producer on the second, "before" sent); the
-    broker restarted, the link cut while the first session is being restored, and the next link
-    reattached to that restore, which goes on (the first session's consumer, then the second
-    session: answers 1 s late). Returns the second session's producer, the client ready again
-    and the second session not restored yet."""
+    proxy: AsyncFaultProxy,
+    conn: aio.AsyncConnection,
+    broker: Any,
+    transacted: bool = False,
+    park: bool = False,
+    consumers: int = 1,
+) -> tuple[aio.AsyncProducer, list[asyncio.Future[None]]]:
+    """Two sessions (`consumers` consumers on the first, a producer on the second, "before"
+    sent); the broker restarted, the link cut while the first session is being restored, and the
+    next link reattached to that restore, which goes on (the first session's consumers, then the
+    second session: answers 1 s late). Returns the second session's producer, the client ready
+    again and the second session not restored yet, and with `park` two sends made once the
+    client had seen the broker go, parked for that session's restore: "away" (durable: a dedup
+    id with auto_dedup) and "unsent" (not durable: no dedup id, never written)."""
     first = await conn.create_session()
     await first.create_queue("once")
     await first.create_queue("other")
-    await first.create_consumer("other")  # one more answer (1 s late) before the second session
+    for _ in range(consumers):  # one more answer each (1 s late) before the second session
+        await first.create_consumer("other")
     second = await conn.create_session(transacted=transacted)
     producer = second.create_producer("once")
     await producer.send("before")
     if transacted:
         await second.commit()
-    broker.kill()
-    await _until(lambda: not conn.ready, "the client sees the broker go")
+    parked: list[asyncio.Future[None]] = []
+    if park:
+        parked.append(await _killed_with_a_parked_send(conn, broker, producer))
+        unsent = producer.send_nowait("unsent", durable=False)
+        assert unsent is not None
+        parked.append(unsent)
+    else:
+        broker.kill()
+        await _until(lambda: not conn.ready, "the client sees the broker go")
     await asyncio.get_running_loop().run_in_executor(None, broker.start)
     await _cut_the_restore(proxy, conn)
     await _until(lambda: conn.ready, "the client reattaches to the restore")
     assert conn._restoring is not None, "the restore is over already: nothing to test"
-    return producer
+    assert not producer.session._callable.is_set(), "the second session's restore has begun: nothing to test"
+    return producer, parked
 
 
 def _on_a_session_not_restored_yet(
@@ -641,7 +657,7 @@ def _on_a_session_not_restored_yet(
         async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
             conn = await (_connect(proxy.url) if transacted else _connect(proxy.url, auto_dedup=True))
             conn.add_failure_listener(lambda kind, _: events.append(kind))
-            producer = await _reattached_to_a_restore_before_the_second_session(
+            producer, _ = await _reattached_to_a_restore_before_the_second_session(
                 proxy, conn, broker, transacted=transacted
             )
             await act(producer)
@@ -699,3 +715,65 @@ def test_a_commit_on_a_session_not_restored_yet_made_after_the_link_reattached_t
         await asyncio.wait_for(producer.session.commit(), 10)  # bounded: the outcome, not a timing goal
 
     _on_a_session_not_restored_yet(broker_factory, act, ["before", "after"], transacted=True)
+
+
+@pytest.mark.timeout(90)
+def test_a_session_closed_while_it_waits_for_its_restore_lets_the_restore_send_what_is_parked(
+    broker_factory: Any,
+) -> None:
+    """Two sends parked while away on the second session (one with a dedup id, one without: never
+    written), the link reattached to a restore that has not reached that session yet, and the
+    application closes the session: the close must let the restore send them (it comes well
+    within call_timeout), so they are confirmed and stored once each, not failed with Unblocked
+    or NotConnected as sends no server will get; then the session closes cleanly."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            producer, parked = await _reattached_to_a_restore_before_the_second_session(proxy, conn, broker, park=True)
+            await asyncio.wait_for(producer.session.close(), 20)  # bounded: the outcome, not a timing goal
+            results = await asyncio.gather(*parked, return_exceptions=True)
+            assert results == [None, None], f"{results!r} ({events})"
+            await proxy.delay(0, "down")
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before", "away", "unsent"]
+            assert not conn.closed, f"the client gave up: {conn.error!r} ({events})"
+            await conn.close()
+
+    _run_without_giving_up(main, events)
+
+
+@pytest.mark.timeout(90)
+def test_a_session_closed_while_its_restore_does_not_come_within_call_timeout_fails_what_is_parked(
+    broker_factory: Any,
+) -> None:
+    """As above, with the first session's restore (eight consumers, each answered 1 s late)
+    outlasting call_timeout (4 s; each answer well within it): the close waits for the second
+    session's restore no longer than a call would, then fails its parked sends as sends no server
+    got (Unblocked with a dedup id, NotConnected without: never written) and returns without
+    an error, while the restore is still under way; the restore then skips the closed session.
+    Nothing parked is stored, and the client does not give up."""
+    broker, proxy_port = _broker_behind_a_proxy(broker_factory)
+    events: list[aio.FailureEvent] = []
+
+    async def main() -> None:
+        async with AsyncFaultProxy(broker.port, port=proxy_port) as proxy:
+            conn = await _connect(proxy.url, auto_dedup=True, call_timeout=4000)
+            conn.add_failure_listener(lambda kind, _: events.append(kind))
+            producer, parked = await _reattached_to_a_restore_before_the_second_session(
+                proxy, conn, broker, park=True, consumers=8
+            )
+            await asyncio.wait_for(producer.session.close(), 20)  # bounded: the outcome, not a timing goal
+            assert conn._restoring is not None, "the restore came: nothing to test"
+            results = await asyncio.gather(*parked, return_exceptions=True)
+            assert isinstance(results[0], Unblocked), f"{results!r} ({events})"
+            assert isinstance(results[1], NotConnected), f"{results!r} ({events})"
+            await _until(lambda: conn._restoring is None, "the restore ends")
+            await proxy.delay(0, "down")
+            assert not conn.closed, f"the client gave up: {conn.error!r} ({events})"
+            assert await drain_texts(broker.url, "once", wait=0.3) == ["before"]
+            await conn.close()
+
+    _run_without_giving_up(main, events)
