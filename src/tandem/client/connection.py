@@ -833,7 +833,7 @@ class AsyncConnection:
         drops = self.drops
         try:
             for ch in sorted(self.channels.values(), key=lambda c: c.id):
-                if ch.session is not None:
+                if ch.session is not None and not ch.session.closed:  # closed while it waited: skipped
                     await ch.session._restore(drops)
         except TandemError as exc:
             if self.drops != drops or self.closed:

@@ -13,6 +13,7 @@ id, which the broker answers "already committed" if the first one went through.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import logging
@@ -423,8 +424,13 @@ class AsyncSession:
         for c in list(self.consumers.values()):
             c._emit_pending()
         await self.conn.until_reattached()
-        if self.conn.ready:  # parked, yet the link is ready: this session was never restored on it
-            self._fail_parked(Unblocked(f"the session was closed before it was restored: {_PARKED}"))
+        if self._resend and self.conn.ready:
+            # Parked, the link ready: it reattached to a restore that has not reached this session
+            # yet. That restore sends them (confirmed as usual); wait for it as a call would.
+            with contextlib.suppress(TandemError):
+                await self.conn.wait_session(self.channel)
+            if self.conn.ready:  # no restore came within call_timeout: none sends them now
+                self._fail_parked(Unblocked(f"the session was closed before it was restored: {_PARKED}"))
         for prod in self.producers:
             try:
                 await prod.flush()
@@ -434,7 +440,8 @@ class AsyncSession:
         ch = self.channel
         await self.conn.until_reattached()
         try:
-            if not self.conn.closed and self.conn.ready:
+            # A session whose restore has not begun is not on the server (its restore skips it now).
+            if not self.conn.closed and self.conn.ready and self._callable.is_set():
                 unseen = {cid: c._unseen() for cid, c in self.consumers.items() if c.buffer}
                 received = {cid: c.received for cid, c in self.consumers.items() if not c.browse_only}
                 await self.conn.call(ch, lambda cmd: p.CloseSession(ch.id, cmd, unseen, received))
