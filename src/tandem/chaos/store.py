@@ -27,8 +27,8 @@ STORES = ("plain", "paging", "large")
 MAX_SIZE_BYTES = 4096  # the chaos address's memory: a few dozen tiny messages
 PAGE_SIZE_BYTES = 16 * 1024  # page files of ~100 records: a backlog spans many of them
 CONSUMER_WINDOW = 4096  # bytes of credit per consumer: the backlog waits in the broker's pages
-PAUSE_EVERY = 8.0  # seconds: every consumer pauses together for PAUSE_FOR once per period
-PAUSE_FOR = 4.0
+PAUSE_EVERY = 10.0  # seconds: every consumer pauses together for PAUSE_FOR once per period
+PAUSE_FOR = 5.0
 
 # large
 LARGE_THRESHOLD = 2048  # the clients' min_large_message_size
