@@ -63,7 +63,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=150.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--mode", default="exactly-once", choices=("exactly-once", "at-least-once"))
-    ap.add_argument("--store", default="plain", choices=("plain", "paging", "large"))
+    ap.add_argument("--store", default="plain", choices=("plain", "paging", "large", "paging-large"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--work", type=Path, default=None, help="histories and logs (default: a temp dir)")
     args = ap.parse_args()

@@ -79,3 +79,13 @@ def test_a_paging_runs_consumers_pause_together_part_of_each_period_and_others_n
     assert stores.client_options("paging")["consumer_window_size"] == stores.CONSUMER_WINDOW
     assert stores.client_options("large")["min_large_message_size"] == stores.LARGE_THRESHOLD
     assert stores.client_options("plain") == {}
+
+
+def test_paging_large_pages_and_streams_at_once(tmp_path: Path) -> None:
+    v = large_values(20)[0]
+    assert stores.body_of("paging-large", v) == stores.body_of("large", v) != v
+    options = stores.client_options("paging-large")
+    assert options == {"min_large_message_size": stores.LARGE_THRESHOLD, "consumer_window_size": stores.CONSUMER_WINDOW}
+    assert stores.pause_left("paging-large", stores.PAUSE_EVERY - 1.0) > 0
+    pair = Pair(tmp_path / "pair", "replication", store="paging-large")
+    assert load_config(pair.servers[1].config_path).address_settings[QUEUE].address_full_policy == "PAGE"

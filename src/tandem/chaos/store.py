@@ -10,6 +10,8 @@ in memory.
 - ``large``: every third value (chosen by its name, so a reader knows which) is sent as a large
   message: the value, a ``|``, then padding up to LARGE_BODY bytes, over the clients'
   `min_large_message_size` (LARGE_THRESHOLD), so it travels in chunks and lives in a file.
+- ``paging-large``: both at once. Large messages are not paged (their bodies are files already):
+  they are queued in memory while the smaller ones wait in the pages.
 
 A body always identifies its value: `value_of` reads it back, and a large body whose padding is
 not exactly what was sent (a chunk lost, doubled or out of place) reads as a value never sent, so
@@ -21,7 +23,16 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-STORES = ("plain", "paging", "large")
+STORES = ("plain", "paging", "large", "paging-large")
+
+
+def pages(store: str) -> bool:
+    return store in ("paging", "paging-large")
+
+
+def streams(store: str) -> bool:
+    return store in ("large", "paging-large")
+
 
 # paging
 MAX_SIZE_BYTES = 4096  # the chaos address's memory: a few dozen tiny messages
@@ -39,7 +50,7 @@ _PAD = "".join(f"{i:05d}," for i in range(LARGE_BODY // 6 + 1))  # where a byte 
 
 def server_toml(store: str, address: str) -> str:
     """What the servers' configuration adds for `store` (appended after their other tables)."""
-    if store != "paging":
+    if not pages(store):
         return ""
     return (
         f'[address-settings."{address}"]\n'
@@ -51,11 +62,12 @@ def server_toml(store: str, address: str) -> str:
 
 def client_options(store: str) -> dict[str, Any]:
     """What the chaos clients' options add for `store`."""
-    if store == "large":
-        return {"min_large_message_size": LARGE_THRESHOLD}
-    if store == "paging":
-        return {"consumer_window_size": CONSUMER_WINDOW}
-    return {}
+    options: dict[str, Any] = {}
+    if streams(store):
+        options["min_large_message_size"] = LARGE_THRESHOLD
+    if pages(store):
+        options["consumer_window_size"] = CONSUMER_WINDOW
+    return options
 
 
 def is_large(value: str) -> bool:
@@ -64,7 +76,7 @@ def is_large(value: str) -> bool:
 
 def body_of(store: str, value: str) -> str:
     """The body that carries `value`."""
-    if store != "large" or not is_large(value):
+    if not streams(store) or not is_large(value):
         return value
     return f"{value}|{_PAD[: LARGE_BODY - len(value) - 1]}"
 
@@ -82,7 +94,7 @@ def value_of(body: bytes) -> str:
 def pause_left(store: str, since_start: float) -> float:
     """How long the consumers still pause now (paging only: the last PAUSE_FOR seconds of each
     period), 0 when they do not."""
-    if store != "paging":
+    if not pages(store):
         return 0.0
     into = since_start % PAUSE_EVERY
     return PAUSE_EVERY - into if into >= PAUSE_EVERY - PAUSE_FOR else 0.0
