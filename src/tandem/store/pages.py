@@ -45,6 +45,7 @@ from ..core.paging import PagedRecord
 from ..journal import files as jf
 from ..journal import records as rec
 from ..journal.records import _CRC_FROM
+from ..journal.faults import Faults
 from ..journal.storeio import StoreIO, Tap
 from .records import MessageRecord, RecordType, encoder
 
@@ -53,6 +54,9 @@ log = logging.getLogger("tandem.paging")
 _NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
 _TX_NAME = re.compile(r"^a\d{1,19}-t\d{1,19}-\d{6}\.page$")
 _dec_record = msgspec.msgpack.Decoder(PagedRecord)  # MessageRecord's layout, read back
+
+
+FAULTS_PREFIX = "tandem-paging"  # the fault seam's rules for page files (journal/faults.py)
 
 
 def page_name(address_id: int, page: int) -> str:
@@ -302,13 +306,14 @@ class PageFiles:
     # ---------------------------------------------------------- writer thread
     def _run(self) -> None:
         io = StoreIO(self.directory, self.tap)
+        faults = Faults.from_env(FAULTS_PREFIX)  # tests only (journal/faults.py)
         while True:
             b = self._jobs.get()
             if b is None:
                 return
             if self.failed is None:
                 try:
-                    self._write(io, b)
+                    self._write(io, b, faults)
                 except BaseException as exc:  # an I/O error is fatal to the store
                     self.failed = exc
             loop = self._loop
@@ -318,20 +323,28 @@ class PageFiles:
             except RuntimeError:  # the loop is closed: nobody waits any more
                 return
 
-    def _write(self, io: StoreIO, b: _Batch) -> None:
+    def _write(self, io: StoreIO, b: _Batch, faults: Faults | None = None) -> None:
         for name, key in b.creates:
+            if faults is not None:
+                faults.hit("create")
             io.create(name, jf.FILE_HEADER_SIZE, key)
             self._fds[name] = io.open(name)
         for name, (offset, buffers) in b.writes.items():
             data = buffers[0] if len(buffers) == 1 else b"".join(buffers)
+            if faults is not None:
+                faults.hit("write")
             io.write(self._fds[name], name, data, offset)
         if self.datasync:
             for name in b.writes:
+                if faults is not None:
+                    faults.hit("sync")
                 os.fdatasync(self._fds[name])
         if b.creates:
             io.sync_dir()
         if b.renames:
             for old, new in b.renames:
+                if faults is not None:
+                    faults.hit("rename")
                 io.rename(old, new)
                 fd = self._fds.pop(old, None)
                 if fd is not None:
