@@ -42,10 +42,11 @@ import msgspec
 
 from ..core.message import Message
 from ..core.paging import PagedRecord
+from ..errors import JournalIOError
 from ..journal import files as jf
 from ..journal import records as rec
-from ..journal.records import _CRC_FROM
 from ..journal.faults import Faults
+from ..journal.records import _CRC_FROM
 from ..journal.storeio import StoreIO, Tap
 from .records import MessageRecord, RecordType, encoder
 
@@ -215,7 +216,12 @@ class PageFiles:
         """Queue one message for its page (created if new); the bytes it takes there. `tx`: the
         page transaction it belongs to (0: none), visible only once that is journaled."""
         if self.failed is not None:
-            raise self.failed
+            # A fresh error each time, as a failed journal raises: the session hands it to the
+            # client (IO_ERROR) while the broker stops. Re-raising the stored OSError made each
+            # refusal an internal error, logged with a traceback one raise longer each time.
+            # (append_tx queues on as before: the batch is never written, its commit never
+            # confirmed, and raising there would leave a transaction half moved to its pages.)
+            raise JournalIOError(f"page files have failed: {self.failed}")
         return self._append(page_name(address_id, page), page, message, refs, tx)
 
     def append_tx(self, address_id: int, tx: int, n: int, message: Message, refs: list[tuple[int, int]]) -> int:
