@@ -104,7 +104,8 @@ class Faults:
             if rule.delay:
                 time.sleep(rule.delay)
             if rule.error is not None:
-                raise OSError(rule.error, f"{os.strerror(rule.error)} (injected: journal fault seam, {stage})")
+                where = f"{self.prefix} {stage}" if self.prefix else stage
+                raise OSError(rule.error, f"{os.strerror(rule.error)} (injected: journal fault seam, {where})")
 
 
 def _rules(text: str, prefix: str) -> list[Rule]:
