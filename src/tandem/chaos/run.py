@@ -168,11 +168,17 @@ def _pressure(pair: Pair, max_paged: int, hist: Path, store: str) -> dict[str, i
     """Evidence that the run pressed the store as asked: paging started (the servers' logs) and
     the most messages seen in the pages; large values confirmed."""
     out: dict[str, int] = {}
+    logs = [s.log_text() for s in pair.servers]
     if stores.pages(store):
-        logs = [s.log_text() for s in pair.servers]
         out["paging_started"] = sum(t.count("address paging ") for t in logs)
         out["paging_stopped"] = sum(t.count("address stopped paging") for t in logs)
         out["max_paged"] = max_paged
+        # disk faults that struck the page files rather than the journal (faults._disk arms both)
+        out["page_disk_faults"] = sum(
+            1 for t in logs for line in t.splitlines() if "storage failure:" in line and ", tandem-paging " in line
+        )
+    if store != "plain":
+        out["server_tracebacks"] = sum(t.count("\nTraceback (most recent call last)") for t in logs)
     if stores.streams(store):
         large = 0
         for e in history.read(hist):
