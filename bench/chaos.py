@@ -22,13 +22,21 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results" / "chaos"
 KEPT = ("command", "valid", "faults", "confirmed", "lost", "duplicated", "unexpected", "recovered", "redelivered")
-KEPT += ("interventions", "unhealed", "elapsed_s", "fault_kinds")
+KEPT += ("interventions", "unhealed", "elapsed_s", "fault_kinds", "unknown", "store", "store_pressure")
+
+
+def name_of(pair: str, mode: str, store: str, seed: object) -> str:
+    """A run's file name: `<pair>-<mode>[-<store>]-seed<K>` (a plain run's name as before --store)."""
+    return f"{pair}-{mode}{'' if store in ('plain', None) else '-' + str(store)}-seed{seed}"
 
 
 def run(pair: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    out = work / f"{pair}-{args.mode}-seed{args.seed}"
+    out = work / name_of(pair, args.mode, args.store, args.seed)
     cmd = [sys.executable, "-m", "tandem", "chaos", "--pair", pair, "--faults", str(args.faults)]
-    cmd += ["--seconds", str(args.seconds), "--seed", str(args.seed), "--mode", args.mode, "--out", str(out)]
+    cmd += ["--seconds", str(args.seconds), "--seed", str(args.seed), "--mode", args.mode]
+    if args.store != "plain":
+        cmd += ["--store", args.store]
+    cmd += ["--out", str(out)]
     print("$", " ".join(["tandem", *cmd[3:]]), flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
@@ -55,6 +63,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=150.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--mode", default="exactly-once", choices=("exactly-once", "at-least-once"))
+    ap.add_argument("--store", default="plain", choices=("plain", "paging", "large", "paging-large"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--work", type=Path, default=None, help="histories and logs (default: a temp dir)")
     args = ap.parse_args()
@@ -63,7 +72,9 @@ def main() -> int:
     index = RESULTS / "summary.json"
     runs: dict[str, Any] = json.loads(index.read_text())["runs"] if index.exists() else {}
     for v in verdicts:
-        runs[f"{v.get('pair')}-{v.get('mode')}-seed{v.get('seed')}"] = {k: v.get(k) for k in KEPT}
+        runs[name_of(str(v.get("pair")), str(v.get("mode")), str(v.get("store", "plain")), v.get("seed"))] = {
+            k: v.get(k) for k in KEPT
+        }
     totals = {
         k: sum(int(r.get(k) or 0) for r in runs.values())
         for k in ("faults", "confirmed", "lost", "duplicated", "unexpected", "recovered", "interventions")

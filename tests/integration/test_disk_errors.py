@@ -208,3 +208,32 @@ def test_a_kernel_without_rwf_dsync_falls_back_to_fdatasync(broker_factory: Any)
     b.start()
 
     assert sorted(asyncio.run(_drain(b.url, "fallback"))) == sorted(list(range(500)) * 2)
+
+
+PAGING = '[address-settings."disk"]\nmax-size-bytes = 8192\naddress-full-policy = "PAGE"\npage-size-bytes = 65536\n'
+PAGE_FAULTS = [("write", "EIO", 30), ("sync", "ENOSPC", 30), ("create", "ENOSPC", 2)]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("stage", "errno", "after"), PAGE_FAULTS, ids=[f[0] for f in PAGE_FAULTS])
+def test_an_io_error_writing_a_page_file_stops_the_broker_and_loses_nothing_confirmed(
+    broker_factory: Any, stage: str, errno: str, after: int
+) -> None:
+    """The page files' writer through the same seam (`tandem-paging:`): a paging address (four
+    messages fill it) whose page write fails stops the broker as a journal's would."""
+    b = broker_factory(extra_toml=PAGING, env={ENV: f"tandem-paging:{stage}={errno}@{after}"})
+    b.start()
+    sent, acked, ack_sent, told = _run_until_failure(b.url, lambda: b.running)
+    rc = b.wait_exit(30)
+    log = b.log_text()
+    assert rc == 3, f"exit status {rc}\n{log[-3000:]}"
+    assert "address paging" in log and "injected" in log, log[-3000:]
+    assert errno in log.split("storage failure", 1)[-1][:300], log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    results = set(sent.values())
+    assert "pending" not in results, "a send never came to an end"
+    assert "ok" in results and told, f"no client was told of the failure: {results}"
+
+    b.env.clear()
+    b.start()
+    _check(asyncio.run(_drain(b.url)), sent, acked, ack_sent)

@@ -141,7 +141,10 @@ def summary(verdict: dict[str, Any]) -> str:
     ok = "PASS" if v["valid"] else "FAIL"
     dup_note = "" if v["mode"] == "exactly-once" else " (expected in at-least-once mode)"
     lines = [
-        f"chaos verdict: {ok} ({v['mode']}" + (f", {v['pair']} pair" if "pair" in v else "") + ")",
+        f"chaos verdict: {ok} ({v['mode']}"
+        + (f", {v['pair']} pair" if "pair" in v else "")
+        + (f", {v['store']} store" if v.get("store", "plain") != "plain" else "")
+        + ")",
         f"  sends      attempted {v['attempted']}, confirmed {v['confirmed']}, unknown {v['unknown']}, "
         f"failed {v['failed']}, sent again {v['retried']}",
         f"  consumed   delivered {v['delivered']} ({v['deliveries']} deliveries), acknowledged {v['acknowledged']}",
@@ -162,6 +165,9 @@ def summary(verdict: dict[str, Any]) -> str:
             f"  heals: {v.get('unhealed', 0)} failed, {v.get('interventions', 0)} needed the primary restarted "
             "(no server would serve by itself)"
         )
+    st = v.get("store_pressure")
+    if st:
+        lines.append("  store      " + ", ".join(f"{k} {n}" for k, n in st.items()))
     if "left_in_queue" in v:
         lines.append(f"  left in the queue after the drain: {v['left_in_queue']}")
     for k in ("lost", "duplicated", "unexpected"):

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..store.pages import FAULTS_PREFIX as PAGES_PREFIX
+from . import store as stores
 from .history import History
 from .topology import NAMES, Pair
 
@@ -199,6 +201,8 @@ class Nemesis:
         zk.start()
 
     def _disk(self, a: int, hold: float, rule: str) -> None:
+        if stores.pages(self.pair.store):  # the disk fails for the page files too: whichever writes first
+            rule += "\n" + rule.replace("tandem-data:", f"{PAGES_PREFIX}:")
         self.pair.fault_files[a].write_text(rule + "\n")
         try:
             code = self.pair.servers[a].wait_exit(15 + hold)

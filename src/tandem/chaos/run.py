@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from . import checker, history, plot
+from . import store as stores
 from .faults import Nemesis, plan
 from .topology import Pair
-from .workload import PRODUCERS, Shape, Workload, drain, left_in_queue
+from .workload import PRODUCERS, Shape, Workload, drain, left_in_queue, queue_stat
 
 QUIET = 3.0  # seconds without a delivery that end the consumers' drain
 DRAIN_LIMIT = 60.0
@@ -35,6 +36,7 @@ class Options:
     seed: int = 0
     out: Path | None = None
     mode: str = "exactly-once"
+    store: str = "plain"  # store pressure: plain, paging, large (store.py)
     shape: Shape = field(default_factory=Shape)
 
 
@@ -48,9 +50,11 @@ def run(opts: Options, progress: Callable[[str], None] = stderr) -> dict[str, An
         raise ValueError("faults must be >= 0 and seconds > 0")
     out = opts.out or Path(tempfile.mkdtemp(prefix="tandem-chaos-"))
     out.mkdir(parents=True, exist_ok=True)
-    shape = dataclasses.replace(opts.shape, mode=opts.mode)
+    if opts.store not in stores.STORES:
+        raise ValueError(f"store must be one of {stores.STORES}")
+    shape = dataclasses.replace(opts.shape, mode=opts.mode, store=opts.store)
     hist = history.History(out / "history.jsonl")
-    pair = Pair(out / "pair", opts.pair, log=progress)
+    pair = Pair(out / "pair", opts.pair, log=progress, store=opts.store)
     # The clients' own warnings (hundreds of "reconnecting" per fault) go to a file, not the screen.
     client_log = logging.FileHandler(out / "clients.log")
     client_log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -61,10 +65,11 @@ def run(opts: Options, progress: Callable[[str], None] = stderr) -> dict[str, An
     extra: dict[str, Any] = {}
     t0 = time.monotonic()
     try:
-        progress(f"starting a {opts.pair} pair in {out}")
+        progress(f"starting a {opts.pair} pair ({opts.store} store) in {out}")
         pair.start()
         progress(f"pair up: {pair.describe()}")
         extra = asyncio.run(_main(pair, hist, opts, shape, progress))
+        extra["store_pressure"] = _pressure(pair, extra.pop("max_paged", 0), out / "history.jsonl", opts.store)
     finally:
         pair.close()
         hist.close()
@@ -76,6 +81,7 @@ def run(opts: Options, progress: Callable[[str], None] = stderr) -> dict[str, An
     verdict.update(
         {
             "pair": opts.pair,
+            "store": opts.store,
             "seed": opts.seed,
             "faults_planned": opts.faults,
             "seconds": opts.seconds,
@@ -84,7 +90,8 @@ def run(opts: Options, progress: Callable[[str], None] = stderr) -> dict[str, An
             "history": str(out / "history.jsonl"),
         }
     )
-    title = f"tandem chaos: {opts.pair} pair, {opts.mode}, {verdict['faults']} faults, seed {opts.seed}"
+    store = "" if opts.store == "plain" else f", {opts.store} store"
+    title = f"tandem chaos: {opts.pair} pair{store}, {opts.mode}, {verdict['faults']} faults, seed {opts.seed}"
     png = out / "chaos.png"
     verdict["plot"] = str(png) if plot.plot(events, png, title) else None
     (out / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
@@ -101,14 +108,24 @@ async def _main(
     started = time.monotonic()
     limit = 3 * opts.seconds + 120
     last = 0.0
+    max_paged = 0
+    last_stat = 0.0
+    paged = ""
     while nemesis.thread.is_alive():
         await asyncio.sleep(0.5)
         now = time.monotonic() - started
+        if stores.pages(opts.store) and now - last_stat >= 2:
+            # how far the backlog reaches into the pages (when a server answers)
+            last_stat = now
+            st = await queue_stat(pair.url, timeout=3.0)
+            if st is not None:
+                max_paged = max(max_paged, int(st.get("paged_count") or 0))
+                paged = f"  queued {st.get('message_count')} (paged {st.get('paged_count')}, at most {max_paged})"
         if now - last >= 5:
             last = now
             progress(
                 f"{now:5.0f}s  faults {nemesis.done}/{opts.faults}  confirmed {len(wl.confirmed)}  "
-                f"delivered {len(wl.delivered)}"
+                f"delivered {len(wl.delivered)}{paged}"
             )
         if now > limit:
             progress(f"faults still running after {limit:.0f}s: stopping them")
@@ -133,7 +150,7 @@ async def _main(
     progress(f"draining: {len(wl.confirmed - wl.delivered)} confirmed values not delivered yet; consumers stop")
     wl.stop_consumers()
     await wl.wait(30)
-    taken = await drain(pair.url, hist)
+    taken = await drain(pair.url, hist, store=opts.store)
     left = await left_in_queue(pair.url)
     progress(f"final drain took {taken}; left in the queue: {left}")
     return {
@@ -143,7 +160,32 @@ async def _main(
         "final_drain": taken,
         "left_in_queue": left,
         "active_at_end": None if active is None else ("primary", "backup")[active],
+        "max_paged": max_paged,
     }
+
+
+def _pressure(pair: Pair, max_paged: int, hist: Path, store: str) -> dict[str, int]:
+    """Evidence that the run pressed the store as asked: paging started (the servers' logs) and
+    the most messages seen in the pages; large values confirmed."""
+    out: dict[str, int] = {}
+    logs = [s.log_text() for s in pair.servers]
+    if stores.pages(store):
+        out["paging_started"] = sum(t.count("address paging ") for t in logs)
+        out["paging_stopped"] = sum(t.count("address stopped paging") for t in logs)
+        out["max_paged"] = max_paged
+        # disk faults that struck the page files rather than the journal (faults._disk arms both)
+        out["page_disk_faults"] = sum(
+            1 for t in logs for line in t.splitlines() if "storage failure:" in line and ", tandem-paging " in line
+        )
+    if store != "plain":
+        out["server_tracebacks"] = sum(t.count("\nTraceback (most recent call last)") for t in logs)
+    if stores.streams(store):
+        large = 0
+        for e in history.read(hist):
+            if e["ev"] == "ok":
+                large += sum(1 for v in e.get("vs", ()) if stores.is_large(v))
+        out["large_confirmed"] = large
+    return out
 
 
 RETRY_BOUND = 90.0  # a producer's last value: its retries, each bounded by the client's call timeout
@@ -172,6 +214,14 @@ def add_parser(sub: Any) -> None:
         default="exactly-once",
         help="at-least-once: no duplicate ids, no transactions; duplicates are reported, not failed",
     )
+    c.add_argument(
+        "--store",
+        choices=stores.STORES,
+        default="plain",
+        help="store pressure: paging (a tiny max-size-bytes: nearly every message is paged and read back), "
+        "large (a third of the values are large messages), paging-large (both), "
+        "plain (default: short queue, tiny bodies)",
+    )
     c.set_defaults(func=main)
 
 
@@ -180,6 +230,7 @@ def main(args: Any) -> int:
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     opts = Options(pair=args.pair, faults=args.faults, seconds=args.seconds, seed=seed, out=args.out, mode=args.mode)
+    opts.store = args.store
     stderr(f"seed {seed}")
     verdict = run(opts)
     print(checker.summary(verdict))

@@ -27,6 +27,8 @@ from ..journal.faults import ENV_FILE
 from ..testing import FaultProxy, free_port
 from ..testing.broker import BrokerProcess
 from ..testing.zookeeper import ZooKeeperServer
+from . import store as stores
+from .workload import QUEUE
 
 PAIRS = ("replication", "shared-store")
 NAMES = ("primary", "backup")
@@ -44,11 +46,16 @@ SERVER_SETTINGS: dict[str, Any] = {
 class Pair:
     """Two servers of one kind, their proxies and (replication) their ZooKeeper."""
 
-    def __init__(self, root: Path, kind: str, log: Callable[[str], None] = lambda s: None) -> None:
+    def __init__(
+        self, root: Path, kind: str, log: Callable[[str], None] = lambda s: None, store: str = "plain"
+    ) -> None:
         if kind not in PAIRS:
             raise ValueError(f"pair must be one of {PAIRS}, not {kind!r}")
+        if store not in stores.STORES:
+            raise ValueError(f"store must be one of {stores.STORES}, not {store!r}")
         self.root = root
         self.kind = kind
+        self.store = store
         self.log = log
         root.mkdir(parents=True, exist_ok=True)
         self.ports = [free_port(), free_port()]
@@ -90,7 +97,7 @@ class Pair:
                 f'[ha.coordinator]\nzookeeper = "{self.zookeeper.hosts}"\n'
                 f"session-timeout = {SESSION_TIMEOUT}\nconnect-timeout = 1000\n"
             )
-        return text
+        return text + stores.server_toml(self.store, QUEUE)
 
     # ------------------------------------------------------------ life
     @property

@@ -42,6 +42,7 @@ from ..errors import (
     TransactionOutcomeUnknown,
     TransactionRolledBack,
 )
+from . import store as stores
 from .history import History
 
 QUEUE = "chaos"
@@ -73,6 +74,7 @@ class Shape:
     auto_consumers: int = 2
     batch: int = 5  # sends per producer transaction, deliveries per consumer commit
     rate: float = 40.0  # values per second per producer
+    store: str = "plain"  # store pressure (store.py): plain, paging or large
 
     def __post_init__(self) -> None:
         if self.mode == "at-least-once":
@@ -92,6 +94,8 @@ class Workload:
         self.h = history
         self.shape = shape
         self.dedup = shape.mode == "exactly-once"
+        self.options = {**CLIENT_OPTIONS, **stores.client_options(shape.store)}
+        self.started = time.monotonic()
         self.producing = True
         self.consuming = True
         self.confirmed: set[str] = set()
@@ -102,7 +106,7 @@ class Workload:
 
     # ------------------------------------------------------------ life
     async def start(self) -> None:
-        conn = await aio.connect(self.url, **CLIENT_OPTIONS)
+        conn = await aio.connect(self.url, **self.options)
         try:
             session = await conn.create_session()
             await session.create_queue(QUEUE, exists_ok=True)
@@ -127,7 +131,7 @@ class Workload:
 
     async def _client(self, name: str, work: Callable[[str, aio.AsyncConnection], Awaitable[None]]) -> None:
         """One client: connect, work; on a connection lost for good, connect again."""
-        options = {**CLIENT_OPTIONS, "auto_dedup": self.dedup and name[0] != "p"}
+        options = {**self.options, "auto_dedup": self.dedup and name[0] != "p"}
         while self.producing if name[0] in PRODUCERS else self.consuming:
             try:
                 conn = await asyncio.wait_for(aio.connect(self.url, **options), 30)
@@ -165,6 +169,15 @@ class Workload:
         self.counters[name] = n + 1
         return f"{name}-{n}"
 
+    def _body(self, v: str) -> str:
+        return stores.body_of(self.shape.store, v)
+
+    async def _pause(self) -> None:
+        """While producers run, a paging run's consumers all stop now and then (store.paused), so
+        that a backlog forms in the pages; bounded by the pause's length."""
+        if self.producing and self.consuming:
+            await asyncio.sleep(stores.pause_left(self.shape.store, time.monotonic() - self.started))
+
     async def _pace(self, started: float, values: int) -> None:
         await asyncio.sleep(max(0.0, values / self.shape.rate - (time.monotonic() - started)))
 
@@ -184,9 +197,9 @@ class Workload:
                 a0 = time.monotonic()
                 try:
                     if own_id:
-                        await prod.send(v, dedup_id=v)
+                        await prod.send(self._body(v), dedup_id=v)
                     else:
-                        await prod.send(v)
+                        await prod.send(self._body(v))
                 except TandemError as exc:
                     self.h.add("info", name, [v], err=_err(exc))
                     if conn.closed:
@@ -219,7 +232,7 @@ class Workload:
                 t0 = time.monotonic()
                 self.h.add("attempt", name, [v])
                 try:
-                    fut = prod.send_nowait(v)
+                    fut = prod.send_nowait(self._body(v))
                 except TandemError as exc:  # refused before anything was written
                     self.h.add("fail", name, [v], err=_err(exc))
                     if conn.closed:
@@ -244,7 +257,7 @@ class Workload:
             self.h.add("attempt", name, vs)
             try:
                 for v in vs:
-                    await prod.send(v)
+                    await prod.send(self._body(v))
             except TandemError as exc:  # the commit is never sent: nothing of it is applied
                 with contextlib.suppress(TandemError):
                     await session.rollback()
@@ -277,7 +290,7 @@ class Workload:
         for _ in range(RETRIES):
             try:
                 for v in vs:
-                    await send(v)
+                    await send(self._body(v))
                 await session.retry_commit()
                 return True
             except IllegalState as exc:  # nothing to retry under
@@ -300,6 +313,8 @@ class Workload:
         try:
             while self.consuming or batch:
                 msg = None
+                if not batch:
+                    await self._pause()
                 if self.consuming:
                     try:
                         msg = await consumer.receive(0.3)
@@ -310,8 +325,9 @@ class Workload:
                         # and its next commit says so
                         continue
                 if msg is not None:
-                    self._delivered(name, msg.text, "tx", msg.redelivered)
-                    batch.append(msg.text)
+                    v = stores.value_of(msg.body)
+                    self._delivered(name, v, "tx", msg.redelivered)
+                    batch.append(v)
                 if not batch or (len(batch) < self.shape.batch and msg is not None):
                     continue
                 try:
@@ -350,6 +366,7 @@ class Workload:
     async def _auto_consumer(self, name: str, conn: aio.AsyncConnection) -> None:
         consumer = await (await conn.create_session()).create_consumer(QUEUE)
         while self.consuming:
+            await self._pause()
             try:
                 msg = await consumer.receive(0.3)
             except (ConnectionLost, CallTimeout):
@@ -357,11 +374,12 @@ class Workload:
                     raise
                 continue
             if msg is not None:
-                self._delivered(name, msg.text, "auto", msg.redelivered)
+                self._delivered(name, stores.value_of(msg.body), "auto", msg.redelivered)
 
     async def _client_ack_consumer(self, name: str, conn: aio.AsyncConnection) -> None:
         consumer = await (await conn.create_session(ack_mode="individual")).create_consumer(QUEUE)
         while self.consuming:
+            await self._pause()
             try:
                 msg = await consumer.receive(0.3)
             except (ConnectionLost, CallTimeout):
@@ -370,23 +388,24 @@ class Workload:
                 continue
             if msg is None:
                 continue
-            self._delivered(name, msg.text, "client", msg.redelivered)
+            v = stores.value_of(msg.body)
+            self._delivered(name, v, "client", msg.redelivered)
             try:
                 await msg.ack()
             except StaleAcknowledge as exc:
-                self.h.add("ack-fail", name, [msg.text], err=_err(exc))
+                self.h.add("ack-fail", name, [v], err=_err(exc))
             except TandemError as exc:
-                self.h.add("ack-info", name, [msg.text], err=_err(exc))
+                self.h.add("ack-info", name, [v], err=_err(exc))
                 if conn.closed:
                     raise
             else:
-                self.h.add("ack", name, [msg.text])
+                self.h.add("ack", name, [v])
 
 
-async def drain(url: str, history: History, quiet: float = 5.0, limit: float = 60.0) -> int:
+async def drain(url: str, history: History, quiet: float = 5.0, limit: float = 60.0, store: str = "plain") -> int:
     """After the run: a transacted consumer takes what is left until `quiet` seconds pass
     without a message (at most `limit`); returns how many it took."""
-    conn = await aio.connect(url, **CLIENT_OPTIONS)
+    conn = await aio.connect(url, **CLIENT_OPTIONS, **stores.client_options(store))
     taken = 0
     deadline = time.monotonic() + limit
     try:
@@ -397,8 +416,9 @@ async def drain(url: str, history: History, quiet: float = 5.0, limit: float = 6
             try:
                 msg = await consumer.receive(quiet)
                 if msg is not None:
-                    history.add("deliver", "d", [msg.text], ack="tx", **({"re": True} if msg.redelivered else {}))
-                    batch.append(msg.text)
+                    v = stores.value_of(msg.body)
+                    history.add("deliver", "d", [v], ack="tx", **({"re": True} if msg.redelivered else {}))
+                    batch.append(v)
                 if batch and (len(batch) >= 50 or msg is None):
                     await session.commit()
                     history.add("ack", "d", batch)
@@ -421,17 +441,27 @@ async def drain(url: str, history: History, quiet: float = 5.0, limit: float = 6
             await asyncio.wait_for(conn.close(), 5)
 
 
+async def queue_stat(url: str, timeout: float = 30.0) -> dict[str, Any] | None:
+    """The queue's `queue.stat` row, None if no server says within `timeout` seconds."""
+
+    async def ask() -> dict[str, Any]:
+        conn = await aio.connect(url, **CLIENT_OPTIONS)
+        try:
+            return dict((await conn.manage("queue.stat", name=QUEUE))[0])
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+
+    try:
+        return await asyncio.wait_for(ask(), timeout)
+    except (TandemError, OSError, TimeoutError, LookupError, TypeError, ValueError):
+        return None
+
+
 async def left_in_queue(url: str) -> int | None:
     """Messages the queue still holds (`queue.stat`), None if the server does not say."""
+    row = await queue_stat(url)
     try:
-        conn = await aio.connect(url, **CLIENT_OPTIONS)
-    except TandemError:
+        return None if row is None else int(row["message_count"])
+    except (LookupError, TypeError, ValueError):
         return None
-    try:
-        row = (await conn.manage("queue.stat", name=QUEUE))[0]
-        return int(row["message_count"])
-    except (TandemError, LookupError, TypeError, ValueError):
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            await conn.close()

@@ -7,6 +7,7 @@ journal records go through `Storage`, atomically when several must agree
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -18,6 +19,7 @@ from ..errors import (
     AddressFull,
     IllegalState,
     InvalidArgument,
+    JournalIOError,
     QueueDoesNotExist,
     QueueExists,
 )
@@ -535,7 +537,7 @@ class PostOffice:
             if dops:
                 # Journaled once the page is durable, never before: an id on disk whose message
                 # is not would make the client's resend look like a duplicate (decision 0045).
-                self.pages.after_durable(partial(self.storage.commit, dops))
+                self.pages.after_durable(partial(self._commit_after_pages, dops))
             return True, durable or bool(dops)
         ops: list[object] = []
         refs = self._store(message, queues, ops)
@@ -660,11 +662,21 @@ class PostOffice:
         self.pages.after_durable(partial(self._page_tx_durable, txs, ops, pagers, added))
         return True
 
+    def _commit_after_pages(self, ops: list[object]) -> None:
+        """Journal what waited for page writes (a paged send's dedup id). The journal may have
+        failed meanwhile: the broker is stopping, and nothing of it is confirmed. The page
+        writer's completion calls this: it must not raise (what follows there would be skipped)."""
+        with contextlib.suppress(JournalIOError):
+            self.storage.commit(ops)
+
     def _page_tx_durable(
         self, txs: list[int], ops: list[object], pagers: list[AddressPager], added: list[MessageRef]
     ) -> None:
         if ops:
-            self.storage.commit(ops)
+            try:
+                self.storage.commit(ops)
+            except JournalIOError:  # failed since the pages were written (the broker is stopping):
+                return  # not committed, so its messages are never queued (a restart skips their pages)
         for ref in added:
             if not ref.queue.deleted:
                 ref.queue.add(ref)

@@ -356,7 +356,12 @@ class Coordinator:
         if event.type == EventType.DELETED and self._held and event.path == self._own:
             self._declare_lost("its live lock node was deleted")
         elif event.type != EventType.DELETED and self._held and self._client is not None:
-            self._client.exists_async(event.path, watch=self._on_own_event)  # watches fire once: set it again
+            # Watches fire once: set it again. A node event names our node; a connection event
+            # (kazoo drops every watch when the connection goes) names none: our node again,
+            # sent once the connection is back (if the session survived).
+            path = event.path or self._own
+            if path is not None:
+                self._client.exists_async(path, watch=self._on_own_event)
 
     def _leave_line(self, client: KazooClient) -> None:
         own, self._own = self._own, None

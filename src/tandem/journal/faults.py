@@ -5,8 +5,10 @@ broker processes they start). Its value is a comma-separated list of rules::
 
     [PREFIX:]STAGE=ACTION[@N]
 
-``PREFIX`` limits a rule to one journal (``tandem-data`` for messages, ``tandem-bindings``) or
-to a replicating backup's applier (``replica``: its ``write`` and ``sync`` stages);
+``PREFIX`` limits a rule to one journal (``tandem-data`` for messages, ``tandem-bindings``), to
+the page files' writer (``tandem-paging``: its ``create``, ``write``, ``sync`` and ``rename``
+stages, store/pages.py) or to a replicating backup's applier (``replica``: its ``write`` and
+``sync`` stages);
 ``STAGE`` is where the journal touches the disk:
 
     write    writing a batch's records          sync     making a batch durable (fdatasync, or
@@ -102,7 +104,8 @@ class Faults:
             if rule.delay:
                 time.sleep(rule.delay)
             if rule.error is not None:
-                raise OSError(rule.error, f"{os.strerror(rule.error)} (injected: journal fault seam, {stage})")
+                where = f"{self.prefix} {stage}" if self.prefix else stage
+                raise OSError(rule.error, f"{os.strerror(rule.error)} (injected: journal fault seam, {where})")
 
 
 def _rules(text: str, prefix: str) -> list[Rule]:

@@ -42,8 +42,10 @@ import msgspec
 
 from ..core.message import Message
 from ..core.paging import PagedRecord
+from ..errors import JournalIOError
 from ..journal import files as jf
 from ..journal import records as rec
+from ..journal.faults import Faults
 from ..journal.records import _CRC_FROM
 from ..journal.storeio import StoreIO, Tap
 from .records import MessageRecord, RecordType, encoder
@@ -53,6 +55,9 @@ log = logging.getLogger("tandem.paging")
 _NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
 _TX_NAME = re.compile(r"^a\d{1,19}-t\d{1,19}-\d{6}\.page$")
 _dec_record = msgspec.msgpack.Decoder(PagedRecord)  # MessageRecord's layout, read back
+
+
+FAULTS_PREFIX = "tandem-paging"  # the fault seam's rules for page files (journal/faults.py)
 
 
 def page_name(address_id: int, page: int) -> str:
@@ -211,7 +216,12 @@ class PageFiles:
         """Queue one message for its page (created if new); the bytes it takes there. `tx`: the
         page transaction it belongs to (0: none), visible only once that is journaled."""
         if self.failed is not None:
-            raise self.failed
+            # A fresh error each time, as a failed journal raises: the session hands it to the
+            # client (IO_ERROR) while the broker stops. Re-raising the stored OSError made each
+            # refusal an internal error, logged with a traceback one raise longer each time.
+            # (append_tx queues on as before: the batch is never written, its commit never
+            # confirmed, and raising there would leave a transaction half moved to its pages.)
+            raise JournalIOError(f"page files have failed: {self.failed}")
         return self._append(page_name(address_id, page), page, message, refs, tx)
 
     def append_tx(self, address_id: int, tx: int, n: int, message: Message, refs: list[tuple[int, int]]) -> int:
@@ -302,13 +312,14 @@ class PageFiles:
     # ---------------------------------------------------------- writer thread
     def _run(self) -> None:
         io = StoreIO(self.directory, self.tap)
+        faults = Faults.from_env(FAULTS_PREFIX)  # tests only (journal/faults.py)
         while True:
             b = self._jobs.get()
             if b is None:
                 return
             if self.failed is None:
                 try:
-                    self._write(io, b)
+                    self._write(io, b, faults)
                 except BaseException as exc:  # an I/O error is fatal to the store
                     self.failed = exc
             loop = self._loop
@@ -318,20 +329,28 @@ class PageFiles:
             except RuntimeError:  # the loop is closed: nobody waits any more
                 return
 
-    def _write(self, io: StoreIO, b: _Batch) -> None:
+    def _write(self, io: StoreIO, b: _Batch, faults: Faults | None = None) -> None:
         for name, key in b.creates:
+            if faults is not None:
+                faults.hit("create")
             io.create(name, jf.FILE_HEADER_SIZE, key)
             self._fds[name] = io.open(name)
         for name, (offset, buffers) in b.writes.items():
             data = buffers[0] if len(buffers) == 1 else b"".join(buffers)
+            if faults is not None:
+                faults.hit("write")
             io.write(self._fds[name], name, data, offset)
         if self.datasync:
             for name in b.writes:
+                if faults is not None:
+                    faults.hit("sync")
                 os.fdatasync(self._fds[name])
         if b.creates:
             io.sync_dir()
         if b.renames:
             for old, new in b.renames:
+                if faults is not None:
+                    faults.hit("rename")
                 io.rename(old, new)
                 fd = self._fds.pop(old, None)
                 if fd is not None:
