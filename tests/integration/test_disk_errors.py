@@ -10,6 +10,7 @@ broker logs it once and exits, and a restart on a healthy disk has every confirm
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,120 @@ def test_an_io_error_writing_a_page_file_stops_the_broker_and_loses_nothing_conf
     b.env.clear()
     b.start()
     _check(asyncio.run(_drain(b.url)), sent, acked, ack_sent)
+
+
+LARGE = 64 * 1024  # the clients' min_large_message_size here (their chunk size too)
+LARGE_SENDS = 12
+LARGE_FAULTS = [  # (stage, errno, calls let through): each stage of a large message's file I/O
+    ("create", "ENOSPC", 3),
+    ("write", "EIO", 17),  # five chunks a message: the fourth fails in its third chunk
+    ("sync", "ENOSPC", 3),
+    ("rename", "EROFS", 3),
+]
+
+
+def _large_body(i: int) -> bytes:
+    """Five chunks (less a little, more each time) that differ chunk to chunk and message to message."""
+    block = hashlib.sha256(str(i).encode()).digest() * (LARGE // 32)
+    return b"".join(j.to_bytes(8, "little") + block[8:] for j in range(5))[: 5 * LARGE - 100 + i]
+
+
+async def _send_large(url: str, sent: dict[int, str], told: set[str], sends: int = LARGE_SENDS) -> None:
+    """Large messages one by one (each confirmed before the next), until one fails."""
+    conn = await aio.connect(f"{url}?min_large_message_size={LARGE}", ha=False, reconnect_attempts=0)
+    try:
+        prod = (await conn.create_session()).create_producer("disk")
+        for i in range(sends):
+            sent[i] = "pending"
+            try:
+                await asyncio.wait_for(prod.send(_large_body(i), properties={"n": i}), 30)
+            except TandemError as e:
+                sent[i] = e.code.name
+                told.add(e.code.name)
+                return
+            sent[i] = "ok"
+    finally:
+        await _quietly(conn.close())
+
+
+async def _drain_large(url: str) -> dict[int, bytes]:
+    """Every message of `disk`, body whole (a large one read to its end), acknowledged."""
+    conn = await aio.connect(f"{url}?min_large_message_size={LARGE}")
+    try:
+        consumer = await (await conn.create_session(ack_mode="individual")).create_consumer("disk")
+        out: dict[int, bytes] = {}
+        while (m := await consumer.receive(1.0)) is not None:
+            n = m.properties["n"]
+            assert n not in out, f"large message {n} came back twice"
+            out[n] = bytes(m.body)
+            await m.ack()
+        return out
+    finally:
+        await conn.close()
+
+
+def _check_large(got: dict[int, bytes], sent: dict[int, str]) -> None:
+    confirmed = {i for i, r in sent.items() if r == "ok"}
+    assert set(got) <= set(sent), f"messages never sent: {sorted(set(got) - set(sent))}"
+    lost = sorted(confirmed - set(got))
+    assert not lost, f"confirmed large messages lost: {lost}"
+    for n, data in got.items():
+        want = _large_body(n)
+        assert len(data) == len(want) and data == want, f"large message {n}: {len(data)} bytes, not its {len(want)}"
+
+
+def _large_files(data_dir: Path) -> list[str]:
+    d = data_dir / "large-messages"
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("stage", "errno", "after"), LARGE_FAULTS, ids=[f[0] for f in LARGE_FAULTS])
+def test_an_io_error_storing_a_large_message_stops_the_broker_and_loses_nothing_confirmed(
+    broker_factory: Any, stage: str, errno: str, after: int
+) -> None:
+    """A large message's file (`tandem-large:` in the seam) fails while it is created, written,
+    synced or renamed: its sender is told IO_ERROR, the broker stops as for a failed journal, and
+    after a restart every large message confirmed before is there whole and nothing partial is."""
+    b = broker_factory(env={ENV: f"tandem-large:{stage}={errno}@{after}"})
+    b.start()
+    sent: dict[int, str] = {}
+    told: set[str] = set()
+    asyncio.run(_send_large(b.url, sent, told))
+    results = set(sent.values())
+    assert "pending" not in results, "a send never came to an end"
+    assert "ok" in results, f"nothing was confirmed before the fault: {sent}"
+    assert told == {"IO_ERROR"}, f"the sender was told {told}, not IO_ERROR"
+    rc = b.wait_exit(30)
+    log = b.log_text()
+    assert rc == 3, f"exit status {rc}\n{log[-3000:]}"
+    assert "injected" in log and errno in log.split("storage failure", 1)[-1][:300], log[-3000:]
+    assert "tandem-large" in log.split("storage failure", 1)[-1][:300], log[-3000:]
+    assert log.count("storage failure") == 1, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+
+    b.env.clear()  # the disk is healthy again
+    b.start()
+    left = _large_files(b.data_dir)
+    assert not [n for n in left if not n.endswith(".msg")], f"a partial file survived the restart: {left}"
+    assert len(left) == sum(r == "ok" for r in sent.values()), left
+    _check_large(asyncio.run(_drain_large(b.url)), sent)
+
+
+@pytest.mark.timeout(180)
+def test_an_io_error_storing_a_large_message_on_the_primary_hands_over_to_the_backup(tmp_path: Path) -> None:
+    """Shared store: the primary's large message write fails; the backup takes the store over,
+    with every large message the primary confirmed whole and no partial one."""
+    c = Cluster(tmp_path, 1)
+    c.primary.env[ENV] = "tandem-large:write=EIO@17"
+    try:
+        c.start_all()
+        sent: dict[int, str] = {}
+        told: set[str] = set()
+        asyncio.run(_send_large(c.url_of(0), sent, told))
+        assert told == {"IO_ERROR"} and "ok" in set(sent.values()), sent
+        assert c.primary.wait_exit(30) == 3
+        c.wait_state(1, "active", timeout=20)
+        _check_large(asyncio.run(_drain_large(c.url_of(1))), sent)
+    finally:
+        c.kill_all()
