@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_large_messages import STOMP_ACCEPTORS, RawStomp
 
 import tandem.aio as aio
 from ha_pair import Cluster
@@ -245,7 +246,7 @@ LARGE_SENDS = 12
 LARGE_FAULTS = [  # (stage, errno, calls let through): each stage of a large message's file I/O
     ("create", "ENOSPC", 3),
     ("write", "EIO", 17),  # five chunks a message: the fourth fails in its third chunk
-    ("sync", "ENOSPC", 3),
+    ("sync", "ENOSPC", 4),  # the body's and the directory's: the third message's body
     ("rename", "EROFS", 3),
 ]
 
@@ -355,3 +356,48 @@ def test_an_io_error_storing_a_large_message_on_the_primary_hands_over_to_the_ba
         _check_large(asyncio.run(_drain_large(c.url_of(1))), sent)
     finally:
         c.kill_all()
+
+
+@pytest.mark.timeout(120)
+def test_an_io_error_storing_a_stomp_large_body_stops_the_broker(broker_factory: Any) -> None:
+    """A STOMP SEND whose body streams into a large message's file: the second body's sync fails;
+    its sender gets an ERROR frame naming the disk error (no RECEIPT), the broker stops, and the
+    first body, receipted, is there whole after a restart."""
+    b = broker_factory(
+        extra_toml=STOMP_ACCEPTORS, min_large_message_size=16 * 1024, env={ENV: "tandem-large:sync=ENOSPC@2"}
+    )
+    b.start()
+    sender = RawStomp(b.ports["stomp"])
+    frames = []
+    try:
+        for i in range(2):
+            data = _large_body(i)
+            head = f"SEND\ndestination:/queue/disk\npersistent:true\nreceipt:r{i}\ncontent-length:{len(data)}\n\n"
+            sender.sock.sendall(head.encode() + data + b"\0")
+            frames.append(sender.next())
+    finally:
+        sender.close()
+    assert frames[0].command == "RECEIPT" and frames[0].headers["receipt-id"] == "r0", frames[0]
+    error = frames[1]
+    assert error.command == "ERROR" and "No space left on device" in error.headers["message"], error
+    assert b.wait_exit(30) == 3
+    log = b.log_text()
+    assert log.count("storage failure") == 1 and "Traceback" not in log, log[-3000:]
+
+    b.env.clear()
+    b.start()
+    left = _large_files(b.data_dir)
+    assert len(left) == 1 and left[0].endswith(".msg"), f"a partial file survived the restart: {left}"
+
+    async def drain() -> list[bytes]:
+        conn = await aio.connect(b.url)
+        try:
+            consumer = await (await conn.create_session()).create_consumer("disk")
+            out = []
+            while (m := await consumer.receive(1.0)) is not None:
+                out.append(bytes(m.body))
+            return out
+        finally:
+            await conn.close()
+
+    assert asyncio.run(drain()) == [_large_body(0)]
