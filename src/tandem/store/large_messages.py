@@ -16,6 +16,7 @@ journal's (`fail`): the broker stops, and its sender is told IO_ERROR (decision 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import threading
@@ -66,14 +67,16 @@ class LargeMessageStore:
     def fail(self, exc: OSError) -> JournalIOError:
         """An upload's file could not be stored: the broker stops as for a failed journal (once,
         just after the sender is answered); what to answer its sender."""
-        log.error("cannot store a large message: %s", exc)
+        code = exc.errno
+        what = f"{errno.errorcode[code]} {exc}" if code is not None and code in errno.errorcode else str(exc)
+        log.error("cannot store a large message: %s", what)
         if self.on_failure is not None and self.failed is None:
             self.failed = exc
             try:
                 asyncio.get_running_loop().call_soon(self.on_failure, exc)
             except RuntimeError:  # no loop (a test of the store alone)
                 self.on_failure(exc)
-        return JournalIOError(f"cannot store a large message: {exc}")
+        return JournalIOError(f"cannot store a large message: {what}")
 
     def hit(self, stage: str) -> None:
         if self.faults is not None:
