@@ -418,3 +418,52 @@ def test_an_io_error_storing_a_stomp_large_body_stops_the_broker(broker_factory:
             await conn.close()
 
     assert asyncio.run(drain()) == [_large_body(0)]
+
+
+@pytest.mark.timeout(120)
+def test_a_partial_large_file_the_broker_could_not_remove_goes_at_the_next_start(broker_factory: Any) -> None:
+    """The write of the fourth large message fails midway and so does the removal of its `.part`
+    (`recycle`: removing a large message's file): the partial file stays while the broker is down,
+    the next start removes it, and only the whole, confirmed messages are delivered."""
+    b = broker_factory(env={ENV: "tandem-large:write=EIO@17,tandem-large:recycle=EIO"})
+    b.start()
+    sent: dict[int, str] = {}
+    told: list[TandemError] = []
+    asyncio.run(_send_large(b.url, sent, told))
+    _told_of_the_disk(told, "EIO")
+    assert b.wait_exit(30) == 3
+    left = _large_files(b.data_dir)
+    assert len([n for n in left if n.endswith(".part")]) == 1, left
+    assert "cannot remove large message file" in b.log_text()
+
+    b.env.clear()
+    b.start()
+    left = _large_files(b.data_dir)
+    assert not [n for n in left if not n.endswith(".msg")], f"a partial file survived the restart: {left}"
+    assert "left by a crash" in b.log_text()
+    _check_large(asyncio.run(_drain_large(b.url)), sent)
+
+
+@pytest.mark.timeout(120)
+def test_an_acknowledged_large_message_whose_file_stays_is_not_delivered_again(broker_factory: Any) -> None:
+    """Removing an acknowledged large message's file fails: the broker goes on (a file no record
+    names is harmless; logged), and the next start removes it without delivering it again."""
+    b = broker_factory(env={ENV: "tandem-large:recycle=EIO"})
+    b.start()
+    sent: dict[int, str] = {}
+    told: list[TandemError] = []
+    asyncio.run(_send_large(b.url, sent, told, sends=2))
+    assert sent == {0: "ok", 1: "ok"} and not told
+    got = asyncio.run(_drain_large(b.url))
+    _check_large(got, sent)
+    assert sorted(got) == [0, 1]
+    deadline = time.monotonic() + 10
+    while "cannot remove large message file" not in b.log_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b.running and len(_large_files(b.data_dir)) == 2, b.log_text()[-3000:]
+
+    b.stop()
+    b.env.clear()
+    b.start()
+    assert _large_files(b.data_dir) == []
+    assert asyncio.run(_drain_large(b.url)) == {}
