@@ -59,7 +59,7 @@ class LargeMessageStore:
         # (store/follower.py) counts records and bodies but never removes a file.
         self.open = False
         self.removed = 0  # files removed since start (tests and stats)
-        self.faults = Faults.from_env(FAULTS_PREFIX)  # tests only: create, write, sync, rename
+        self.faults = Faults.from_env(FAULTS_PREFIX)  # tests only: create, write, sync, rename, recycle
         # The broker's storage failure (JournalStorage sets it): None, an error fails the one upload.
         self.on_failure: Callable[[BaseException], None] | None = None
         self.failed: BaseException | None = None
@@ -128,6 +128,7 @@ class LargeMessageStore:
         if not self.open or name in self._held or self._recorded.get(name):
             return  # taken up again meanwhile, or the broker stopped: the next start decides
         try:
+            self.hit("recycle")
             self.io.unlink(name, missing_ok=True)
             self.io.flush()
             self.removed += 1
@@ -274,6 +275,7 @@ class LargeUpload:
             os.close(fd)
         name = self.name if self.renamed else self.part
         try:
+            self.store.hit("recycle")
             self.store.io.unlink(name, missing_ok=True)
             self.store.io.flush()
         except OSError as exc:
