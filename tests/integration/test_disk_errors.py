@@ -5,6 +5,8 @@ environment): the real code paths run, and the chosen system call fails as a ful
 disk would make it fail. Whatever the stage — writing or syncing a batch, creating, renaming or
 retiring a file, compacting — every client is told (IO_ERROR) instead of waiting for ever, the
 broker logs it once and exits, and a restart on a healthy disk has every confirmed message.
+The page files (`tandem-paging:`) and large messages' files (`tandem-large:`) go through the
+same seam and stop the broker the same way; a large message is never delivered partial.
 """
 
 from __future__ import annotations

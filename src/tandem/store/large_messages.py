@@ -225,7 +225,11 @@ class LargeUpload:
                 os.close(dup)
                 self._syncing.release()
 
-        loop.run_in_executor(None, sync)
+        try:
+            loop.run_in_executor(None, sync)
+        except RuntimeError:  # the executor is shut down (the broker stops): the final sync does it all
+            os.close(dup)
+            self._syncing.release()
 
     def finish(self, compressed: bool) -> LargeBody:
         """The body is complete: synced, renamed into place, the directory synced; the handle a
