@@ -5,19 +5,24 @@ environment): the real code paths run, and the chosen system call fails as a ful
 disk would make it fail. Whatever the stage — writing or syncing a batch, creating, renaming or
 retiring a file, compacting — every client is told (IO_ERROR) instead of waiting for ever, the
 broker logs it once and exits, and a restart on a healthy disk has every confirmed message.
+The page files (`tandem-paging:`) and large messages' files (`tandem-large:`) go through the
+same seam and stop the broker the same way; a large message is never delivered partial.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_large_messages import STOMP_ACCEPTORS, RawStomp
 
 import tandem.aio as aio
 from ha_pair import Cluster
+from replicated_pair import ReplicatedPair
 from tandem.errors import TandemError
 from tandem.journal.faults import ENV
 
@@ -237,3 +242,230 @@ def test_an_io_error_writing_a_page_file_stops_the_broker_and_loses_nothing_conf
     b.env.clear()
     b.start()
     _check(asyncio.run(_drain(b.url)), sent, acked, ack_sent)
+
+
+LARGE = 64 * 1024  # the clients' min_large_message_size here (their chunk size too)
+LARGE_SENDS = 12
+LARGE_FAULTS = [  # (stage, errno, calls let through): each stage of a large message's file I/O
+    ("create", "ENOSPC", 3),
+    ("write", "EIO", 17),  # five chunks a message: the fourth fails in its third chunk
+    ("sync", "ENOSPC", 4),  # the body's and the directory's: the third message's body
+    ("rename", "EROFS", 3),
+]
+
+
+def _large_body(i: int) -> bytes:
+    """Five chunks (less a little, more each time) that differ chunk to chunk and message to message."""
+    block = hashlib.sha256(str(i).encode()).digest() * (LARGE // 32)
+    return b"".join(j.to_bytes(8, "little") + block[8:] for j in range(5))[: 5 * LARGE - 100 + i]
+
+
+async def _send_large(url: str, sent: dict[int, str], told: list[TandemError], sends: int = LARGE_SENDS) -> None:
+    """Large messages one by one (each confirmed before the next), until one fails."""
+    conn = await aio.connect(f"{url}?min_large_message_size={LARGE}", ha=False, reconnect_attempts=0)
+    try:
+        prod = (await conn.create_session()).create_producer("disk")
+        for i in range(sends):
+            sent[i] = "pending"
+            try:
+                await asyncio.wait_for(prod.send(_large_body(i), properties={"n": i}), 30)
+            except TandemError as e:
+                sent[i] = e.code.name
+                told.append(e)
+                return
+            sent[i] = "ok"
+    finally:
+        await _quietly(conn.close())
+
+
+async def _drain_large(url: str) -> dict[int, bytes]:
+    """Every message of `disk`, body whole (a large one read to its end), acknowledged."""
+    conn = await aio.connect(f"{url}?min_large_message_size={LARGE}")
+    try:
+        consumer = await (await conn.create_session(ack_mode="individual")).create_consumer("disk")
+        out: dict[int, bytes] = {}
+        while (m := await consumer.receive(1.0)) is not None:
+            n = m.properties["n"]
+            assert n not in out, f"large message {n} came back twice"
+            out[n] = bytes(m.body)
+            await m.ack()
+        return out
+    finally:
+        await conn.close()
+
+
+def _check_large(got: dict[int, bytes], sent: dict[int, str]) -> None:
+    confirmed = {i for i, r in sent.items() if r == "ok"}
+    assert set(got) <= set(sent), f"messages never sent: {sorted(set(got) - set(sent))}"
+    lost = sorted(confirmed - set(got))
+    assert not lost, f"confirmed large messages lost: {lost}"
+    for n, data in got.items():
+        want = _large_body(n)
+        assert len(data) == len(want) and data == want, f"large message {n}: {len(data)} bytes, not its {len(want)}"
+
+
+def _told_of_the_disk(told: list[TandemError], errno: str) -> None:
+    """The failed send's error names the disk's: IO_ERROR (its answer), or UNBLOCKED (outcome
+    unknown) when the broker's IO_ERROR to the whole connection overtook that answer."""
+    assert len(told) == 1, told
+    e = told[0]
+    assert e.code.name in ("IO_ERROR", "UNBLOCKED"), f"the sender was told {e.code.name}: {e.message}"
+    assert "injected" in e.message and errno in e.message, e.message
+    assert "INTERNAL" not in e.message and "Traceback" not in e.message, e.message
+
+
+def _large_files(data_dir: Path) -> list[str]:
+    d = data_dir / "large-messages"
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("stage", "errno", "after"), LARGE_FAULTS, ids=[f[0] for f in LARGE_FAULTS])
+def test_an_io_error_storing_a_large_message_stops_the_broker_and_loses_nothing_confirmed(
+    broker_factory: Any, stage: str, errno: str, after: int
+) -> None:
+    """A large message's file (`tandem-large:` in the seam) fails while it is created, written,
+    synced or renamed: its sender is told IO_ERROR, the broker stops as for a failed journal, and
+    after a restart every large message confirmed before is there whole and nothing partial is."""
+    b = broker_factory(env={ENV: f"tandem-large:{stage}={errno}@{after}"})
+    b.start()
+    sent: dict[int, str] = {}
+    told: list[TandemError] = []
+    asyncio.run(_send_large(b.url, sent, told))
+    results = set(sent.values())
+    assert "pending" not in results, "a send never came to an end"
+    assert "ok" in results, f"nothing was confirmed before the fault: {sent}"
+    _told_of_the_disk(told, errno)
+    rc = b.wait_exit(30)
+    log = b.log_text()
+    assert rc == 3, f"exit status {rc}\n{log[-3000:]}"
+    assert "injected" in log and errno in log.split("storage failure", 1)[-1][:300], log[-3000:]
+    assert "tandem-large" in log.split("storage failure", 1)[-1][:300], log[-3000:]
+    assert log.count("storage failure") == 1, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+
+    b.env.clear()  # the disk is healthy again
+    b.start()
+    left = _large_files(b.data_dir)
+    assert not [n for n in left if not n.endswith(".msg")], f"a partial file survived the restart: {left}"
+    assert len(left) == sum(r == "ok" for r in sent.values()), left
+    _check_large(asyncio.run(_drain_large(b.url)), sent)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["shared-store", "replicated"])
+def test_an_io_error_storing_a_large_message_on_the_primary_hands_over_to_the_backup(tmp_path: Path, kind: str) -> None:
+    """The primary's large message write fails (its chunks so far already streamed to a
+    replicating backup); the backup takes over with every large message the primary confirmed
+    whole, and no partial file or message."""
+    c = Cluster(tmp_path, 1) if kind == "shared-store" else ReplicatedPair(tmp_path)
+    c.primary.env[ENV] = "tandem-large:write=EIO@17"
+    try:
+        c.start_all()
+        sent: dict[int, str] = {}
+        told: list[TandemError] = []
+        asyncio.run(_send_large(c.url_of(0), sent, told))
+        assert "ok" in set(sent.values()), sent
+        _told_of_the_disk(told, "EIO")
+        assert c.primary.wait_exit(30) == 3
+        c.wait_state(1, "active", timeout=20)
+        left = _large_files(c.data if kind == "shared-store" else c.servers[1].data_dir)
+        assert not [n for n in left if not n.endswith(".msg")], f"a partial file on the new primary: {left}"
+        assert len(left) == sum(r == "ok" for r in sent.values()), left
+        _check_large(asyncio.run(_drain_large(c.url_of(1))), sent)
+    finally:
+        c.kill_all()
+
+
+@pytest.mark.timeout(120)
+def test_an_io_error_storing_a_stomp_large_body_stops_the_broker(broker_factory: Any) -> None:
+    """A STOMP SEND whose body streams into a large message's file: the second body's sync fails;
+    its sender gets an ERROR frame naming the disk error (no RECEIPT), the broker stops, and the
+    first body, receipted, is there whole after a restart."""
+    b = broker_factory(
+        extra_toml=STOMP_ACCEPTORS, min_large_message_size=16 * 1024, env={ENV: "tandem-large:sync=ENOSPC@2"}
+    )
+    b.start()
+    sender = RawStomp(b.ports["stomp"])
+    frames = []
+    try:
+        for i in range(2):
+            data = _large_body(i)
+            head = f"SEND\ndestination:/queue/disk\npersistent:true\nreceipt:r{i}\ncontent-length:{len(data)}\n\n"
+            sender.sock.sendall(head.encode() + data + b"\0")
+            frames.append(sender.next())
+    finally:
+        sender.close()
+    assert frames[0].command == "RECEIPT" and frames[0].headers["receipt-id"] == "r0", frames[0]
+    error = frames[1]
+    assert error.command == "ERROR" and "No space left on device" in error.headers["message"], error
+    assert b.wait_exit(30) == 3
+    log = b.log_text()
+    assert log.count("storage failure") == 1 and "Traceback" not in log, log[-3000:]
+
+    b.env.clear()
+    b.start()
+    left = _large_files(b.data_dir)
+    assert len(left) == 1 and left[0].endswith(".msg"), f"a partial file survived the restart: {left}"
+
+    async def drain() -> list[bytes]:
+        conn = await aio.connect(b.url)
+        try:
+            consumer = await (await conn.create_session()).create_consumer("disk")
+            out = []
+            while (m := await consumer.receive(1.0)) is not None:
+                out.append(bytes(m.body))
+            return out
+        finally:
+            await conn.close()
+
+    assert asyncio.run(drain()) == [_large_body(0)]
+
+
+@pytest.mark.timeout(120)
+def test_a_partial_large_file_the_broker_could_not_remove_goes_at_the_next_start(broker_factory: Any) -> None:
+    """The write of the fourth large message fails midway and so does the removal of its `.part`
+    (`recycle`: removing a large message's file): the partial file stays while the broker is down,
+    the next start removes it, and only the whole, confirmed messages are delivered."""
+    b = broker_factory(env={ENV: "tandem-large:write=EIO@17,tandem-large:recycle=EIO"})
+    b.start()
+    sent: dict[int, str] = {}
+    told: list[TandemError] = []
+    asyncio.run(_send_large(b.url, sent, told))
+    _told_of_the_disk(told, "EIO")
+    assert b.wait_exit(30) == 3
+    left = _large_files(b.data_dir)
+    assert len([n for n in left if n.endswith(".part")]) == 1, left
+    assert "cannot remove large message file" in b.log_text()
+
+    b.env.clear()
+    b.start()
+    left = _large_files(b.data_dir)
+    assert not [n for n in left if not n.endswith(".msg")], f"a partial file survived the restart: {left}"
+    assert "left by a crash" in b.log_text()
+    _check_large(asyncio.run(_drain_large(b.url)), sent)
+
+
+@pytest.mark.timeout(120)
+def test_an_acknowledged_large_message_whose_file_stays_is_not_delivered_again(broker_factory: Any) -> None:
+    """Removing an acknowledged large message's file fails: the broker goes on (a file no record
+    names is harmless; logged), and the next start removes it without delivering it again."""
+    b = broker_factory(env={ENV: "tandem-large:recycle=EIO"})
+    b.start()
+    sent: dict[int, str] = {}
+    told: list[TandemError] = []
+    asyncio.run(_send_large(b.url, sent, told, sends=2))
+    assert sent == {0: "ok", 1: "ok"} and not told
+    got = asyncio.run(_drain_large(b.url))
+    _check_large(got, sent)
+    assert sorted(got) == [0, 1]
+    deadline = time.monotonic() + 10
+    while "cannot remove large message file" not in b.log_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b.running and len(_large_files(b.data_dir)) == 2, b.log_text()[-3000:]
+
+    b.stop()
+    b.env.clear()
+    b.start()
+    assert _large_files(b.data_dir) == []
+    assert asyncio.run(_drain_large(b.url)) == {}

@@ -192,3 +192,48 @@ def test_rewind_and_size_of_each_kind_of_source(tmp_path: Path) -> None:
             assert not Rewind(pipe).possible
     finally:
         os.close(w_fd)
+
+
+def test_a_failed_background_sync_fails_the_final_one(tmp_path: Path) -> None:
+    """The kernel reports a failed writeback once per open file, and the background sync's
+    descriptor shares the upload's: its error must fail the final sync, which would otherwise
+    succeed over pages the disk never took (and the message be confirmed)."""
+    import asyncio
+    import errno
+
+    from tandem.journal.faults import Faults, Rule
+    from tandem.store.large_messages import SYNC_EVERY
+
+    s = store(tmp_path)
+
+    async def run() -> OSError | None:
+        up = s.upload(9)
+        s.faults = Faults([Rule("sync", errno.EIO, 0.0, 0)], "tandem-large")
+        up.write(b"x" * SYNC_EVERY)  # starts the background sync, which fails
+        await asyncio.sleep(0)
+        s.faults = None  # the disk answers the final sync as if all were well
+        try:
+            await asyncio.to_thread(up.sync_body)
+        except OSError as exc:
+            return exc
+        return None
+
+    err = asyncio.run(run())
+    assert err is not None and err.errno == errno.EIO
+
+
+def test_an_io_error_is_the_stores_failure_once(tmp_path: Path) -> None:
+    """`fail` reports the first error to the broker (which stops) and refuses later uploads."""
+    import errno
+
+    from tandem.errors import ErrorCode, JournalIOError
+
+    s = store(tmp_path)
+    seen: list[BaseException] = []
+    s.on_failure = seen.append
+    first = OSError(errno.ENOSPC, "full")
+    assert s.fail(first).code == ErrorCode.IO_ERROR
+    assert s.fail(OSError(errno.EIO, "again")).code == ErrorCode.IO_ERROR
+    assert seen == [first]
+    with pytest.raises(JournalIOError):
+        s.upload(10)

@@ -862,7 +862,8 @@ class AsyncProducer:
 
         def check() -> None:
             if conn.generation != generation or not conn.ready:
-                raise Unblocked("the connection failed while a large message was being sent")
+                why = f": {conn.error.message}" if conn.error is not None else ""  # the server's, if it said
+                raise Unblocked(f"the connection failed while a large message was being sent{why}")
 
         try:
             n = total = 0

@@ -7,8 +7,9 @@ broker processes they start). Its value is a comma-separated list of rules::
 
 ``PREFIX`` limits a rule to one journal (``tandem-data`` for messages, ``tandem-bindings``), to
 the page files' writer (``tandem-paging``: its ``create``, ``write``, ``sync`` and ``rename``
-stages, store/pages.py) or to a replicating backup's applier (``replica``: its ``write`` and
-``sync`` stages);
+stages, store/pages.py), to large messages' files (``tandem-large``: ``create``, ``write``,
+``sync``, ``rename`` and ``recycle``, store/large_messages.py) or to a replicating backup's
+applier (``replica``: its ``write`` and ``sync`` stages);
 ``STAGE`` is where the journal touches the disk:
 
     write    writing a batch's records          sync     making a batch durable (fdatasync, or

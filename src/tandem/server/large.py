@@ -79,8 +79,10 @@ def begin(session: NativeSession, pkt: p.LargeBegin) -> None:
     if error is None and message is not None and large is not None:
         try:
             file = large.upload(message.id)
-        except OSError as exc:
-            error = InternalError(f"cannot store a large message: {exc}")
+        except OSError as exc:  # the store's failure: the broker stops (IO_ERROR)
+            error = large.fail(exc)
+        except TandemError as exc:  # it has failed already
+            error = exc
     tx = session.core.tx
     if error is not None and tx is not None:  # a refused send rolls its transaction back, as a small one does
         tx.failure = tx.failure or error
@@ -100,8 +102,7 @@ def chunk(session: NativeSession, pkt: p.LargeChunk) -> None:
         up.file.write(pkt.data)
         session.conn.broker.pacer.wrote(session.conn)
     except OSError as exc:
-        log.error("cannot write a large message: %s", exc)
-        up.error = InternalError(f"cannot store a large message: {exc}")
+        up.error = up.file.store.fail(exc)
         up.discard()
 
 
@@ -200,9 +201,13 @@ class Seal:
         self._done()
 
     def _failed(self, exc: BaseException) -> None:
-        log.error("cannot store a large message: %s", exc)
         self.file.discard()
-        self.session.conn.command_failed(self.pkt, InternalError(f"cannot store a large message: {exc}"))
+        if isinstance(exc, OSError):  # the store's failure: the broker stops (IO_ERROR)
+            error: TandemError = self.file.store.fail(exc)
+        else:
+            log.error("cannot store a large message: %s", exc)
+            error = InternalError(f"cannot store a large message: {exc}")
+        self.session.conn.command_failed(self.pkt, error)
         self._done()
 
     def _done(self) -> None:

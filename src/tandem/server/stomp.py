@@ -748,8 +748,8 @@ class StompConnection(asyncio.Protocol):
                 raise st.StompError("this broker does not take large messages (no data directory)")
             try:
                 self.upload = LargeSend(message, large.upload(message.id), frame, tx)
-            except OSError as exc:
-                raise TandemError(f"cannot store a large message: {exc}") from None
+            except OSError as exc:  # the store's failure: the broker stops (IO_ERROR)
+                raise large.fail(exc) from None
             return
         self._sent(frame, message, tx)
 
@@ -761,8 +761,9 @@ class StompConnection(asyncio.Protocol):
             up.file.write(frame.body)
             self.broker.pacer.wrote(self)
         except OSError as exc:
+            store = up.file.store
             up.discard()
-            raise TandemError(f"cannot store a large message: {exc}") from None
+            raise store.fail(exc) from None
 
     def on_body_end(self, frame: st.Frame) -> None:
         up, self.upload = self.upload, None
@@ -815,8 +816,12 @@ class StompConnection(asyncio.Protocol):
         return True
 
     def _seal_failed(self, up: LargeSend, file: LargeUpload, exc: BaseException) -> None:
-        log.error("cannot store a large message: %s", exc)
         file.discard()
+        if isinstance(exc, OSError):  # the store's failure: the broker stops (IO_ERROR)
+            e = file.store.fail(exc)
+            self.error(e.message, up.frame.get("receipt"))
+            return
+        log.error("cannot store a large message: %s", exc)
         self.error(f"cannot store a large message: {exc}", up.frame.get("receipt"))
 
     def _sent(self, frame: st.Frame, message: Message, tx: Transaction | None) -> None:

@@ -369,6 +369,7 @@ class JournalStorage:
         self.bindings.on_failure = handler
         self.messages.on_failure = handler
         self.pages.on_failure = handler
+        self.large.on_failure = handler
 
     def halt(self, err: BaseException) -> None:
         """Write nothing more from now on (the store is no longer ours); what is pending is never confirmed."""

@@ -8,23 +8,31 @@ worst a `.part` or an unrecorded `.msg`, both removed at the next start (`clean`
 
 A file lives while a journal record names it or a message object holds it (a `LargeBody`): the
 last of the two to go removes it, after the record's deletion is on disk.
+
+An I/O error creating, writing, syncing or renaming a body's file is a storage failure like a
+journal's (`fail`): the broker stops, and its sender is told IO_ERROR (decision 0081).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from ..core.message import LargeBody
+from ..errors import JournalIOError
+from ..journal.faults import Faults
 from ..journal.storeio import StoreIO, Tap
 
 log = logging.getLogger("tandem.store")
 
 DIRECTORY = "large-messages"
 SYNC_EVERY = 8 << 20  # bytes written between background syncs (bounds the dirty pages of one upload)
+FAULTS_PREFIX = "tandem-large"  # the fault seam's rules for these files (journal/faults.py)
 
 
 def file_name(message_id: int) -> str:
@@ -51,6 +59,28 @@ class LargeMessageStore:
         # (store/follower.py) counts records and bodies but never removes a file.
         self.open = False
         self.removed = 0  # files removed since start (tests and stats)
+        self.faults = Faults.from_env(FAULTS_PREFIX)  # tests only: create, write, sync, rename, recycle
+        # The broker's storage failure (JournalStorage sets it): None, an error fails the one upload.
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self.failed: BaseException | None = None
+
+    def fail(self, exc: OSError) -> JournalIOError:
+        """An upload's file could not be stored: the broker stops as for a failed journal (once,
+        just after the sender is answered); what to answer its sender."""
+        code = exc.errno
+        what = f"{errno.errorcode[code]} {exc}" if code is not None and code in errno.errorcode else str(exc)
+        log.error("cannot store a large message: %s", what)
+        if self.on_failure is not None and self.failed is None:
+            self.failed = exc
+            try:
+                asyncio.get_running_loop().call_soon(self.on_failure, exc)
+            except RuntimeError:  # no loop (a test of the store alone)
+                self.on_failure(exc)
+        return JournalIOError(f"cannot store a large message: {what}")
+
+    def hit(self, stage: str) -> None:
+        if self.faults is not None:
+            self.faults.hit(stage)
 
     def set_tap(self, tap: Tap | None) -> None:
         self.io = StoreIO(self.directory, tap)
@@ -98,6 +128,7 @@ class LargeMessageStore:
         if not self.open or name in self._held or self._recorded.get(name):
             return  # taken up again meanwhile, or the broker stopped: the next start decides
         try:
+            self.hit("recycle")
             self.io.unlink(name, missing_ok=True)
             self.io.flush()
             self.removed += 1
@@ -109,6 +140,8 @@ class LargeMessageStore:
 
     # ------------------------------------------------------------ uploads
     def upload(self, message_id: int) -> LargeUpload:
+        if self.failed is not None:
+            raise JournalIOError(f"large message files have failed: {self.failed}")
         return LargeUpload(self, message_id)
 
     # ------------------------------------------------------------- start-up
@@ -141,7 +174,7 @@ class LargeMessageStore:
 class LargeUpload:
     """A body being received: chunks appended to `<id>.part`; `finish` makes it `<id>.msg`."""
 
-    __slots__ = ("_fd", "_syncing", "_unsynced", "message_id", "name", "part", "renamed", "size", "store")
+    __slots__ = ("_error", "_fd", "_syncing", "_unsynced", "message_id", "name", "part", "renamed", "size", "store")
 
     def __init__(self, store: LargeMessageStore, message_id: int) -> None:
         self.store = store
@@ -150,36 +183,53 @@ class LargeUpload:
         self.part = f"{message_id}.part"
         self.size = 0
         self._unsynced = 0
-        self._syncing = False
+        self._syncing = threading.Lock()  # held while a background sync runs
+        self._error: OSError | None = None  # a background sync's: the final sync raises it
         self.renamed = False  # `part` is `name` now (`rename`)
+        store.hit("create")
         self._fd: int | None = store.io.create_empty(self.part)
 
     def write(self, data: bytes) -> None:
         fd = self._fd
         assert fd is not None
         io = self.store.io
+        self.store.hit("write")
         io.write(fd, self.part, data, self.size)
         io.flush()
         self.size += len(data)
         self._unsynced += len(data)
-        if self._unsynced >= SYNC_EVERY and not self._syncing:
+        if self._unsynced >= SYNC_EVERY and not self._syncing.locked():
             self._unsynced = 0
             self._background_sync(fd)
 
     def _background_sync(self, fd: int) -> None:
-        """Sync what is written so far off the loop, so the final sync has little left to do."""
+        """Sync what is written so far off the loop, so the final sync has little left to do.
+
+        Its error is kept for the final sync to raise: the kernel reports a failed writeback once
+        per open file, and the duplicate descriptor shares the upload's, so the final fdatasync
+        could otherwise succeed over pages the disk never took."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        self._syncing = True
+        self._syncing.acquire()
         dup = os.dup(fd)  # this sync's own descriptor: the upload may close its own meanwhile
 
-        def done(_f: object) -> None:
-            os.close(dup)
-            self._syncing = False
+        def sync() -> None:
+            try:
+                self.store.hit("sync")
+                os.fdatasync(dup)
+            except OSError as exc:
+                self._error = self._error or exc
+            finally:
+                os.close(dup)
+                self._syncing.release()
 
-        loop.run_in_executor(None, os.fdatasync, dup).add_done_callback(done)
+        try:
+            loop.run_in_executor(None, sync)
+        except RuntimeError:  # the executor is shut down (the broker stops): the final sync does it all
+            os.close(dup)
+            self._syncing.release()
 
     def finish(self, compressed: bool) -> LargeBody:
         """The body is complete: synced, renamed into place, the directory synced; the handle a
@@ -195,6 +245,11 @@ class LargeUpload:
         fd, self._fd = self._fd, None
         assert fd is not None
         try:
+            with self._syncing:  # a background sync done first, its error known
+                pass
+            if self._error is not None:
+                raise self._error
+            self.store.hit("sync")
             os.fdatasync(fd)
         finally:
             os.close(fd)
@@ -203,12 +258,14 @@ class LargeUpload:
         """(The store's loop) `<id>.part` becomes `<id>.msg`, here and, through the replication
         stream, on a backup: on the loop, so a backup's initial sync lists the directory either
         before the rename or after it, never between the rename and its operation."""
+        self.store.hit("rename")
         self.store.io.rename(self.part, self.name)
         self.renamed = True
         self.store.io.flush()
 
     def sync_dir(self) -> None:
         """(Any thread) the rename on disk."""
+        self.store.hit("sync")
         self.store.io.sync_dir()
 
     def body(self, compressed: bool) -> LargeBody:
@@ -222,6 +279,7 @@ class LargeUpload:
             os.close(fd)
         name = self.name if self.renamed else self.part
         try:
+            self.store.hit("recycle")
             self.store.io.unlink(name, missing_ok=True)
             self.store.io.flush()
         except OSError as exc:
