@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..store.large_messages import FAULTS_PREFIX as LARGE_PREFIX
 from ..store.pages import FAULTS_PREFIX as PAGES_PREFIX
 from . import store as stores
 from .history import History
@@ -201,8 +202,12 @@ class Nemesis:
         zk.start()
 
     def _disk(self, a: int, hold: float, rule: str) -> None:
-        if stores.pages(self.pair.store):  # the disk fails for the page files too: whichever writes first
-            rule += "\n" + rule.replace("tandem-data:", f"{PAGES_PREFIX}:")
+        # The disk fails for the page files and the large messages' files too: whichever writes first.
+        base = rule
+        if stores.pages(self.pair.store):
+            rule += "\n" + base.replace("tandem-data:", f"{PAGES_PREFIX}:")
+        if stores.streams(self.pair.store):
+            rule += "\n" + base.replace("tandem-data:", f"{LARGE_PREFIX}:")
         self.pair.fault_files[a].write_text(rule + "\n")
         try:
             code = self.pair.servers[a].wait_exit(15 + hold)
