@@ -177,8 +177,8 @@ def _pressure(pair: Pair, max_paged: int, hist: Path, store: str) -> dict[str, i
         out["page_disk_faults"] = sum(
             1 for t in logs for line in t.splitlines() if "storage failure:" in line and ", tandem-paging " in line
         )
-    if stores.streams(store):  # disk faults that struck a large message's file
-        out["large_disk_faults"] = sum(
+    if stores.streams(store):  # a large message's file failed (one disk fault may strike several uploads)
+        out["large_file_errors"] = sum(
             1 for t in logs for line in t.splitlines() if "cannot store a large message:" in line
         )
     if store != "plain":
