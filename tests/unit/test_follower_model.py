@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from journal_model import JournalWrites, Model, quiet, state_of
-from tandem.journal import Journal, JournalSettings
+from tandem.journal import ADD, DELETE, Journal, JournalSettings, LiveRecord
 from tandem.journal.follower import JournalFollower
 
 PREFIX = "tf"
@@ -60,7 +60,7 @@ class FollowedJournal(JournalWrites):
         self.j = Journal(self.dir, PREFIX, SETTINGS)
         self.j.load()
         self.j.start(self.loop)
-        self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+        self.follower = self._follower()
         self.durable: Model = {}  # what is on disk for sure (after the last flush)
         self.crashes = 0
 
@@ -73,6 +73,12 @@ class FollowedJournal(JournalWrites):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     # -------------------------------------------------------------- helpers
+    def _follower(self) -> JournalFollower:
+        return JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+
+    def _check_follower(self) -> None:
+        """Hook: a follower with an observer checks what the observer saw (below)."""
+
     def _run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 20))
 
@@ -86,7 +92,7 @@ class FollowedJournal(JournalWrites):
         for _ in range(50):
             done = self.follower.poll(budget=16 * 1024)
             if done is False:
-                self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+                self.follower = self._follower()
             elif done:
                 return
         raise AssertionError("the follower never caught up")
@@ -105,7 +111,7 @@ class FollowedJournal(JournalWrites):
     def poll_while_writing(self, budget: int) -> None:
         """The writer thread may be in the middle of a batch: the follower must cope."""
         if self.follower.poll(budget=budget) is False:
-            self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+            self.follower = self._follower()
 
     @rule()
     def poll_and_compare(self) -> None:
@@ -115,6 +121,7 @@ class FollowedJournal(JournalWrites):
         assert loaded == self.model
         assert state_of(self.follower.live) == self.model
         assert accounting(self.follower.j) == accounting(c)
+        self._check_follower()
         assert accounting(self.j) == accounting(c), "the writer's own accounting (compaction output included)"
 
     @rule(data=st.data())
@@ -153,6 +160,7 @@ class FollowedJournal(JournalWrites):
         else:
             successor = self.follower.j
             loaded = state_of(finished)
+            self._check_follower()
         assert loaded == before
         assert successor.corrupt == [], "a crash leaves torn tails, never damage"
         for rid, value in self.durable.items():  # nothing that was on disk for sure is lost
@@ -165,7 +173,7 @@ class FollowedJournal(JournalWrites):
         self.durable = dict(loaded)
         self.j = successor
         self.j.start(self.loop)
-        self.follower = JournalFollower(Journal(self.dir, PREFIX, SETTINGS))
+        self.follower = self._follower()
         self.crashes += 1
 
     @invariant()
@@ -180,3 +188,38 @@ FollowedJournal.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_follower_equals_cold_load = FollowedJournal.TestCase
+
+
+class ObservedJournal(FollowedJournal):
+    """The same, with an observer (as the warm backup's StoreFollower has): what it was told adds up to the live set.
+
+    The observer keeps its own copy of every live id from the operations it is shown; at each
+    comparison that copy, and the order in which it first saw the ids, must be the follower's live
+    set (so a cold load's). A follower may skip an id added and deleted between two of its polls,
+    never one that stays live, nor an update of one that does."""
+
+    def _follower(self) -> JournalFollower:
+        self.seen: dict[int, list[tuple[int, bytes]]] = {}
+
+        def observe(kind: int, utype: int, rid: int, body: bytes, lr: LiveRecord) -> None:
+            if kind == DELETE:
+                assert rid in self.seen, f"delete of {rid}, never seen added"
+                del self.seen[rid]
+            elif rid in self.seen:
+                self.seen[rid].append((utype, body))
+            else:
+                assert kind == ADD, f"an update of {rid}, never seen added"
+                self.seen[rid] = [(utype, body)]
+            if kind != DELETE:
+                assert lr is self.follower.live[rid]
+
+        return JournalFollower(Journal(self.dir, PREFIX, SETTINGS), observe)
+
+    def _check_follower(self) -> None:
+        live = self.follower.live
+        assert list(self.seen) == list(live)
+        assert {rid: (v[0][0], v[0][1], tuple(v[1:])) for rid, v in self.seen.items()} == state_of(live)
+
+
+ObservedJournal.TestCase.settings = FollowedJournal.TestCase.settings
+test_observed_follower_equals_cold_load = ObservedJournal.TestCase

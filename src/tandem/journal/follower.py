@@ -61,6 +61,8 @@ class JournalFollower:
         self._records: dict[int, int] = {}  # records read per file key (a torn tail is one no record follows)
         self.bytes_read = 0
         self._reading = False  # the last poll spent its budget: go on reading before listing again
+        self._pending: dict[int, tuple[int, bytes, jf.JFile]] = {}  # ADDs held back within a read (see _apply)
+        self.cancelled: dict[int, int] = {}  # per user type: ADDs never applied, their DELETE read with them
 
     # -------------------------------------------------------------------- poll
     def poll(self, budget: int = POLL_BUDGET) -> bool | None:
@@ -130,6 +132,7 @@ class JournalFollower:
                 return None
             if not _sealed(f) or spent >= budget:  # (a call: mypy keeps `f.sealed` narrowed to False)
                 break  # an unsealed file is where the writer is: the files after it hold nothing yet
+        self._settle_pending()
         self.bytes_read += spent
         return spent
 
@@ -189,6 +192,7 @@ class JournalFollower:
         if parsed:
             self._apply(parsed, f)
             self._records[f.key] = self._records.get(f.key, 0) + len(parsed)
+            self._settle_pending()
         self.bytes_read += end.offset
         f.used += end.offset
         return rec.ScanEnd(f.used, end.clean, end.eof_marker, end.reason)
@@ -198,20 +202,65 @@ class JournalFollower:
         if observer is None:
             j._replay(parsed, f, live)
             return
-        for p in parsed:
-            for op in rec.iter_ops(p):
-                kind, utype, rid, body = op
-                if rid > j.max_id:
-                    j.max_id = rid
-                before = live.get(rid)
-                j._apply_loaded(kind, utype, rid, body, f, live)
-                if kind == rec.DELETE:
-                    if before is not None:
-                        observer(kind, utype, rid, body, before)
+        # An ADD waits in `_pending` until the end of the read (`_settle_pending`): one deleted
+        # meanwhile — a message its consumer acknowledged within a poll, the common case on a
+        # replicating backup — is then neither applied nor shown to the observer, where it cost
+        # an index entry, a live record and two observer calls to end where it began.
+        pending = self._pending
+        max_id = j.max_id
+        for _off, _len, kind, utype, rid, body in parsed:
+            if kind == rec.DELETES:
+                ids = rec.unpack_ids(body)
+                if ids and max(ids) > max_id:
+                    max_id = max(ids)
+                for did in ids:
+                    held = pending.pop(did, None)
+                    if held is not None:
+                        f.records += 1
+                        self.cancelled[held[0]] = self.cancelled.get(held[0], 0) + 1
+                    else:
+                        self._observed(rec.DELETE, 0, did, b"", f)
+                continue
+            ops = rec.decode_batch_body(body) if kind == rec.BATCH else ((kind, utype, rid, body),)
+            for k, u, i, b in ops:
+                if i > max_id:
+                    max_id = i
+                if k == rec.ADD and i not in pending and i not in live:
+                    pending[i] = (u, b, f)
+                    f.records += 1
+                elif k == rec.DELETE and i in pending:
+                    held = pending.pop(i)
+                    f.records += 1
+                    self.cancelled[held[0]] = self.cancelled.get(held[0], 0) + 1
                 else:
-                    lr = live.get(rid)
-                    if lr is not None:
-                        observer(kind, utype, rid, body, lr)
+                    if i in pending:
+                        self._settle_pending()  # (all of them: the observer sees ADDs in journal order)
+                    self._observed(k, u, i, b, f)
+        j.max_id = max_id
+
+    def _observed(self, kind: int, utype: int, rid: int, body: bytes, f: jf.JFile) -> None:
+        """Apply one operation as a load does and show it to the observer if it changed the live set."""
+        live = self.live
+        before = live.get(rid)
+        self.j._apply_loaded(kind, utype, rid, body, f, live)
+        if kind == rec.DELETE:
+            if before is not None:
+                self.observer(kind, utype, rid, body, before)  # type: ignore[misc]
+        else:
+            lr = live.get(rid)
+            if lr is not None:
+                self.observer(kind, utype, rid, body, lr)  # type: ignore[misc]
+
+    def _settle_pending(self) -> None:
+        """Apply the ADDs held back, in journal order (their records were counted when read)."""
+        pending = self._pending
+        if not pending:
+            return
+        live, add, observer = self.live, self.j._add_live, self.observer
+        assert observer is not None
+        for rid, (utype, body, f) in pending.items():
+            observer(rec.ADD, utype, rid, body, add(rid, utype, body, f, live))
+        pending.clear()
 
     # ------------------------------------------------------------------ finish
     def finish(self) -> dict[int, LiveRecord] | None:

@@ -334,11 +334,7 @@ class Journal:
                 lr = live[rid]
                 lr.updates = [*(lr.updates or []), (utype, body)]
             else:
-                live[rid] = LiveRecord(utype, body)
-                n = _HS + len(body)
-                self._index[rid & _SHARD][rid] = (f.key << _SIZE_BITS) | n
-                f.live += 1
-                f.live_bytes += n
+                self._add_live(rid, utype, body, f, live)
         elif kind == rec.UPDATE:
             lr2 = live.get(rid)
             if lr2 is not None:
@@ -350,6 +346,15 @@ class Journal:
         elif kind == rec.DELETE:
             if live.pop(rid, None) is not None:
                 self._detach(rid)
+
+    def _add_live(self, rid: int, utype: int, body: bytes, f: jf.JFile, live: dict[int, LiveRecord]) -> LiveRecord:
+        """A new live id read from file `f` (its record already counted in `f.records`)."""
+        lr = live[rid] = LiveRecord(utype, body)
+        n = _HS + len(body)
+        self._index[rid & _SHARD][rid] = (f.key << _SIZE_BITS) | n
+        f.live += 1
+        f.live_bytes += n
+        return lr
 
     def _cut(self, f: jf.JFile, offset: int, seal: bool) -> None:
         """Zero a file from `offset` to its end, with an EOF marker there when `seal` (synced)."""

@@ -40,7 +40,7 @@ class StoreFollower:
         # of each poll, so one deleted within the same poll (acknowledged at once, the common case
         # with consumers keeping up) is never decoded at all.
         self._unbuilt: dict[int, tuple[bytes, LiveRecord]] = {}
-        self.messages_seen = 0
+        self._built_or_held = 0
         self.caught_up = False  # has read everything there was at least once (warm from then on)
 
     def poll(self) -> bool | None:
@@ -58,6 +58,11 @@ class StoreFollower:
         return True
 
     @property
+    def messages_seen(self) -> int:
+        """Messages read so far, those the journal follower skipped (deleted as soon as read) included."""
+        return self._built_or_held + self.messages.cancelled.get(RecordType.MESSAGE, 0)
+
+    @property
     def problem(self) -> str | None:
         return self.bindings.problem or self.messages.problem
 
@@ -65,7 +70,7 @@ class StoreFollower:
         if kind == ADD:
             if utype == RecordType.MESSAGE and lr.obj is None and rid not in self._unbuilt:
                 self._unbuilt[rid] = (body, lr)
-                self.messages_seen += 1
+                self._built_or_held += 1
             elif utype == RecordType.DUPLICATE_ID:
                 d = _dec_dedup.decode(body)
                 self.dedup[rid] = (d.address, d.dedup_id)
