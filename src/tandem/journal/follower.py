@@ -61,7 +61,7 @@ class JournalFollower:
         self._records: dict[int, int] = {}  # records read per file key (a torn tail is one no record follows)
         self.bytes_read = 0
         self._reading = False  # the last poll spent its budget: go on reading before listing again
-        self._pending: dict[int, tuple[int, bytes, jf.JFile]] = {}  # ADDs held back within a read (see _apply)
+        self._pending: dict[int, tuple[int, bytes, jf.JFile]] = {}  # ADDs held back (see _apply)
         self.cancelled: dict[int, int] = {}  # per user type: ADDs never applied, their DELETE read with them
 
     # -------------------------------------------------------------------- poll
@@ -80,6 +80,8 @@ class JournalFollower:
                 return False
             self._reading = spent >= budget
             return None
+        # What a listing decides (a file gone with live records in it) counts held-back ADDs too.
+        self._settle_pending()
         if not j.directory.exists():
             return True
         if compactor.marker_path(j.directory, j.prefix).exists():
@@ -111,6 +113,7 @@ class JournalFollower:
         if spent >= budget:
             self._reading = True
             return None
+        self._settle_pending()
         # Caught up. A file is reclaimed only once every record in it is dead, and the records that
         # killed them were on disk before it went: if we still count live records in a file that is
         # gone, they died in a file that came and went between two polls, unread.
@@ -132,7 +135,6 @@ class JournalFollower:
                 return None
             if not _sealed(f) or spent >= budget:  # (a call: mypy keeps `f.sealed` narrowed to False)
                 break  # an unsealed file is where the writer is: the files after it hold nothing yet
-        self._settle_pending()
         self.bytes_read += spent
         return spent
 
@@ -202,10 +204,11 @@ class JournalFollower:
         if observer is None:
             j._replay(parsed, f, live)
             return
-        # An ADD waits in `_pending` until the end of the read (`_settle_pending`): one deleted
-        # meanwhile — a message its consumer acknowledged within a poll, the common case on a
-        # replicating backup — is then neither applied nor shown to the observer, where it cost
-        # an index entry, a live record and two observer calls to end where it began.
+        # An ADD waits in `_pending` until the read catches up or lists the files again
+        # (`_settle_pending`): one deleted meanwhile — a message its consumer acknowledged within
+        # a poll, the common case on a replicating backup — is then neither applied nor shown to
+        # the observer, where it cost an index entry, a live record and two observer calls to end
+        # where it began.
         pending = self._pending
         max_id = j.max_id
         for _off, _len, kind, utype, rid, body in parsed:

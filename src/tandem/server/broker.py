@@ -52,6 +52,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("tandem.broker")
 
 ACCEPT_BACKLOG = 4096
+# Seconds between a warm backup's reads of the store once it has caught up. Each read lists both
+# journals' files (opening each one's header), and a message added and acknowledged within one
+# read costs the backup almost nothing; a takeover reads what came since the last read (at
+# 40,000 msgs/s, 8,000 messages: a few tens of ms).
+FOLLOW_PERIOD = 0.2
 
 
 def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: LoadedState) -> int:
@@ -452,7 +457,7 @@ class Broker:
         from ..store.follower import StoreFollower
 
         cfg = self.config
-        period = max(cfg.lock_check_period / 1000, 0.02)
+        period = FOLLOW_PERIOD
         self._follower = StoreFollower(cfg.data_path, journal_settings(cfg))
         # The warm-up builds an object per message, as a reload does (see _load): no collections
         # meanwhile (each would walk the heap on the loop, holding up a replicating backup's
