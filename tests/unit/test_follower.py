@@ -153,6 +153,28 @@ def test_a_follower_poll_reads_a_short_slice(tmp_path: Path) -> None:
     assert max(slices) <= 4 << 20, slices
 
 
+def test_a_warm_up_holds_back_a_bounded_number_of_adds(tmp_path: Path) -> None:
+    """The follower holds ADDs back so that one deleted soon after is never built; a warm-up
+    reads a backlog that stays, and held all of it (1M messages: one build and one free of a
+    million entries at the end, a 192 ms stall of the primary's confirmations). The observer sees
+    what was read as the warm-up goes, a bounded number at a time."""
+    from tandem.journal import Journal
+    from tandem.journal.follower import HOLD_MAX, JournalFollower
+
+    settings = _twelve_mib_journal(tmp_path)
+    seen: list[int] = []
+    follower = JournalFollower(Journal(tmp_path, "t", settings), lambda k, u, rid, b, lr: seen.append(rid))
+    held = []
+    for _ in range(1000):
+        done = follower.poll()
+        held.append(len(follower._pending))
+        if done is True:
+            break
+    assert done is True and seen == list(range(1, 12_001))
+    assert 0 < max(held) <= HOLD_MAX + 1000, held
+    assert held[-1] == 0
+
+
 def test_a_warming_follower_makes_no_collections_then_freezes_what_it_built(tmp_path: Path) -> None:
     """Warming up builds an object per message, as a reload does: a collection now and then would
     walk them all on the event loop (hundreds of ms, holding up a replicating backup's

@@ -39,6 +39,9 @@ CHUNK = 256 * 1024
 # which also answers clients and sends a replicating backup's acknowledgements; a few ms of work.
 POLL_BUDGET = 512 * 1024
 _LEN = struct.Struct("<I")
+# ADDs held back at most between two slices of a read (see `_apply`): a warm-up reads a backlog
+# whose messages stay, and settling all of it at once would hold the loop (and, freeing it, the GIL).
+HOLD_MAX = 4096
 _OUTPUT_KEY = (1 << jf.KEY_SHIFT) - 1  # low bits of a key: only compaction outputs have any set
 
 # observer(kind, user_type, id, body, live record): called for each operation that changed the live set
@@ -135,6 +138,8 @@ class JournalFollower:
                 return None
             if not _sealed(f) or spent >= budget:  # (a call: mypy keeps `f.sealed` narrowed to False)
                 break  # an unsealed file is where the writer is: the files after it hold nothing yet
+        if len(self._pending) > HOLD_MAX:
+            self._settle_pending()
         self.bytes_read += spent
         return spent
 
