@@ -244,6 +244,32 @@ def test_an_io_error_writing_a_page_file_stops_the_broker_and_loses_nothing_conf
     _check(asyncio.run(_drain(b.url)), sent, acked, ack_sent)
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["shared-store", "replicated"])
+def test_an_io_error_writing_a_page_file_on_the_primary_hands_over_to_the_backup(tmp_path: Path, kind: str) -> None:
+    """A pair's primary whose page file sync fails stops at once, as a journal failure makes it:
+    its final flush of the message journal does not wait (a chaos run saw it wait 30 s for a batch
+    that could no longer complete, with the replication link up, so the backup did not take over
+    for those 30 s; tests/unit/test_journal.py has that case). The backup takes over with every
+    confirmed message."""
+    paging = {"disk": {"max_size_bytes": 8192, "address_full_policy": "PAGE", "page_size_bytes": 65536}}
+    pair = Cluster if kind == "shared-store" else ReplicatedPair
+    c = pair(tmp_path, 1, address_settings=paging) if pair is Cluster else pair(tmp_path, address_settings=paging)
+    c.primary.env[ENV] = "tandem-paging:sync=ENOSPC@30"
+    try:
+        c.start_all()
+        sent, acked, ack_sent, told = _run_until_failure(c.url_of(0), lambda: c.primary.running)
+        assert c.primary.wait_exit(30) == 3
+        log = c.primary.log_text()
+        assert "address paging" in log and "tandem-paging" in log.split("storage failure", 1)[-1][:300], log[-3000:]
+        assert "final flush timed out" not in log, log[-3000:]
+        assert "ok" in set(sent.values()) and told, sent
+        c.wait_state(1, "active", timeout=20)
+        _check(asyncio.run(_drain(c.url_of(1))), sent, acked, ack_sent)
+    finally:
+        c.kill_all()
+
+
 LARGE = 64 * 1024  # the clients' min_large_message_size here (their chunk size too)
 LARGE_SENDS = 12
 LARGE_FAULTS = [  # (stage, errno, calls let through): each stage of a large message's file I/O

@@ -385,6 +385,30 @@ def test_a_short_write_is_finished_and_synced(tmp_path: Path, monkeypatch: pytes
     assert [(i, b) for i, _, b, _ in got] == [(i, b"%05d" % i * 20) for i in range(1, 201)]
 
 
+def test_stop_returns_when_its_final_flush_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker stopping on a storage failure elsewhere (a page file) flushes this journal, and
+    the disk fails that flush too: stop() ends there, with the journal failed. It waited out its
+    30 s timeout instead, and a replicating primary held its pair that long before the backup took
+    over (chaos run, seed 1127202)."""
+    from tandem.journal import faults
+
+    monkeypatch.setenv(faults.ENV, f"{PREFIX}:sync=ENOSPC@1")
+    failures: list[BaseException] = []
+
+    async def main() -> None:
+        j = Journal(tmp_path, PREFIX, settings(buffer_timeout_ns=300_000_000))
+        j.load()
+        j.on_failure = failures.append
+        j.start()
+        j.add(1, 1, b"synced")
+        await durable(j)  # the one sync let through
+        j.add(2, 1, b"its sync fails")  # pending (300 ms buffer) as stop() begins to wait
+        await asyncio.wait_for(j.stop(), 10)
+        assert j.failed is not None and failures == [j.failed]
+
+    run(main)
+
+
 def test_appends_before_start_are_refused(tmp_path: Path) -> None:
     """A loaded but not started journal raises JournalError instead of silently dropping appends."""
     j = Journal(tmp_path, PREFIX, settings())

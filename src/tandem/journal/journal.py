@@ -160,6 +160,7 @@ class Journal:
         self._free: list[Path] = []
         self.failed: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
+        self._on_fail_waiters: list[Callable[[], None]] = []  # stop()'s final flush: ends on a failure too
         self.corrupt: list[str] = []
         self.torn: list[FileEnd] = []
         self.torn_tails: list[str] = []
@@ -433,11 +434,14 @@ class Journal:
                 if not done.done():
                     done.set_result(None)
 
-            self.after_durable(finished)
+            self.after_durable(finished)  # (a failed batch runs no callbacks: nothing in it is durable)
+            self._on_fail_waiters.append(finished)
             try:
                 await asyncio.wait_for(done, 30)
             except TimeoutError:
                 log.error("journal %s: final flush timed out", self.prefix)
+            finally:
+                self._on_fail_waiters.remove(finished)
         if self._writer is not None:
             await asyncio.to_thread(self._writer.stop)
             self._writer = None
@@ -774,6 +778,8 @@ class Journal:
             self.on_failure(err)  # the owner reports it (once) and stops
         else:
             log.critical("journal %s failed, no further appends: %s", self.prefix, err)
+        for waiter in list(self._on_fail_waiters):
+            waiter()
 
     def flush_sync(self) -> None:
         """Write and sync what is pending on the calling thread (CLI tools, no loop)."""
