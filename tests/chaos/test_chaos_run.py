@@ -39,6 +39,7 @@ def check_run(out: Path, rc: int, verdict: dict[str, Any], err: str, faults_want
     assert verdict["faults"] == faults_wanted and verdict["healed"] == faults_wanted, why
     assert verdict["confirmed"] > 500 and verdict["delivered"] >= verdict["confirmed"], why
     assert verdict["left_in_queue"] == 0, why
+    assert verdict["late_disk_stops"] == 0, "a server went on 15 s after a disk fault: " + why
     assert "fault 1/" in err and "healed" in err, "no progress shown on stderr"
     events = list(history.read(out / "history.jsonl"))
     kinds = {e["kind"] for e in events if e["ev"] == "fault"}

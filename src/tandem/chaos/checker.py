@@ -165,6 +165,8 @@ def summary(verdict: dict[str, Any]) -> str:
             f"  heals: {v.get('unhealed', 0)} failed, {v.get('interventions', 0)} needed the primary restarted "
             "(no server would serve by itself)"
         )
+    if v.get("late_disk_stops"):
+        lines.append(f"  late stops {v['late_disk_stops']} (disk faults the struck server outlived by 15 s)")
     st = v.get("store_pressure")
     if st:
         lines.append("  store      " + ", ".join(f"{k} {n}" for k, n in st.items()))

@@ -84,6 +84,7 @@ class Nemesis:
         self.progress = progress
         self.done = 0
         self.unhealed = 0
+        self.late_disk_stops = 0  # disk faults the struck server outlived by 15 s (it should stop at once)
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
@@ -213,6 +214,7 @@ class Nemesis:
             code = self.pair.servers[a].wait_exit(15 + hold)
             self.history.add("note", "n", msg=f"{NAMES[a]} stopped on the disk fault, exit {code}")
         except Exception:
+            self.late_disk_stops += 1
             self.history.add("note", "n", msg=f"{NAMES[a]} still runs 15 s after the disk fault ({rule})")
         finally:
             self.pair.fault_files[a].write_text("")

@@ -155,6 +155,7 @@ async def _main(
     progress(f"final drain took {taken}; left in the queue: {left}")
     return {
         "unhealed": nemesis.unhealed,
+        "late_disk_stops": nemesis.late_disk_stops,
         "interventions": len(pair.interventions),
         "nemesis_error": repr(nemesis.error) if nemesis.error else None,
         "final_drain": taken,
