@@ -1,0 +1,110 @@
+"""What a replicated primary confirms while its backup has not acknowledged the latest writes:
+nothing that depends on them. The replication link runs through a FaultProxy whose primary-to-
+backup direction is a blackhole, so the primary's last page batch is on its disk only; the
+primary is then killed and the backup takes over without that batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tandem.aio as aio
+from client_io import drain_texts
+from ha_pair import free_port
+from replicated_pair import ReplicatedPair
+from tandem.testing import FaultProxy
+
+pytestmark = pytest.mark.timeout(120)
+
+PAGED = {"paged.#": {"max-size-bytes": 64 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 64 * 1024}}
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Iterator[Any]:
+    """make(**settings) -> (pair, proxy): an uncoordinated pair whose backup reaches its primary through the proxy."""
+    made: list[tuple[ReplicatedPair, FaultProxy]] = []
+
+    def make(**settings: Any) -> tuple[ReplicatedPair, FaultProxy]:
+        link = free_port()
+        p = ReplicatedPair(tmp_path / f"pair{len(made)}", link_port=link, **settings)
+        proxy = FaultProxy(p.ports[0], port=link).start()
+        made.append((p, proxy))
+        return p, proxy
+
+    yield make
+    for p, proxy in made:
+        p.kill_all()
+        proxy.close()
+
+
+async def _fill(url: str, address: str, n: int) -> None:
+    conn = await aio.connect(url)
+    try:
+        prod = (await conn.create_session()).create_producer(address)
+        for i in range(n):
+            await prod.send_async(f"fill{i:05d}" + "r" * 200)
+        await prod.flush()
+    finally:
+        await conn.close()
+
+
+def test_a_duplicate_of_a_paged_send_is_not_confirmed_before_the_backup_has_the_page(linked: Any) -> None:
+    """A paged send's dedup id is journaled only once its page is on both servers (decision 0045);
+    a resend with that id meanwhile is a duplicate, confirmed "once what is stored so far is
+    durable". That must include the backup's acknowledgement of the page: confirmed before it,
+    the primary's death leaves the backup without the message, and the client, told it is
+    stored, never sends it again."""
+    # The backup keeps pinging through the blackhole (its direction flows): the primary would drop it
+    # only by call-timeout, far longer than the test's window.
+    p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
+    p.start_all()
+    url = p.url_of(0)
+    asyncio.run(_fill(url, "paged.d", 1500))  # the address pages; all of it replicated
+    assert p.status(0)["replication"] == "in-sync"
+    proxy.blackhole("down")  # the primary's frames are lost on the way to the backup
+
+    # Neither client fails over: a resend of the original by its own client would hide the loss
+    # (the duplicate's confirmation told its sender, and the other, that it is stored).
+    once = url + "?reconnect_attempts=0"
+
+    async def run() -> bool:
+        a = await aio.connect(once)
+        b = await aio.connect(once)
+        try:
+            prod_a = (await a.create_session()).create_producer("paged.d")
+            original = await prod_a.send_async("original", dedup_id="the-one")
+            assert original is not None
+            await asyncio.sleep(1.0)  # its page batch is on the primary's disk by now
+            assert not original.done(), "confirmed while the backup cannot have it"
+            prod_b = (await b.create_session()).create_producer("paged.d")
+            dup = await prod_b.send_async("duplicate", dedup_id="the-one")
+            assert dup is not None
+            try:
+                await asyncio.wait_for(asyncio.shield(dup), 3.0)
+                dup.result()
+                confirmed = True
+            except TimeoutError:
+                confirmed = False
+            await asyncio.to_thread(p.primary.kill)
+            proxy.reset()  # the backup learns that its link is gone
+            return confirmed
+        finally:
+            for c in (a, b):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(c.close(), 5)
+
+    confirmed = asyncio.run(run())
+    p.wait_state(1, "active", timeout=30)
+    deadline = time.monotonic() + 10
+    texts: list[str] = []
+    while time.monotonic() < deadline and len(texts) < 1500:
+        texts += asyncio.run(drain_texts(p.url_of(1), "paged.d", wait=1.0))
+    assert len([t for t in texts if t.startswith("fill")]) == 1500
+    if confirmed:
+        assert "original" in texts, "a send confirmed (as a duplicate) is missing on the backup that took over"
