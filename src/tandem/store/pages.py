@@ -157,6 +157,7 @@ class PageFiles:
         self._fds: dict[str, int] = {}
         self._halted = False
         self._batch_done: asyncio.Event | None = None
+        self._position = 0  # the stream position of the last batch written (a replicating primary's)
 
     # ------------------------------------------------------------ start-up
     def listing(self) -> dict[int, list[int]]:
@@ -278,14 +279,22 @@ class PageFiles:
     def after_durable(self, cb: Callable[[], None]) -> None:
         """Run `cb` once every page write made so far is synced (and replicated)."""
         b = self._pending or self._inflight
-        if b is None:
-            cb()
-        else:
+        if b is not None:
             b.callbacks.append(cb)
+        elif self.tap is not None and self._position:
+            self.tap.after_acked(self._position, cb)  # on disk here; the backup may not have it yet
+        else:
+            cb()
 
     @property
     def idle(self) -> bool:
         return self._pending is None and self._inflight is None
+
+    @property
+    def settled(self) -> bool:
+        """Idle, and (a replicating primary) nothing written that a backup may still lack: no
+        batch has gone to one since the writer started. False is only a hint to ask `after_durable`."""
+        return self._pending is None and self._inflight is None and not self._position
 
     def _batch(self) -> _Batch:
         b = self._pending
@@ -378,6 +387,8 @@ class PageFiles:
                 self._durable[name] = end
         for old, _new in b.renames:
             renamed.pop(old, None)
+        if b.position:
+            self._position = b.position
         if b.callbacks:
             if b.position and self.tap is not None:
                 self.tap.after_acked(b.position, partial_run(b.callbacks))
