@@ -108,3 +108,55 @@ def test_a_duplicate_of_a_paged_send_is_not_confirmed_before_the_backup_has_the_
     assert len([t for t in texts if t.startswith("fill")]) == 1500
     if confirmed:
         assert "original" in texts, "a send confirmed (as a duplicate) is missing on the backup that took over"
+
+
+def test_a_retried_commit_of_a_paged_transaction_is_not_confirmed_before_the_backup_has_the_page(
+    linked: Any,
+) -> None:
+    """A transaction paged at its commit is journaled (PAGE_TX) once its page writes are on both
+    servers; its dedup id is known at once. A retry of that commit from another connection (what
+    a client does to resolve a commit whose answer it lost) is "already committed", confirmed
+    once what is stored so far is durable: that must wait for the backup's acknowledgement of the
+    page, or the backup that takes over at the primary's death lacks the whole transaction."""
+    p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
+    p.start_all()
+    url = p.url_of(0)
+    asyncio.run(_fill(url, "paged.t", 1500))
+    assert p.status(0)["replication"] == "in-sync"
+    proxy.blackhole("down")
+    once = url + "?reconnect_attempts=0"
+
+    async def run() -> bool:
+        a = await aio.connect(once)
+        b = await aio.connect(once)
+        try:
+            sa = await a.create_session(transacted=True)
+            await sa.create_producer("paged.t").send("in-the-tx")
+            first = asyncio.ensure_future(sa.commit(dedup_id="the-tx"))
+            await asyncio.sleep(1.0)  # its page batch is on the primary's disk by now
+            assert not first.done(), "committed while the backup cannot have it"
+            sb = await b.create_session(transacted=True)
+            try:
+                await asyncio.wait_for(sb.commit(dedup_id="the-tx"), 3.0)
+                confirmed = True
+            except TimeoutError:
+                confirmed = False
+            await asyncio.to_thread(p.primary.kill)
+            proxy.reset()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(first, 5)
+            return confirmed
+        finally:
+            for c in (a, b):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(c.close(), 5)
+
+    confirmed = asyncio.run(run())
+    p.wait_state(1, "active", timeout=30)
+    deadline = time.monotonic() + 10
+    texts: list[str] = []
+    while time.monotonic() < deadline and len(texts) < 1500:
+        texts += asyncio.run(drain_texts(p.url_of(1), "paged.t", wait=1.0))
+    assert len([t for t in texts if t.startswith("fill")]) == 1500
+    if confirmed:
+        assert "in-the-tx" in texts, "a commit confirmed (as already committed) is missing on the backup that took over"
