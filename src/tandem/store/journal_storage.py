@@ -138,6 +138,11 @@ class JournalStorage:
     def journals(self) -> list[Journal]:
         return [self.bindings, self.messages]
 
+    @property
+    def writers(self) -> list[Any]:
+        """The store's writer threads, each with its directory (what a backup's sync lists on them)."""
+        return [self.bindings, self.messages, self.pages]
+
     # ------------------------------------------------------------ lifecycle
     def load(self) -> LoadedState:
         if self._followed is not None:

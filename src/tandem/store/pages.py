@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import crc32c
 import msgspec
@@ -51,6 +52,7 @@ from ..journal.storeio import StoreIO, Tap
 from .records import MessageRecord, RecordType, encoder
 
 log = logging.getLogger("tandem.paging")
+_T = TypeVar("_T")
 
 _NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
 _TX_NAME = re.compile(r"^a\d{1,19}-t\d{1,19}-\d{6}\.page$")
@@ -152,7 +154,7 @@ class PageFiles:
         self._inflight: _Batch | None = None
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Batch | Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._fds: dict[str, int] = {}
         self._halted = False
@@ -206,6 +208,33 @@ class PageFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+    def on_writer(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
+        """Run `fn` on the writer thread between two batches (nothing of this store changes the
+        directory meanwhile: a replicating primary lists it there for a backup's sync, as each
+        journal's writer does); its result, or its error, on the loop."""
+        loop = self._loop
+        assert loop is not None and self._thread is not None
+        fut: asyncio.Future[_T] = loop.create_future()
+
+        def settle(result: _T | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)  # type: ignore[arg-type]
+
+        def job() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        self._jobs.put(job)
+        return fut
 
     def halt(self, err: BaseException) -> None:
         """Write nothing more; what is pending is never confirmed."""
@@ -326,6 +355,12 @@ class PageFiles:
             b = self._jobs.get()
             if b is None:
                 return
+            if not isinstance(b, _Batch):  # `on_writer`: between two batches
+                try:
+                    b()
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    return
+                continue
             if self.failed is None:
                 try:
                     self._write(io, b, faults)
