@@ -1,7 +1,8 @@
 """What a replicated primary confirms while its backup has not acknowledged the latest writes:
-nothing that depends on them. The replication link runs through a FaultProxy whose primary-to-
-backup direction is a blackhole, so the primary's last page batch is on its disk only; the
-primary is then killed and the backup takes over without that batch."""
+nothing that depends on them. In the first tests the replication link runs through a FaultProxy
+whose primary-to-backup direction is a blackhole, so the primary's last page batch is on its disk
+only; the primary is then killed and the backup takes over without that batch. The last one
+joins a backup to a primary under paged transactions: its sync must replay cleanly."""
 
 from __future__ import annotations
 
