@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, IllegalState, TandemError
-from ..journal import Journal
 from ..journal.storeio import Tap
 from ..protocol import native as p
 from .activation_sequence import read_local_sequence
@@ -33,7 +32,7 @@ from .host import ActivationHost
 from .live_check import find_active
 from .node_manager import FAILBACK, LIVE, NOT_STARTED, PAUSED, NodeManager
 from .replica import Outcome, Replica
-from .source import Link, ReplicationSource
+from .source import DirectoryWriter, Link, ReplicationSource
 
 log = logging.getLogger("tandem.ha")
 
@@ -154,7 +153,7 @@ class Activation:
         """Where the store's file operations go besides the disk (a replicating primary's stream)."""
         return None
 
-    def accept_replica(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+    def accept_replica(self, link: Link, pkt: p.ReplicaStart, writers: list[DirectoryWriter], data_dir: Path) -> None:
         raise IllegalState(
             f"replication refused: this server is not a replication primary (ha-policy {self.host.config.ha_policy})"
         )
@@ -607,11 +606,11 @@ class ReplicationActivation(Activation):
     def store_tap(self) -> Tap | None:
         return self.source
 
-    def accept_replica(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+    def accept_replica(self, link: Link, pkt: p.ReplicaStart, writers: list[DirectoryWriter], data_dir: Path) -> None:
         if self.source is None:
-            super().accept_replica(link, pkt, journals, data_dir)
+            super().accept_replica(link, pkt, writers, data_dir)
         else:
-            self.source.accept(link, pkt, journals, data_dir)
+            self.source.accept(link, pkt, writers, data_dir)
 
     def replication(self) -> dict[str, Any]:
         co = _coordination_status(self.coordination)

@@ -44,7 +44,6 @@ from typing import Any, Protocol
 
 from ..config import BrokerConfig
 from ..errors import IllegalState, InvalidArgument, TandemError, Unauthorized
-from ..journal import Journal
 from ..protocol import native as p
 from ..protocol.fileops import COPY, KINDS, FileOp
 
@@ -54,6 +53,16 @@ CHUNK = 1 << 20  # bytes per frame of the initial copy
 QUEUE_LIMIT = 512 << 20  # bytes of operations held for a syncing backup before it is dropped
 CAUGHT_UP = 0.02  # s: a round of catching up this short leaves little for the first gated batch
 CATCH_UP_ROUNDS = 20  # ... or at most this many rounds: the backup keeps up, if slowly
+
+
+class DirectoryWriter(Protocol):
+    """The one thread that changes a store directory (a journal's writer, the page writer): a
+    backup's sync lists the directory on it, between two of its batches."""
+
+    @property
+    def directory(self) -> Path: ...
+
+    def on_writer(self, fn: Callable[[], None]) -> asyncio.Future[None]: ...
 
 
 class Link(Protocol):
@@ -205,20 +214,21 @@ class BackupStream:
             if time.monotonic() - t0 < CAUGHT_UP:
                 return
 
-    async def sync(self, journals: list[Journal], data_dir: Path, timeout: float) -> None:
+    async def sync(self, writers: list[DirectoryWriter], data_dir: Path, timeout: float) -> None:
         """Copy every store file, then stream; done when the backup says it holds it all on disk."""
         try:
-            by_kind = {j.directory.name: j for j in journals}
+            by_kind = {j.directory.name: j for j in writers}
             for kind in KINDS:
                 j = by_kind.get(kind)
                 if j is not None:
+                    # The journals' and the page writer's: listed between two of its batches, never
+                    # between a change it made (a page transaction's file renamed at its commit) and
+                    # its hand-over to the stream (test_replication_confirm_order.py).
                     await asyncio.wait_for(j.on_writer(partial(self._begin, j.directory)), timeout)
                     self._check_open()
                 else:
-                    # No journal writer: `paging/` (the page writer) and `large-messages/`. Their
-                    # StoreIO changes the disk before it emits the operation, so a change the
-                    # listing below misses is emitted after `_begin` added the kind: it is queued
-                    # for this backup (test_paging_failover.py joins a backup under paging load).
+                    # No writer thread: `large-messages/`, changed on the loop only (as this runs),
+                    # each change emitted as it is made.
                     self._begin(data_dir / kind)
             files = self.files
             self.total = sum(f[3] for f in files)
@@ -404,7 +414,7 @@ class ReplicationSource:
             return b.floor
 
     # -------------------------------------------------------------- backups
-    def accept(self, link: Link, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+    def accept(self, link: Link, pkt: p.ReplicaStart, writers: list[DirectoryWriter], data_dir: Path) -> None:
         """A backup asks to replicate: check it, take it on, and start its sync."""
         try:
             check_backup(self.cfg, pkt)
@@ -423,7 +433,7 @@ class ReplicationSource:
         # No bump is under way (refused above): the value includes every earlier drop, none of this link.
         link.send(p.ReplicaAccept(self.node_id, self.cfg.backup_fsync, self.activation_sequence()))
         timeout = self.cfg.initial_replication_sync_timeout / 1000
-        b.task = asyncio.get_running_loop().create_task(b.sync(journals, data_dir, timeout), name="replication-sync")
+        b.task = asyncio.get_running_loop().create_task(b.sync(writers, data_dir, timeout), name="replication-sync")
         log.warning("backup %s (from %s) connected: initial sync", pkt.connector, link.peer)
 
     def drop(self, b: BackupStream, reason: str, tell: bool = True) -> None:

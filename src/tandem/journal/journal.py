@@ -604,6 +604,12 @@ class Journal:
         return not self._pending.writes and self._inflight is None
 
     @property
+    def settled(self) -> bool:
+        """Idle, and (a replicating primary) no batch has gone to a backup: nothing it may lack.
+        False is only a hint to ask `after_durable`, which waits for the backup if it must."""
+        return self.idle and not self._position
+
+    @property
     def pending_bytes(self) -> int:
         self._drain()
         return self._pending.nbytes + (self._inflight.nbytes if self._inflight else 0)

@@ -33,7 +33,8 @@ from ..core.postoffice import PostOffice
 from ..errors import IllegalState, JournalIOError, LockLost, NotActive, TandemError, Unauthorized
 from ..ha.activation import make_activation
 from ..ha.node_manager import FileNodeManager, InMemoryNodeManager, NodeManager, SharedStore
-from ..journal import Journal, JournalSettings
+from ..ha.source import DirectoryWriter
+from ..journal import JournalSettings
 from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
@@ -175,7 +176,7 @@ class Activation(Protocol):
         """Where the store's file operations go besides the disk (a replicating primary's stream)."""
         ...
 
-    def accept_replica(self, link: Any, pkt: p.ReplicaStart, journals: list[Journal], data_dir: Path) -> None:
+    def accept_replica(self, link: Any, pkt: p.ReplicaStart, writers: list[DirectoryWriter], data_dir: Path) -> None:
         """A backup asks to replicate this server's store (raises if it may not)."""
         ...
 
@@ -514,7 +515,7 @@ class Broker:
                 f"server {self.config.name!r} is not active ({self.ha_state}): it has no store to replicate"
             )
         try:
-            self.activation.accept_replica(conn, pkt, storage.journals, storage.data_dir)
+            self.activation.accept_replica(conn, pkt, storage.writers, storage.data_dir)
         except Unauthorized:  # a wrong cluster pair: counted as a failed login (the link closes)
             self.authenticator.refused(pkt.user, conn.peer, "native (replication)")
             audit.audit("replica.start", conn.subject, conn.peer, None, False, login=pkt.user)

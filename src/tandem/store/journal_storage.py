@@ -138,6 +138,11 @@ class JournalStorage:
     def journals(self) -> list[Journal]:
         return [self.bindings, self.messages]
 
+    @property
+    def writers(self) -> list[Any]:
+        """The store's writer threads, each with its directory (what a backup's sync lists on them)."""
+        return [self.bindings, self.messages, self.pages]
+
     # ------------------------------------------------------------ lifecycle
     def load(self) -> LoadedState:
         if self._followed is not None:
@@ -678,14 +683,21 @@ class JournalStorage:
         A message routed to a queue it auto-created depends on the bindings record: confirmed
         before that record is durable, a crash would reload the message without its queue (and
         drop it as an orphan). The bindings journal is idle nearly always; then this is the
-        message journal's own wait."""
-        if not self.pages.idle:  # a paged message, or its dedup record that follows the page
+        message journal's own wait.
+
+        On a replicating primary "on disk" includes the backup's acknowledgement, also of what is
+        written already here: an idle store may still have its last batch on its way to the
+        backup (a paged send whose dedup id the original's page write has not journaled yet: a
+        resend answered as a duplicate before the backup has that page would be lost at a
+        takeover). `settled` says when nothing can be; otherwise each store's `after_durable`
+        waits for its last position (at once when the backup has it)."""
+        if not self.pages.settled:  # a paged message, or its dedup record that follows the page
             self.pages.after_durable(partial(self._after_journals, cb))
         else:
             self._after_journals(cb)
 
     def _after_journals(self, cb: Callable[[], None]) -> None:
-        if self.bindings.idle:
+        if self.bindings.settled:
             self.messages.after_durable(cb)
         else:
             self.bindings.after_durable(partial(self.messages.after_durable, cb))

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import crc32c
 import msgspec
@@ -51,6 +52,7 @@ from ..journal.storeio import StoreIO, Tap
 from .records import MessageRecord, RecordType, encoder
 
 log = logging.getLogger("tandem.paging")
+_T = TypeVar("_T")
 
 _NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
 _TX_NAME = re.compile(r"^a\d{1,19}-t\d{1,19}-\d{6}\.page$")
@@ -152,11 +154,12 @@ class PageFiles:
         self._inflight: _Batch | None = None
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Batch | Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._fds: dict[str, int] = {}
         self._halted = False
         self._batch_done: asyncio.Event | None = None
+        self._position = 0  # the stream position of the last batch written (a replicating primary's)
 
     # ------------------------------------------------------------ start-up
     def listing(self) -> dict[int, list[int]]:
@@ -205,6 +208,33 @@ class PageFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+    def on_writer(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
+        """Run `fn` on the writer thread between two batches (nothing of this store changes the
+        directory meanwhile: a replicating primary lists it there for a backup's sync, as each
+        journal's writer does); its result, or its error, on the loop."""
+        loop = self._loop
+        assert loop is not None and self._thread is not None
+        fut: asyncio.Future[_T] = loop.create_future()
+
+        def settle(result: _T | None, exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)  # type: ignore[arg-type]
+
+        def job() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        self._jobs.put(job)
+        return fut
 
     def halt(self, err: BaseException) -> None:
         """Write nothing more; what is pending is never confirmed."""
@@ -278,14 +308,22 @@ class PageFiles:
     def after_durable(self, cb: Callable[[], None]) -> None:
         """Run `cb` once every page write made so far is synced (and replicated)."""
         b = self._pending or self._inflight
-        if b is None:
-            cb()
-        else:
+        if b is not None:
             b.callbacks.append(cb)
+        elif self.tap is not None and self._position:
+            self.tap.after_acked(self._position, cb)  # on disk here; the backup may not have it yet
+        else:
+            cb()
 
     @property
     def idle(self) -> bool:
         return self._pending is None and self._inflight is None
+
+    @property
+    def settled(self) -> bool:
+        """Idle, and (a replicating primary) nothing written that a backup may still lack: no
+        batch has gone to one since the writer started. False is only a hint to ask `after_durable`."""
+        return self._pending is None and self._inflight is None and not self._position
 
     def _batch(self) -> _Batch:
         b = self._pending
@@ -317,6 +355,12 @@ class PageFiles:
             b = self._jobs.get()
             if b is None:
                 return
+            if not isinstance(b, _Batch):  # `on_writer`: between two batches
+                try:
+                    b()
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    return
+                continue
             if self.failed is None:
                 try:
                     self._write(io, b, faults)
@@ -378,6 +422,8 @@ class PageFiles:
                 self._durable[name] = end
         for old, _new in b.renames:
             renamed.pop(old, None)
+        if b.position:
+            self._position = b.position
         if b.callbacks:
             if b.position and self.tap is not None:
                 self.tap.after_acked(b.position, partial_run(b.callbacks))
