@@ -56,6 +56,17 @@ async def _fill(url: str, address: str, n: int) -> None:
         await conn.close()
 
 
+def _on_the_backup_after_takeover(p: ReplicatedPair, address: str) -> list[str]:
+    """What the backup serves once it took over: the 1,500 fills whole, and whatever else it has."""
+    p.wait_state(1, "active", timeout=30)
+    deadline = time.monotonic() + 10
+    texts: list[str] = []
+    while time.monotonic() < deadline and len(texts) < 1500:
+        texts += asyncio.run(drain_texts(p.url_of(1), address, wait=1.0))
+    assert len([t for t in texts if t.startswith("fill")]) == 1500
+    return texts
+
+
 def test_a_duplicate_of_a_paged_send_is_not_confirmed_before_the_backup_has_the_page(linked: Any) -> None:
     """A paged send's dedup id is journaled only once its page is on both servers (decision 0045);
     a resend with that id meanwhile is a duplicate, confirmed "once what is stored so far is
@@ -102,12 +113,7 @@ def test_a_duplicate_of_a_paged_send_is_not_confirmed_before_the_backup_has_the_
                     await asyncio.wait_for(c.close(), 5)
 
     confirmed = asyncio.run(run())
-    p.wait_state(1, "active", timeout=30)
-    deadline = time.monotonic() + 10
-    texts: list[str] = []
-    while time.monotonic() < deadline and len(texts) < 1500:
-        texts += asyncio.run(drain_texts(p.url_of(1), "paged.d", wait=1.0))
-    assert len([t for t in texts if t.startswith("fill")]) == 1500
+    texts = _on_the_backup_after_takeover(p, "paged.d")
     if confirmed:
         assert "original" in texts, "a send confirmed (as a duplicate) is missing on the backup that took over"
 
@@ -154,12 +160,7 @@ def test_a_retried_commit_of_a_paged_transaction_is_not_confirmed_before_the_bac
                     await asyncio.wait_for(c.close(), 5)
 
     confirmed = asyncio.run(run())
-    p.wait_state(1, "active", timeout=30)
-    deadline = time.monotonic() + 10
-    texts: list[str] = []
-    while time.monotonic() < deadline and len(texts) < 1500:
-        texts += asyncio.run(drain_texts(p.url_of(1), "paged.t", wait=1.0))
-    assert len([t for t in texts if t.startswith("fill")]) == 1500
+    texts = _on_the_backup_after_takeover(p, "paged.t")
     if confirmed:
         assert "in-the-tx" in texts, "a commit confirmed (as already committed) is missing on the backup that took over"
 

@@ -30,7 +30,7 @@ from . import records as rec
 from .faults import Faults
 from .histogram import JournalMetrics
 from .storeio import StoreIO, Tap
-from .writer import Batch, Writer
+from .writer import Batch, Writer, loop_job
 
 log = logging.getLogger("tandem.journal")
 _T = TypeVar("_T")
@@ -451,24 +451,7 @@ class Journal:
         changes its directory meanwhile); its result, or its error, on the loop."""
         loop = self._loop
         assert loop is not None and self._writer is not None
-        fut: asyncio.Future[_T] = loop.create_future()
-
-        def settle(result: _T | None, exc: BaseException | None) -> None:
-            if fut.done():
-                return
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)  # type: ignore[arg-type]
-
-        def job() -> None:
-            try:
-                result = fn()
-            except Exception as exc:
-                loop.call_soon_threadsafe(settle, None, exc)
-            else:
-                loop.call_soon_threadsafe(settle, result, None)
-
+        fut, job = loop_job(loop, fn)
         self._writer.submit(job)
         return fut
 

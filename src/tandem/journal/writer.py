@@ -6,6 +6,7 @@ loop; this thread only performs them in order, so ordering is trivial.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from . import files as jf
 from .faults import Faults
@@ -40,6 +42,31 @@ class Batch:
 
 
 Job = Batch | Callable[[], None] | None
+_T = TypeVar("_T")
+
+
+def loop_job(loop: asyncio.AbstractEventLoop, fn: Callable[[], _T]) -> tuple[asyncio.Future[_T], Callable[[], None]]:
+    """`fn` made a job for a writer thread, and the future on `loop` that gets its result or
+    its error (a store's `on_writer`: work done between two of its batches)."""
+    fut: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    def job() -> None:
+        try:
+            result = fn()
+        except Exception as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    return fut, job
 
 
 class Writer:

@@ -49,6 +49,7 @@ from ..journal import records as rec
 from ..journal.faults import Faults
 from ..journal.records import _CRC_FROM
 from ..journal.storeio import StoreIO, Tap
+from ..journal.writer import loop_job
 from .records import MessageRecord, RecordType, encoder
 
 log = logging.getLogger("tandem.paging")
@@ -215,24 +216,7 @@ class PageFiles:
         journal's writer does); its result, or its error, on the loop."""
         loop = self._loop
         assert loop is not None and self._thread is not None
-        fut: asyncio.Future[_T] = loop.create_future()
-
-        def settle(result: _T | None, exc: BaseException | None) -> None:
-            if fut.done():
-                return
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(result)  # type: ignore[arg-type]
-
-        def job() -> None:
-            try:
-                result = fn()
-            except Exception as exc:
-                loop.call_soon_threadsafe(settle, None, exc)
-            else:
-                loop.call_soon_threadsafe(settle, result, None)
-
+        fut, job = loop_job(loop, fn)
         self._jobs.put(job)
         return fut
 
