@@ -9,29 +9,21 @@ tick is 500 ms), so expiries take seconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 
+from lock_holder import SESSION_MS
 from tandem.errors import IllegalState
 from tandem.ha.coordinator import AsyncCoordinator, Coordinator, SessionLost, StaleActivation
 from zookeeper import ZooKeeperServer
-
-SESSION_MS = 2000
-TESTS = Path(__file__).resolve().parents[1]
-SRC = TESTS.parent / "src"
 
 
 @pytest.fixture
@@ -51,100 +43,6 @@ def coordinators(zookeeper: ZooKeeperServer) -> Iterator[Any]:
     yield make
     for c in made:
         c.close()
-
-
-class Holder:
-    """tests/coordinator_holder.py in a child process: holds a live lock until killed."""
-
-    def __init__(self, hosts: str, node_id: str, stderr: Path) -> None:
-        env = dict(os.environ, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.stderr = stderr
-        with stderr.open("w") as err:  # the child keeps its own copy
-            self.proc = self._start(hosts, node_id, env, err)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    @staticmethod
-    def _start(hosts: str, node_id: str, env: dict[str, str], err: Any) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, str(TESTS / "coordinator_holder.py"), hosts, node_id, str(SESSION_MS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-        )
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with contextlib.suppress(ValueError, OSError):  # closed by kill()
-            for line in self.proc.stdout:
-                self.lines.put(line.strip())
-
-    def expect(self, prefix: str | tuple[str, ...], timeout: float = 20.0) -> str:
-        """The next line starting with `prefix` (other lines are skipped), within `timeout` seconds."""
-        seen: list[str] = []
-        deadline = threading.Event()
-        timer = threading.Timer(timeout, deadline.set)
-        timer.start()
-        try:
-            while not deadline.is_set():
-                try:
-                    line = self.lines.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                if line.startswith(prefix):
-                    return line
-                seen.append(line)
-        finally:
-            timer.cancel()
-        alive = "running" if self.proc.poll() is None else f"exited {self.proc.returncode}"
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGUSR1)  # its threads' stacks, into its stderr
-            time.sleep(0.5)
-        pytest.fail(
-            f"no line starting with {prefix!r} within {timeout} s; got {seen}; holder {alive}, "
-            f"its stderr ends: {self.stderr.read_text()[-3000:]}"
-        )
-
-    def expect_each(self, prefixes: tuple[str, ...], timeout: float = 20.0) -> dict[str, str]:
-        """A line starting with each prefix, in whatever order they come, within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        found: dict[str, str] = {}
-        while len(found) < len(prefixes):
-            want = [x for x in prefixes if x not in found]
-            line = self.expect(tuple(want), max(0.1, deadline - time.monotonic()))
-            found[next(x for x in want if line.startswith(x))] = line
-        return found
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-
-
-@pytest.fixture
-def holders(zookeeper: ZooKeeperServer, tmp_path: Path) -> Iterator[Any]:
-    made: list[Holder] = []
-
-    def make(node_id: str = "node-1") -> Holder:
-        h = Holder(zookeeper.hosts, node_id, tmp_path / f"holder{len(made)}.err")
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.kill()
 
 
 def holders_when(c: Coordinator, count: int, timeout: float = 10.0) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import tandem.aio as aio
-from client_io import Load
+from client_io import Load, drain_texts, send_confirmed
 from ha_pair import free_port
 from replicated_pair import ReplicatedPair
 from tandem.ha.activation_sequence import read_local_sequence
@@ -197,3 +197,26 @@ def test_an_in_sync_backup_whose_takeover_zookeeper_refused_takes_over_once_zook
     got = asyncio.run(_drain(p.url_of(1), "q"))
     missing = set(load.confirmed) - got
     assert not missing, f"confirmed messages missing: {sorted(missing)[:10]} ({len(missing)})"
+
+
+def test_a_primary_refused_the_live_lock_at_start_waits_as_a_backup_then_serves_once_it_is_free(
+    pair: Any, holders: Any
+) -> None:
+    """Chaos seed 1127207: a primary restarted while its backup was taking the node over found no
+    active server, then lost the race for the live lock, and exited (status 1). It must wait as a
+    backup instead. Here another process holds the lock: the primary starts and does not serve;
+    once the holder is gone, its copy (current: nobody claimed a newer one) serves every message."""
+    p = pair()
+    p.primary.start()
+    p.wait_state(0, "active")
+    node_id = p.status(0)["node_id"]
+    sent = asyncio.run(send_confirmed(p.url_of(0), "held", "m", 50))
+    p.primary.kill()
+    holder = holders(node_id)
+    holder.expect("locked")
+    p.primary.start(timeout=60)  # waits out the lock (2 sessions and a connect): it used to exit here
+    p.never_active(0, 1.0)
+    assert "another server holds the live lock" in p.primary.log_text()
+    holder.kill()
+    p.wait_state(0, "active", timeout=40)
+    assert sorted(asyncio.run(drain_texts(p.url_of(0), "held"))) == sorted(sent)

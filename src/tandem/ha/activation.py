@@ -402,6 +402,7 @@ class ReplicationActivation(Activation):
         self.source: ReplicationSource | None = None  # while serving
         self.following = True  # (False once serving)
         self.failback_from: str | None = None  # the backup that asked for the node back
+        self.current = False  # the next _follow starts with a copy the coordinator has not called stale
         self._session: asyncio.Task[Any] | None = None
         self._bumping: asyncio.Task[None] | None = None
 
@@ -442,10 +443,11 @@ class ReplicationActivation(Activation):
         cfg = host.config
         urls = [cfg.connector_url(n) for n in cfg.static_connectors]
         host.report("waiting")
-        # This copy was in sync when its active server went and no coordinator has called it stale:
-        # while nobody serves, it tries again to activate (the coordinator decides), rather than
-        # wait for ever for a server to follow (a ZooKeeper outage outlasting a takeover attempt).
-        current = False
+        # This copy was in sync when its active server went (or is a primary's own, refused the live
+        # lock at start) and no coordinator has called it stale: while nobody serves, it tries again
+        # to activate (the coordinator decides), rather than wait for ever for a server to follow
+        # (a ZooKeeper outage outlasting a takeover attempt, a lock holder that died).
+        current, self.current = self.current, False
         while True:
             outcome = Outcome.RETRY
             why = "no primary"
@@ -662,13 +664,24 @@ class ReplicationPrimaryActivation(ReplicationActivation):
                 "while this server was down, both now serve it, this one with its stale data (see docs/ha.md)"
             )
         if co is not None:
+            current = True
             try:
                 why = await co.activate(self.nm.node_id)
             except StaleActivation as exc:
-                why = exc.message
+                why, current = exc.message, False
             if why is not None:
-                co.close()
-                raise IllegalState(f"not activating: {why}")
+                if not cfg.check_for_live_server:
+                    co.close()
+                    raise IllegalState(f"not activating: {why}")
+                # Its backup may be taking the node over at this moment (it holds the live lock, and
+                # was not active yet when we looked): wait as a backup, as Artemis's primary does.
+                log.warning(
+                    "not activating: %s; waiting for an active server to follow%s",
+                    why,
+                    " or for the live lock" if current else "",
+                )
+                self.current = current
+                return  # run() follows
         await self._serve()
 
     def _asks_failback(self) -> bool:
