@@ -24,6 +24,7 @@ class ReplicatedPair(Cluster):
         coordinator_toml: str = "",  # more lines of [ha.coordinator]
         server_toml: tuple[str, str] = ("", ""),  # top-level lines for the primary, the backup
         link_port: int | None = None,  # the backup reaches its primary here (a FaultProxy in front of it)
+        return_link_port: int | None = None,  # the primary reaches its backup here (when it follows it)
         stomp: bool = False,  # a STOMP acceptor on each server too (stomp_ports)
         primary_zookeeper: str | None = None,  # the primary's ZooKeeper address, if not `zookeeper` (a proxy)
         backup_zookeeper: str | None = None,  # the backup's, likewise
@@ -60,7 +61,7 @@ class ReplicatedPair(Cluster):
                     if stomp
                     else ""
                 )
-                + connectors(self.ports if i == 0 or link_port is None else [link_port, self.ports[1]])
+                + connectors(self._links(i, link_port, return_link_port))
             )
             if zookeeper:
                 zk = (primary_zookeeper, backup_zookeeper)[i] or zookeeper
@@ -68,6 +69,14 @@ class ReplicatedPair(Cluster):
                 extra += coordinator_toml
 
             self.servers.append(BrokerProcess(root / name, name=name, extra_toml=extra, **settings))
+
+    def _links(self, i: int, link_port: int | None, return_link_port: int | None) -> list[int]:
+        """The ports server i's connectors name: the other server's through its proxy, if any."""
+        ports = list(self.ports)
+        other = link_port if i == 1 else return_link_port
+        if other is not None:
+            ports[1 - i] = other
+        return ports
 
     def start_all(self) -> ReplicatedPair:
         self.primary.start()

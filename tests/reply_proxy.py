@@ -7,6 +7,9 @@ COMMIT(s) the client sends: the broker did the commit, the client never hears of
 moment, on the proxy's thread (a test kills the broker there). The client's connection stays open
 while the broker's does (its commit call times out) and ends when the broker's ends (the client
 sees it fail). The proxy runs on its own thread, so blocking and asyncio clients use it alike.
+
+`silent_after` makes filters for a plain FaultProxy that let one frame through and then silence
+its connection (a link that dies at a chosen moment of a conversation).
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ import msgspec
 
 from tandem.protocol import native as p
 from tandem.testing import FaultProxy
-from tandem.testing.proxy import Filter
+from tandem.testing.proxy import Filter, Filters
 
 _LENGTH = struct.Struct("<I")
 _client_packet = msgspec.msgpack.Decoder(p.ClientPacket).decode
 _server_packet = msgspec.msgpack.Decoder(p.ServerPacket).decode
 
 
-def _frames(buf: bytearray) -> list[bytes]:
+def frames(buf: bytearray) -> list[bytes]:
     """The complete frames at the head of `buf`, taken out of it."""
     out = []
     while len(buf) >= 4:
@@ -36,6 +39,42 @@ def _frames(buf: bytearray) -> list[bytes]:
         out.append(bytes(buf[: 4 + n]))
         del buf[: 4 + n]
     return out
+
+
+def silent_after(frame: bytes, tripped: threading.Event, on_trip: Callable[[], None] | None = None) -> Filters:
+    """Filters under which the first connection to send `frame` up (a whole frame, length
+    included) passes it, then passes nothing more either way; `tripped` is set at that moment,
+    after `on_trip` has run (on the proxy's thread, before the frame goes on: a test kills the
+    sender there). The sockets stay open (a blackhole); later connections pass everything."""
+
+    def filters() -> tuple[Filter, Filter]:
+        ups = bytearray()
+        magic_left = len(p.MAGIC)
+        silent = False
+
+        def up(data: bytes) -> bytes:
+            nonlocal magic_left, silent
+            if silent:
+                return b""
+            out = bytearray(data[:magic_left])
+            ups.extend(data[magic_left:])
+            magic_left -= len(out)
+            for f in frames(ups):
+                out += f
+                if f == frame and not tripped.is_set():
+                    silent = True
+                    if on_trip is not None:
+                        on_trip()
+                    tripped.set()
+                    break
+            return bytes(out)
+
+        def down(data: bytes) -> bytes:
+            return b"" if silent else data
+
+        return up, down
+
+    return filters
 
 
 class CommitReplyDropper:
@@ -83,7 +122,7 @@ class CommitReplyDropper:
             out = bytearray(data[:magic_left])
             ups.extend(data[magic_left:])
             magic_left -= len(out)
-            for frame in _frames(ups):
+            for frame in frames(ups):
                 pkt = _client_packet(frame[4:])
                 if type(pkt) is p.Commit:
                     self.commits_seen += 1
@@ -99,7 +138,7 @@ class CommitReplyDropper:
         def down(data: bytes) -> bytes:  # broker -> client
             downs.extend(data)
             out = bytearray()
-            for frame in _frames(downs):
+            for frame in frames(downs):
                 pkt = _server_packet(frame[4:])
                 if type(pkt) in (p.Response, p.Exception_) and (pkt.channel, pkt.cmd) in commits:  # type: ignore[union-attr]
                     self.drops -= 1

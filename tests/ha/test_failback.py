@@ -6,14 +6,20 @@ old backup (restart-backup) becomes its backup again."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from client_io import drain_texts, exactly_once_across_a_kill, send_confirmed
+from client_io import Load, drain_texts, exactly_once_across_a_kill, send_confirmed
+from ha_pair import free_port
 from replicated_pair import ReplicatedPair, admin_status, status_row
+from reply_proxy import silent_after
+from tandem.protocol import native as wire
+from tandem.testing import FaultProxy
 from zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -180,5 +186,82 @@ def test_a_coordinated_failback_cycle(tmp_path: Path, zookeeper: ZooKeeperServer
         assert p.status(1)["activation_sequence"] == st["activation_sequence"]  # copied once in sync
         assert st["coordinator"] == "live lock held"
         assert sorted(asyncio.run(drain_texts(p.url_of(0), "zk"))) == sorted(before + while_down)
+    finally:
+        p.kill_all()
+
+
+def _failback_request() -> bytes:
+    return bytes(wire.encode(wire.ReplicaFailback()))
+
+
+@pytest.mark.timeout(150)
+def test_a_link_silent_from_the_failback_request_on_loses_nothing_confirmed(
+    tmp_path: Path, zookeeper: ZooKeeperServer
+) -> None:
+    """The returning primary's link goes silent just after it asks for its node back, while the
+    active server takes writes: that server steps down at once (every write it confirmed, the
+    primary has acknowledged), the primary takes over when the link closes, and every confirmed
+    message is there once."""
+    link = free_port()
+    tripped = threading.Event()
+    p = ReplicatedPair(tmp_path / "pair", zookeeper=zookeeper.hosts, return_link_port=link)
+    proxy = FaultProxy(p.ports[1], port=link, filters=silent_after(_failback_request(), tripped))
+    load = Load()
+    try:
+        p.start_all()
+        before = asyncio.run(send_confirmed(p.url_of(0), "fd", "a", 100))
+        p.primary.kill()
+        p.wait_state(1, "active", timeout=30)
+        loader = threading.Thread(target=asyncio.run, args=(load.run(p.url_of(1), "fd"),), daemon=True)
+        loader.start()
+        asyncio.run(load.until(500))
+        with proxy:
+            p.primary.start()
+            assert tripped.wait(30), "the primary never asked for its node back"
+            p.wait_state(0, "active", timeout=60)
+            p.wait_in_sync()
+        load.stop.set()
+        loader.join(30)
+        got = Counter(asyncio.run(drain_texts(p.url_of(0), "fd")))
+        missing = [m for m in [*before, *load.confirmed] if got[m] == 0]
+        assert not missing, f"{len(missing)} confirmed messages lost, e.g. {missing[:5]}"
+        assert all(got[m] == 1 for m in load.confirmed), "a confirmed message was delivered twice"
+    finally:
+        load.stop.set()
+        p.kill_all()
+
+
+@pytest.mark.timeout(150)
+def test_a_primary_killed_as_it_asks_for_its_node_back_leaves_the_active_server_serving(
+    tmp_path: Path, zookeeper: ZooKeeperServer
+) -> None:
+    """The returning primary dies the moment it asks for its node back. The active server sees
+    the request and the lost link together; dropping its backup, it claims a new activation
+    sequence (the dead primary's copy is stale from then on). It must serve on, not step down
+    for a primary that will never take over (nobody would serve the node: the old primary,
+    restarted, may not activate). Restarted, the primary syncs again and fails back."""
+    link = free_port()
+    tripped = threading.Event()
+    p = ReplicatedPair(tmp_path / "pair", zookeeper=zookeeper.hosts, return_link_port=link)
+    proxy = FaultProxy(p.ports[1], port=link, filters=silent_after(_failback_request(), tripped, p.primary.kill))
+    try:
+        p.start_all()
+        before = asyncio.run(send_confirmed(p.url_of(0), "fk", "a", 100))
+        p.primary.kill()
+        p.wait_state(1, "active", timeout=30)
+        while_down = asyncio.run(send_confirmed(p.url_of(1), "fk", "b", 100))
+        with proxy:
+            p.primary.start()
+            assert tripped.wait(30), "the primary never asked for its node back"
+            time.sleep(0.5)  # the server has the request and the closed link
+            p.wait_state(1, "active", timeout=20)
+            later = asyncio.run(send_confirmed(p.url_of(1), "fk", "c", 100))  # it serves
+            log = p.backup.log_text()
+            assert "is gone before this server stepped down" in log or "went while this server stopped" in log, log
+            p.primary.start(timeout=60)
+            p.wait_state(0, "active", timeout=60)
+            p.wait_in_sync()
+        got = Counter(asyncio.run(drain_texts(p.url_of(0), "fk")))
+        assert sorted(got) == sorted(before + while_down + later) and set(got.values()) == {1}
     finally:
         p.kill_all()

@@ -424,7 +424,8 @@ class ReplicationActivation(Activation):
                 await self._serve()
             if not await self._serving():
                 return  # the lock is lost: the broker stops
-            await self._step_down()
+            if not await self._step_down():
+                continue  # the backup that asked is gone: serving on
             if not self.restart_backup:
                 log.warning("handed the node over; restart-backup = false: stopping")
                 await host.stop(leave_state=False)
@@ -572,22 +573,40 @@ class ReplicationActivation(Activation):
         elif self.failback_from is None:
             self.failback_from = connector
 
-    async def _step_down(self) -> None:
+    async def _step_down(self) -> bool:
         """Hand the node to the backup that asked, as a clean stop does: no client served any more,
-        every batch streamed and acknowledged, then REPLICA_STOP(failover) tells it to take over."""
-        log.warning("failback: stepping down for %s, which takes the node over", self.failback_from)
+        every batch streamed, then REPLICA_STOP(failover) tells it to take over. False, and serving
+        on, if that backup is no longer in sync when it would be told: dropped, it may never
+        activate (its copy is stale once this server has claimed a new activation sequence), and
+        stepping down for it would leave the node to nobody."""
+        asker, self.failback_from = self.failback_from, None
+        if not self._hands_over_to(asker):
+            log.warning("failback: backup %s is gone before this server stepped down: serving on", asker)
+            return False
+        log.warning("failback: stepping down for %s, which takes the node over", asker)
         await self.host.stop_live()
-        co, source = self.coordination, self.source
+        source = self.source
+        if not self._hands_over_to(asker):
+            log.warning("failback: backup %s went while this server stopped: serving again", asker)
+            await self.host.start_live()
+            return False
+        # From here to source.close no await: the backup cannot be dropped (and a new activation
+        # sequence claimed) between the check and the hand-over.
+        self.source = None
+        assert source is not None
+        source.close(failover=True)
+        if self._bumping is not None:
+            self._bumping.cancel()
+        co = self.coordination
         if co is not None:
             await asyncio.to_thread(co.close)  # the live lock goes now: the backup claims it
             self.coordination = _coordination(self.host)
             self._session = None
-        if self._bumping is not None:
-            self._bumping.cancel()
-        self.source = None
-        if source is not None:
-            source.close(failover=True)
         self.host.report("waiting")
+        return True
+
+    def _hands_over_to(self, connector: str | None) -> bool:
+        return connector is not None and self.source is not None and self.source.in_sync_with(connector)
 
     def _alone(self) -> None:
         if self._bumping is None or self._bumping.done():

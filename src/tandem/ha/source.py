@@ -470,6 +470,11 @@ class ReplicationSource:
         elif self.on_failback is not None:
             self.on_failback(b.connector)
 
+    def in_sync_with(self, connector: str) -> bool:
+        """True while the backup at `connector` is attached and in sync (may take the node over)."""
+        b = self.backup
+        return b is not None and not b.closed and b.synced and b.connector == connector
+
     def release(self) -> None:
         """The coordinator recorded that this primary carries on alone: confirm what waited."""
         with self._lock:
