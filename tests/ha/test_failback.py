@@ -6,6 +6,7 @@ old backup (restart-backup) becomes its backup again."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from client_io import Load, drain_texts, exactly_once_across_a_kill, send_confir
 from ha_pair import free_port
 from replicated_pair import ReplicatedPair, admin_status, status_row
 from reply_proxy import silent_after
+from tandem.journal.faults import ENV_FILE
 from tandem.protocol import native as wire
 from tandem.testing import FaultProxy
 from zookeeper import ZooKeeperServer
@@ -265,3 +267,58 @@ def test_a_primary_killed_as_it_asks_for_its_node_back_leaves_the_active_server_
         assert sorted(got) == sorted(before + while_down + later) and set(got.values()) == {1}
     finally:
         p.kill_all()
+
+
+@pytest.mark.timeout(150)
+def test_a_primary_dropped_while_the_server_steps_down_for_it_leaves_that_server_serving_again(
+    tmp_path: Path, zookeeper: ZooKeeperServer
+) -> None:
+    """The active server, asked for failback under load, stops serving; its last sync is slow
+    (the journal's fault seam delays it 3 s) and meanwhile the returning primary's link is silent,
+    so the server drops it (call-timeout) and claims a new activation sequence. Once stopped, it
+    finds no backup in sync to hand over to: it loads its store again and serves, rather than
+    leave the node to a primary whose copy is stale. The primary syncs again and fails back."""
+    link = free_port()
+    tripped = threading.Event()
+    rules = tmp_path / "backup.faults"
+    rules.write_text("")
+    p = ReplicatedPair(
+        tmp_path / "pair", zookeeper=zookeeper.hosts, return_link_port=link, server_toml=("", "call-timeout = 1000\n")
+    )
+    p.backup.env[ENV_FILE] = str(rules)
+    slow_sync = functools.partial(rules.write_text, "tandem-data:sync=delay3")
+    proxy = FaultProxy(p.ports[1], port=link, filters=silent_after(_failback_request(), tripped, slow_sync))
+    load = Load()
+    try:
+        p.start_all()
+        p.primary.kill()
+        p.wait_state(1, "active", timeout=30)
+        loader = threading.Thread(target=asyncio.run, args=(load.run(p.url_of(1), "fs"),), daemon=True)
+        loader.start()
+        asyncio.run(load.until(500))
+        with proxy:
+            p.primary.start()
+            assert tripped.wait(30), "the primary never asked for its node back"
+            _wait_for_line(p.backup, "dropped (", 20)
+            rules.write_text("")  # the new journal syncs as usual
+            _wait_for_line(p.backup, "went while this server stopped: serving again", 20)
+            p.wait_state(1, "active", timeout=20)
+            load.stop.set()
+            loader.join(30)
+            later = asyncio.run(send_confirmed(p.url_of(1), "fs", "c", 100))  # it serves
+            p.wait_state(0, "active", timeout=60)  # the second failback, over a new link
+            p.wait_in_sync()
+        got = Counter(asyncio.run(drain_texts(p.url_of(0), "fs")))
+        missing = [m for m in [*load.confirmed, *later] if got[m] == 0]
+        assert not missing, f"{len(missing)} confirmed messages lost, e.g. {missing[:5]}"
+        assert all(got[m] == 1 for m in [*load.confirmed, *later]), "a confirmed message was delivered twice"
+    finally:
+        load.stop.set()
+        p.kill_all()
+
+
+def _wait_for_line(server: Any, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in server.log_text():
+        assert time.monotonic() < deadline, f"no {text!r} in the log within {timeout} s:\n{server.log_text()[-4000:]}"
+        time.sleep(0.05)
