@@ -165,6 +165,43 @@ def test_a_retried_commit_of_a_paged_transaction_is_not_confirmed_before_the_bac
         assert "in-the-tx" in texts, "a commit confirmed (as already committed) is missing on the backup that took over"
 
 
+def test_a_primary_stopping_while_a_paged_commit_waits_for_its_backup_confirms_nothing_more(linked: Any) -> None:
+    """A clean stop (SIGTERM) closes the store, then hands the node over. A paged transaction
+    whose commit still waited for the backup's acknowledgement of its page must not go on against
+    the closed store (it did: `replication callback failed`, a JournalError, in the log; chaos
+    seed 1127302), nor be confirmed: the backup that takes over never had its page."""
+    p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
+    p.start_all()
+    url = p.url_of(0)
+    asyncio.run(_fill(url, "paged.s", 1500))
+    assert p.status(0)["replication"] == "in-sync"
+    proxy.blackhole("down")
+
+    async def run() -> bool:
+        a = await aio.connect(url + "?reconnect_attempts=0")
+        try:
+            sa = await a.create_session(transacted=True)
+            await sa.create_producer("paged.s").send("in-the-tx")
+            first = asyncio.ensure_future(sa.commit())
+            await asyncio.sleep(1.0)  # its page batch is on the primary's disk by now
+            assert not first.done(), "committed while the backup cannot have it"
+            assert await asyncio.to_thread(p.primary.stop) == 0
+            proxy.reset()  # the backup learns that its link is gone
+            try:
+                await asyncio.wait_for(first, 10)
+            except Exception:  # outcome unknown: the connection went with the server
+                return False
+            return True
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(a.close(), 5)
+
+    assert not asyncio.run(run()), "a commit confirmed by a server stopping without its backup's acknowledgement"
+    log = p.primary.log_text()
+    assert "replication callback failed" not in log and "Traceback" not in log, log[-3000:]
+    assert "in-the-tx" not in _on_the_backup_after_takeover(p, "paged.s")
+
+
 def test_a_backup_joining_while_paged_transactions_commit_syncs_without_a_replay_error(pair: Any) -> None:
     """A transaction larger than a page pages while open into files of its own, renamed to pages
     at its commit by the page writer. A backup's initial sync lists `paging/` while that writer

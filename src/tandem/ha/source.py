@@ -345,6 +345,7 @@ class ReplicationSource:
         # waits until `release()` (the sequence is bumped) or for ever (the lock is lost).
         self.on_alone: Callable[[], None] | None = None
         self._held = False
+        self._closed = False  # close() ran: nothing is confirmed any more
         # Called (on the loop) when the backup, in sync, asks for the node back (a returning primary).
         self.on_failback: Callable[[str], None] | None = None
 
@@ -379,6 +380,8 @@ class ReplicationSource:
 
     def after_acked(self, position: int, cb: Callable[[], None]) -> None:
         b = self.backup
+        if self._closed:
+            return
         if self._held:
             heapq.heappush(self._waiters, (position, next(self._counter), cb))
         elif b is None or not b.gating or position <= b.acked or position <= b.floor:
@@ -502,10 +505,11 @@ class ReplicationSource:
                 b.link.close()
             if b.task is not None:
                 b.task.cancel()
-        if self._held:
-            self._waiters.clear()  # held for a coordinator that never answered: confirm nothing
-        else:
-            self._release_waiters()
+        # The server has stopped serving and closed its store: what still waits was acknowledged
+        # by no backup, so it is confirmed to nobody. (Run, it would act on the closed store: a
+        # paged commit's journal records, chaos seed 1127302.) The same for anything asked later.
+        self._closed = True
+        self._waiters.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
