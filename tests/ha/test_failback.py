@@ -192,6 +192,16 @@ def test_a_coordinated_failback_cycle(tmp_path: Path, zookeeper: ZooKeeperServer
         p.kill_all()
 
 
+def _kill_the_primary_and_load_the_backup(p: ReplicatedPair, load: Load, queue: str) -> threading.Thread:
+    """kill -9 of the primary; once the backup serves, `load` sends to it (500 confirmed first)."""
+    p.primary.kill()
+    p.wait_state(1, "active", timeout=30)
+    loader = threading.Thread(target=asyncio.run, args=(load.run(p.url_of(1), queue),), daemon=True)
+    loader.start()
+    asyncio.run(load.until(500))
+    return loader
+
+
 def _failback_request() -> bytes:
     return bytes(wire.encode(wire.ReplicaFailback()))
 
@@ -212,11 +222,7 @@ def test_a_link_silent_from_the_failback_request_on_loses_nothing_confirmed(
     try:
         p.start_all()
         before = asyncio.run(send_confirmed(p.url_of(0), "fd", "a", 100))
-        p.primary.kill()
-        p.wait_state(1, "active", timeout=30)
-        loader = threading.Thread(target=asyncio.run, args=(load.run(p.url_of(1), "fd"),), daemon=True)
-        loader.start()
-        asyncio.run(load.until(500))
+        loader = _kill_the_primary_and_load_the_backup(p, load, "fd")
         with proxy:
             p.primary.start()
             assert tripped.wait(30), "the primary never asked for its node back"
@@ -291,11 +297,7 @@ def test_a_primary_dropped_while_the_server_steps_down_for_it_leaves_that_server
     load = Load()
     try:
         p.start_all()
-        p.primary.kill()
-        p.wait_state(1, "active", timeout=30)
-        loader = threading.Thread(target=asyncio.run, args=(load.run(p.url_of(1), "fs"),), daemon=True)
-        loader.start()
-        asyncio.run(load.until(500))
+        loader = _kill_the_primary_and_load_the_backup(p, load, "fs")
         with proxy:
             p.primary.start()
             assert tripped.wait(30), "the primary never asked for its node back"

@@ -56,6 +56,19 @@ async def _fill(url: str, address: str, n: int) -> None:
         await conn.close()
 
 
+def _filled_then_cut_off(linked: Any, address: str) -> tuple[ReplicatedPair, FaultProxy, str]:
+    """A pair in sync whose `address` pages (1,500 fills, all replicated), then the primary's
+    frames lost on the way to the backup. The backup keeps pinging through the blackhole (its
+    direction flows): the primary would drop it only by call-timeout, far longer than a test."""
+    p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
+    p.start_all()
+    url = p.url_of(0)
+    asyncio.run(_fill(url, address, 1500))
+    assert p.status(0)["replication"] == "in-sync"
+    proxy.blackhole("down")
+    return p, proxy, url
+
+
 def _on_the_backup_after_takeover(p: ReplicatedPair, address: str) -> list[str]:
     """What the backup serves once it took over: the 1,500 fills whole, and whatever else it has."""
     p.wait_state(1, "active", timeout=30)
@@ -73,14 +86,7 @@ def test_a_duplicate_of_a_paged_send_is_not_confirmed_before_the_backup_has_the_
     durable". That must include the backup's acknowledgement of the page: confirmed before it,
     the primary's death leaves the backup without the message, and the client, told it is
     stored, never sends it again."""
-    # The backup keeps pinging through the blackhole (its direction flows): the primary would drop it
-    # only by call-timeout, far longer than the test's window.
-    p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
-    p.start_all()
-    url = p.url_of(0)
-    asyncio.run(_fill(url, "paged.d", 1500))  # the address pages; all of it replicated
-    assert p.status(0)["replication"] == "in-sync"
-    proxy.blackhole("down")  # the primary's frames are lost on the way to the backup
+    p, proxy, url = _filled_then_cut_off(linked, "paged.d")
 
     # Neither client fails over: a resend of the original by its own client would hide the loss
     # (the duplicate's confirmation told its sender, and the other, that it is stored).
@@ -126,12 +132,7 @@ def test_a_retried_commit_of_a_paged_transaction_is_not_confirmed_before_the_bac
     a client does to resolve a commit whose answer it lost) is "already committed", confirmed
     once what is stored so far is durable: that must wait for the backup's acknowledgement of the
     page, or the backup that takes over at the primary's death lacks the whole transaction."""
-    p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
-    p.start_all()
-    url = p.url_of(0)
-    asyncio.run(_fill(url, "paged.t", 1500))
-    assert p.status(0)["replication"] == "in-sync"
-    proxy.blackhole("down")
+    p, proxy, url = _filled_then_cut_off(linked, "paged.t")
     once = url + "?reconnect_attempts=0"
 
     async def run() -> bool:
@@ -170,12 +171,7 @@ def test_a_primary_stopping_while_a_paged_commit_waits_for_its_backup_confirms_n
     whose commit still waited for the backup's acknowledgement of its page must not go on against
     the closed store (it did: `replication callback failed`, a JournalError, in the log; chaos
     seed 1127302), nor be confirmed: the backup that takes over never had its page."""
-    p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
-    p.start_all()
-    url = p.url_of(0)
-    asyncio.run(_fill(url, "paged.s", 1500))
-    assert p.status(0)["replication"] == "in-sync"
-    proxy.blackhole("down")
+    p, proxy, url = _filled_then_cut_off(linked, "paged.s")
 
     async def run() -> bool:
         a = await aio.connect(url + "?reconnect_attempts=0")
