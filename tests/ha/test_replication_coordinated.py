@@ -206,7 +206,7 @@ def test_a_primary_refused_the_live_lock_at_start_waits_as_a_backup_then_serves_
     active server, then lost the race for the live lock, and exited (status 1). It must wait as a
     backup instead. Here another process holds the lock: the primary starts and does not serve;
     once the holder is gone, its copy (current: nobody claimed a newer one) serves every message."""
-    p = pair()
+    p = pair(coordinator_toml="connect-timeout = 1000\n")  # a refused activation waits 2 sessions + this
     p.primary.start()
     p.wait_state(0, "active")
     node_id = p.status(0)["node_id"]
@@ -214,7 +214,7 @@ def test_a_primary_refused_the_live_lock_at_start_waits_as_a_backup_then_serves_
     p.primary.kill()
     holder = holders(node_id)
     holder.expect("locked")
-    p.primary.start(timeout=60)  # waits out the lock (2 sessions and a connect): it used to exit here
+    p.primary.start(timeout=60)  # waits out the lock (2 sessions and a connect timeout): it used to exit here
     p.never_active(0, 1.0)
     assert "another server holds the live lock" in p.primary.log_text()
     holder.kill()
