@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from broker_process import BrokerProcess
 from ha_pair import Cluster, free_port, tls_lines
+from tandem.testing import FaultProxy
 
 
 class ReplicatedPair(Cluster):
@@ -129,3 +132,24 @@ def status_row(text: str, key: str) -> str:
         if name == key:
             return value.strip()
     raise AssertionError(f"no {key!r} in:\n{text}")
+
+
+@contextlib.contextmanager
+def linked_pairs(root: Path, **fixed: Any) -> Iterator[Callable[..., tuple[ReplicatedPair, FaultProxy]]]:
+    """make(**settings) -> (pair, proxy): pairs whose backup reaches its primary through a
+    FaultProxy only, with `fixed` settings and then `settings`; all killed and closed at the end."""
+    made: list[tuple[ReplicatedPair, FaultProxy]] = []
+
+    def make(**settings: Any) -> tuple[ReplicatedPair, FaultProxy]:
+        link = free_port()
+        p = ReplicatedPair(root / f"pair{len(made)}", link_port=link, **fixed, **settings)
+        proxy = FaultProxy(p.ports[0], port=link).start()
+        made.append((p, proxy))
+        return p, proxy
+
+    try:
+        yield make
+    finally:
+        for p, proxy in made:
+            p.kill_all()
+            proxy.close()

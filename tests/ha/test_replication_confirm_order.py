@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,7 @@ import pytest
 
 import tandem.aio as aio
 from client_io import drain_texts
-from ha_pair import free_port
-from replicated_pair import ReplicatedPair
+from replicated_pair import ReplicatedPair, linked_pairs
 from tandem.testing import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,19 +29,8 @@ PAGED = {"paged.#": {"max-size-bytes": 64 * 1024, "address-full-policy": "PAGE",
 @pytest.fixture
 def linked(tmp_path: Path) -> Iterator[Any]:
     """make(**settings) -> (pair, proxy): an uncoordinated pair whose backup reaches its primary through the proxy."""
-    made: list[tuple[ReplicatedPair, FaultProxy]] = []
-
-    def make(**settings: Any) -> tuple[ReplicatedPair, FaultProxy]:
-        link = free_port()
-        p = ReplicatedPair(tmp_path / f"pair{len(made)}", link_port=link, **settings)
-        proxy = FaultProxy(p.ports[0], port=link).start()
-        made.append((p, proxy))
-        return p, proxy
-
-    yield make
-    for p, proxy in made:
-        p.kill_all()
-        proxy.close()
+    with linked_pairs(tmp_path) as make:
+        yield make
 
 
 async def _fill(url: str, address: str, n: int) -> None:
@@ -69,6 +57,29 @@ def _filled_then_cut_off(linked: Any, address: str) -> tuple[ReplicatedPair, Fau
     return p, proxy, url
 
 
+@contextlib.asynccontextmanager
+async def _clients(url: str, n: int) -> AsyncIterator[list[Any]]:
+    """`n` connections that do not fail over (a client's own resend would hide a loss); closed at the end."""
+    conns = [await aio.connect(url + "?reconnect_attempts=0") for _ in range(n)]
+    try:
+        yield conns
+    finally:
+        for c in conns:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.close(), 5)
+
+
+async def _commit_waiting(conn: Any, address: str, dedup_id: str | None = None) -> asyncio.Future[Any]:
+    """A transaction of one paged message, its commit under way and not answered after a second
+    (its page batch is on the primary's disk by then, and the backup cannot have it)."""
+    session = await conn.create_session(transacted=True)
+    await session.create_producer(address).send("in-the-tx")
+    commit = asyncio.ensure_future(session.commit(dedup_id=dedup_id))
+    await asyncio.sleep(1.0)
+    assert not commit.done(), "committed while the backup cannot have it"
+    return commit
+
+
 def _on_the_backup_after_takeover(p: ReplicatedPair, address: str) -> list[str]:
     """What the backup serves once it took over: the 1,500 fills whole, and whatever else it has."""
     p.wait_state(1, "active", timeout=30)
@@ -90,12 +101,8 @@ def test_a_duplicate_of_a_paged_send_is_not_confirmed_before_the_backup_has_the_
 
     # Neither client fails over: a resend of the original by its own client would hide the loss
     # (the duplicate's confirmation told its sender, and the other, that it is stored).
-    once = url + "?reconnect_attempts=0"
-
     async def run() -> bool:
-        a = await aio.connect(once)
-        b = await aio.connect(once)
-        try:
+        async with _clients(url, 2) as (a, b):
             prod_a = (await a.create_session()).create_producer("paged.d")
             original = await prod_a.send_async("original", dedup_id="the-one")
             assert original is not None
@@ -113,10 +120,6 @@ def test_a_duplicate_of_a_paged_send_is_not_confirmed_before_the_backup_has_the_
             await asyncio.to_thread(p.primary.kill)
             proxy.reset()  # the backup learns that its link is gone
             return confirmed
-        finally:
-            for c in (a, b):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(c.close(), 5)
 
     confirmed = asyncio.run(run())
     texts = _on_the_backup_after_takeover(p, "paged.d")
@@ -133,17 +136,10 @@ def test_a_retried_commit_of_a_paged_transaction_is_not_confirmed_before_the_bac
     once what is stored so far is durable: that must wait for the backup's acknowledgement of the
     page, or the backup that takes over at the primary's death lacks the whole transaction."""
     p, proxy, url = _filled_then_cut_off(linked, "paged.t")
-    once = url + "?reconnect_attempts=0"
 
     async def run() -> bool:
-        a = await aio.connect(once)
-        b = await aio.connect(once)
-        try:
-            sa = await a.create_session(transacted=True)
-            await sa.create_producer("paged.t").send("in-the-tx")
-            first = asyncio.ensure_future(sa.commit(dedup_id="the-tx"))
-            await asyncio.sleep(1.0)  # its page batch is on the primary's disk by now
-            assert not first.done(), "committed while the backup cannot have it"
+        async with _clients(url, 2) as (a, b):
+            first = await _commit_waiting(a, "paged.t", "the-tx")
             sb = await b.create_session(transacted=True)
             try:
                 await asyncio.wait_for(sb.commit(dedup_id="the-tx"), 3.0)
@@ -155,10 +151,6 @@ def test_a_retried_commit_of_a_paged_transaction_is_not_confirmed_before_the_bac
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(first, 5)
             return confirmed
-        finally:
-            for c in (a, b):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(c.close(), 5)
 
     confirmed = asyncio.run(run())
     texts = _on_the_backup_after_takeover(p, "paged.t")
@@ -174,13 +166,8 @@ def test_a_primary_stopping_while_a_paged_commit_waits_for_its_backup_confirms_n
     p, proxy, url = _filled_then_cut_off(linked, "paged.s")
 
     async def run() -> bool:
-        a = await aio.connect(url + "?reconnect_attempts=0")
-        try:
-            sa = await a.create_session(transacted=True)
-            await sa.create_producer("paged.s").send("in-the-tx")
-            first = asyncio.ensure_future(sa.commit())
-            await asyncio.sleep(1.0)  # its page batch is on the primary's disk by now
-            assert not first.done(), "committed while the backup cannot have it"
+        async with _clients(url, 1) as (a,):
+            first = await _commit_waiting(a, "paged.s")
             assert await asyncio.to_thread(p.primary.stop) == 0
             proxy.reset()  # the backup learns that its link is gone
             try:
@@ -188,9 +175,6 @@ def test_a_primary_stopping_while_a_paged_commit_waits_for_its_backup_confirms_n
             except Exception:  # outcome unknown: the connection went with the server
                 return False
             return True
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(a.close(), 5)
 
     assert not asyncio.run(run()), "a commit confirmed by a server stopping without its backup's acknowledgement"
     log = p.primary.log_text()

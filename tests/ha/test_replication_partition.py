@@ -14,7 +14,7 @@ import pytest
 
 from client_io import Load, drain_texts
 from ha_pair import free_port
-from replicated_pair import ReplicatedPair
+from replicated_pair import ReplicatedPair, linked_pairs
 from tandem.ha.activation_sequence import read_local_sequence
 from tandem.testing import FaultProxy
 from zookeeper import ZooKeeperServer
@@ -62,25 +62,9 @@ class Watch:
 @pytest.fixture
 def linked(tmp_path: Path, zookeeper: ZooKeeperServer) -> Iterator[Any]:
     """make(**settings) -> (pair, proxy): the backup reaches its primary through the proxy only."""
-    made: list[tuple[ReplicatedPair, FaultProxy]] = []
-
-    def make(**settings: Any) -> tuple[ReplicatedPair, FaultProxy]:
-        link = free_port()
-        p = ReplicatedPair(
-            tmp_path / f"pair{len(made)}",
-            zookeeper=zookeeper.hosts,
-            coordinator_toml="connect-timeout = 1000\n",  # a refused activation waits 2 sessions + this
-            link_port=link,
-            **settings,
-        )
-        proxy = FaultProxy(p.ports[0], port=link).start()
-        made.append((p, proxy))
-        return p, proxy
-
-    yield make
-    for p, proxy in made:
-        p.kill_all()
-        proxy.close()
+    # A refused activation waits 2 sessions + the connect timeout.
+    with linked_pairs(tmp_path, zookeeper=zookeeper.hosts, coordinator_toml="connect-timeout = 1000\n") as make:
+        yield make
 
 
 TTL = "connection-ttl = 2000\n"  # the backup's pings and its primary's silence (a loaded machine: not shorter)
