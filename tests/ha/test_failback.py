@@ -17,6 +17,8 @@ import pytest
 
 from client_io import Load, drain_texts, exactly_once_across_a_kill, send_confirmed
 from ha_pair import free_port
+from metrics_workload import parse, value
+from mgmt_http import Api
 from replicated_pair import ReplicatedPair, admin_status, status_row
 from reply_proxy import silent_after
 from tandem.journal.faults import ENV_FILE
@@ -283,13 +285,17 @@ def test_a_primary_dropped_while_the_server_steps_down_for_it_leaves_that_server
     (the journal's fault seam delays it 3 s) and meanwhile the returning primary's link is silent,
     so the server drops it (call-timeout) and claims a new activation sequence. Once stopped, it
     finds no backup in sync to hand over to: it loads its store again and serves, rather than
-    leave the node to a primary whose copy is stale. The primary syncs again and fails back."""
+    leave the node to a primary whose copy is stale; serving again is no failover (its counter
+    stays at the one takeover). The primary syncs again and fails back."""
     link = free_port()
     tripped = threading.Event()
     rules = tmp_path / "backup.faults"
     rules.write_text("")
     p = ReplicatedPair(
-        tmp_path / "pair", zookeeper=zookeeper.hosts, return_link_port=link, server_toml=("", "call-timeout = 1000\n")
+        tmp_path / "pair",
+        zookeeper=zookeeper.hosts,
+        return_link_port=link,
+        server_toml=("", 'call-timeout = 1000\nmanagement = { bind = "127.0.0.1:0" }\n'),
     )
     p.backup.env[ENV_FILE] = str(rules)
     slow_sync = functools.partial(rules.write_text, "tandem-data:sync=delay3")
@@ -305,6 +311,9 @@ def test_a_primary_dropped_while_the_server_steps_down_for_it_leaves_that_server
             rules.write_text("")  # the new journal syncs as usual
             _wait_for_line(p.backup, "went while this server stopped: serving again", 20)
             p.wait_state(1, "active", timeout=20)
+            metrics = Api.of(p.backup).get("/metrics")
+            assert metrics.status == 200, metrics.body
+            assert value(parse(metrics.body.decode()), "tandem_failovers_total") == 1
             load.stop.set()
             loader.join(30)
             later = asyncio.run(send_confirmed(p.url_of(1), "fs", "c", 100))  # it serves

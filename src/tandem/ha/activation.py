@@ -588,7 +588,7 @@ class ReplicationActivation(Activation):
         source = self.source
         if not self._hands_over_to(asker):
             log.warning("failback: backup %s went while this server stopped: serving again", asker)
-            await self.host.start_live()
+            await self.host.start_live(again=True)
             return False
         # From here to source.close no await: the backup cannot be dropped (and a new activation
         # sequence claimed) between the check and the hand-over.

@@ -34,8 +34,9 @@ class ActivationHost(Protocol):
         """Stop following the store (a replica about to be replaced by a new sync)."""
         ...
 
-    async def start_live(self) -> None:
-        """We hold the live lock: load the store and serve."""
+    async def start_live(self, again: bool = False) -> None:
+        """We hold the live lock: load the store and serve (`again`: this server served the node
+        already and stopped for a failback that did not happen; not a takeover)."""
         ...
 
     async def stop_live(self) -> None:

@@ -294,11 +294,14 @@ class Broker:
     def report(self, state: str) -> None:
         self.ha_state = state
 
-    async def start_live(self) -> None:
-        """Load the journal and serve (we hold the live lock)."""
+    async def start_live(self, again: bool = False) -> None:
+        """Load the journal and serve (we hold the live lock); `again`: after a failback that was
+        abandoned halfway, this server serves its node again (not a takeover: not counted)."""
         t0 = time.monotonic()
         cfg = self.config
-        if (self.activation is not None and self.activation.role == "backup") or self._ha_state == "passive":
+        if not again and (
+            (self.activation is not None and self.activation.role == "backup") or self._ha_state == "passive"
+        ):
             self.failovers += 1
         follower = await self._stop_following()
         warm = follower.finish() if follower is not None else None
