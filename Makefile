@@ -19,11 +19,13 @@ $(STAMP): $(BIN)/python pyproject.toml
 # Tests also cover the Spark connector: pyspark (the `spark` extra) and Java 17; the replication
 # tests start a private ZooKeeper from Debian's `zookeeper` package (tandem.testing.zookeeper); the chaos
 # tests draw their plot with matplotlib (the `chaos` extra); the web console's tests drive Debian's
-# `chromium` with Playwright (tests/browser).
-$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh scripts/ensure-chromium.sh
+# `chromium` with Playwright (tests/browser); the leak test runs the broker with Debian's mimalloc
+# (`memory-allocator = "mimalloc"`, decision 0083).
+$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh scripts/ensure-chromium.sh scripts/ensure-mimalloc.sh
 	scripts/ensure-java.sh
 	scripts/ensure-zookeeper.sh
 	scripts/ensure-chromium.sh
+	scripts/ensure-mimalloc.sh
 	$(BIN)/pip install -q -e '.[test,spark,chaos]'
 	touch $(STAMP) $(TSTAMP)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -50,8 +51,7 @@ def _json_or_table(rows: list[dict[str, Any]], columns: Sequence[str], as_json: 
 # ----------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     from . import logs
-    from .server.broker import Broker
-    from .server.memory import one_malloc_arena
+    from .server import allocator
 
     overrides: dict[str, Any] = {}
     if args.data:
@@ -86,7 +86,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{option.replace('_', '-')} {value}: {exc}") from None
     if args.management_bind:
         cfg = _with_management_bind(cfg, args.management_bind)
+    try:
+        malloc = allocator.start_with(cfg.memory_allocator)  # may start this command again: first
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    from .server.broker import Broker
+    from .server.memory import one_malloc_arena
+
     logs.setup(cfg.log_level)
+    logging.getLogger("tandem.memory").info("memory allocator: %s", malloc)
     _install_loop_policy()
     # The journal writer thread needs the GIL back after each sync to report the batch; with
     # the default 5 ms switch interval a busy event loop can hold it that long, and every

@@ -415,6 +415,8 @@ class BrokerConfig(_Conf, frozen=True):
     message_expiry_scan_period: int = 30_000
 
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    # The allocator `tandem run` starts the broker with (server/allocator.py, decision 0083).
+    memory_allocator: Literal["python", "mimalloc", "malloc"] = "python"
 
     def __post_init__(self) -> None:
         _check_positive(self, "journal_file_size", minimum=64 * KiB)

@@ -7,10 +7,11 @@ DISCONNECT, no CLOSE, the sockets just die. Counted through `tandem admin status
 resident memory (read from /proc) must come back to within 10 % of where it was before the first
 storm, after each of two storms (a leak of anything per client would grow it round by round).
 
-The broker runs with glibc's allocator (PYTHONMALLOC=malloc), as docs/client.md advises for a
-broker whose number of connections swings by thousands: it then gives a storm's memory back
-page by page. With Python's own allocator about a tenth to a sixth stays resident after such a
-storm, in 1 MiB arenas that a few long-lived objects keep (docs/decisions/0057).
+The broker runs with `memory-allocator = "mimalloc"` (which the project's scripts install), as
+docs/client.md advises for a broker whose number of connections swings by thousands: it then
+gives a storm's pages back once the connections are gone (decision 0083). With Python's own
+allocator, the default, about a tenth to a sixth stays resident after such a storm, in 1 MiB
+arenas that a few long-lived objects keep (decision 0057).
 """
 
 from __future__ import annotations
@@ -158,13 +159,15 @@ def _until_clean(url: str, timeout: float = 30.0) -> dict[str, int]:
 @pytest.mark.timeout(240)
 def test_killed_clients_leave_no_session_consumer_or_temporary_queue(broker_factory: Any) -> None:
     broker: BrokerProcess = broker_factory(
-        connection_check_period=100, connection_ttl=TTL_MS, env={"PYTHONMALLOC": "malloc"}
+        connection_check_period=100, connection_ttl=TTL_MS, memory_allocator="mimalloc"
     ).start()
     assert broker.proc is not None
     pid = broker.proc.pid
     asyncio.run(_create_shared(broker.url))
     _until_clean(broker.url)
-    start_addresses = _status(broker.url)["addresses"]
+    status = _status(broker.url)
+    assert status["memory_allocator"] == "mimalloc", status
+    start_addresses = status["addresses"]
     start = _rss_kib(pid)
     released = 0
     rss: list[tuple[int, int]] = []  # (with the clients, after they were gone) per round

@@ -49,6 +49,7 @@ message-expiry-scan-period = 5000
 global-max-size = 104857600
 global-max-messages = 500000
 log-level = "debug"
+memory-allocator = "malloc"
 ha-policy = "shared-store-backup"
 failover-on-shutdown = true
 allow-failback = false
@@ -282,6 +283,7 @@ def test_full_file_covers_and_loads_every_documented_key(tmp_path: Path) -> None
         global_max_size=104857600,
         global_max_messages=500000,
         log_level="debug",
+        memory_allocator="malloc",
         ha_policy="shared-store-backup",
         failover_on_shutdown=True,
         allow_failback=False,
@@ -392,6 +394,7 @@ def test_ill_typed_value_names_key_and_file(tmp_path: Path) -> None:
         ("allow-failback = 0", "allow-failback"),
         ("restart-backup = []", "restart-backup"),
         ('log-level = "trace"', "log-level"),
+        ('memory-allocator = "tcmalloc"', "memory-allocator"),
         ('default-routing-type = "broadcast"', "default-routing-type"),
         ("acceptors = 3", "acceptors"),
         ("max-frame-size = 1.5", "max-frame-size"),

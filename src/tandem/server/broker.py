@@ -38,7 +38,7 @@ from ..journal import JournalSettings
 from ..journal.storeio import Tap
 from ..protocol import native as p
 from ..store.journal_storage import JournalStorage, LoadedState, NullStorage
-from . import audit
+from . import allocator, audit
 from .admin import Admin
 from .limits import ConnectionLimits
 from .memory import ConnectionChurn
@@ -724,6 +724,7 @@ class Broker:
             "management": self.management.url if self.management is not None else None,
             "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
+            "memory_allocator": allocator.running(),
         }
         if self.activation is not None:
             out.update(self.activation.replication())
