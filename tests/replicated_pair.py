@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -123,6 +124,18 @@ def admin_status(url: str) -> str:
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def admin_status_json(url: str) -> dict[str, Any]:
+    """`tandem admin status --json` of the server at `url`."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "admin", "status", "--json", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
 def status_row(text: str, key: str) -> str:

@@ -4,7 +4,6 @@ needs: the same process id, the allocator loaded, and it says which in `tandem a
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,17 +12,9 @@ from typing import Any
 import pytest
 
 from broker_process import BrokerProcess
+from replicated_pair import admin_status_json
 
-
-def _status(url: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "tandem", "admin", "status", "--json", "--url", url],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+_status = admin_status_json
 
 
 def _maps(pid: int) -> str:

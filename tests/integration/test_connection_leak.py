@@ -17,7 +17,6 @@ arenas that a few long-lived objects keep (decision 0057).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -31,6 +30,7 @@ import pytest
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from replicated_pair import admin_status_json
 from tandem.testing.procs import memory
 
 PROCESSES = 4
@@ -65,15 +65,7 @@ CLIENT = textwrap.dedent(
 ).format(ttl=TTL_MS)
 
 
-def _status(url: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "tandem", "admin", "status", "--json", "--url", url],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+_status = admin_status_json
 
 
 async def _create_shared(url: str) -> None:
