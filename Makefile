@@ -21,11 +21,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 # tests draw their plot with matplotlib (the `chaos` extra); the web console's tests drive Debian's
 # `chromium` with Playwright (tests/browser); the leak test runs the broker with Debian's mimalloc
 # (`memory-allocator = "mimalloc"`, decision 0083).
-$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh scripts/ensure-chromium.sh scripts/ensure-mimalloc.sh
+$(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zookeeper.sh scripts/ensure-chromium.sh scripts/ensure-mimalloc.sh scripts/apt-install.sh
 	scripts/ensure-java.sh
 	scripts/ensure-zookeeper.sh
 	scripts/ensure-chromium.sh
-	scripts/ensure-mimalloc.sh
+	scripts/ensure-mimalloc.sh scripts/apt-install.sh
 	$(BIN)/pip install -q -e '.[test,spark,chaos]'
 	touch $(STAMP) $(TSTAMP)
 

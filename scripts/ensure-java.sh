@@ -12,12 +12,7 @@ if [ "$(java_major)" -ge 17 ] 2>/dev/null; then
     exit 0
 fi
 echo "ensure-java: no Java >= 17 found; installing openjdk-17-jre-headless from Debian" >&2
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=(sudo -n)
-fi
-"${SUDO[@]}" apt-get update -qq
-"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null
+"$(dirname "$0")/apt-install.sh" openjdk-17-jre-headless
 if [ "$(java_major)" -lt 17 ]; then
     echo "ensure-java: Java 17 is still not on PATH after installing openjdk-17-jre-headless" >&2
     exit 1

@@ -12,12 +12,7 @@ if have_zookeeper; then
     exit 0
 fi
 echo "ensure-zookeeper: no ZooKeeper jars in /usr/share/java; installing Debian's zookeeper package" >&2
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=(sudo -n)
-fi
-"${SUDO[@]}" apt-get update -qq
-"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zookeeper >/dev/null
+"$(dirname "$0")/apt-install.sh" zookeeper
 if ! have_zookeeper; then
     echo "ensure-zookeeper: still no /usr/share/java/zookeeper*.jar after installing the zookeeper package" >&2
     exit 1
