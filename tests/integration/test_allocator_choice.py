@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from broker_process import BrokerProcess
+from metrics_workload import parse, value
+from mgmt_http import Api
 from replicated_pair import admin_status_json
 
 _status = admin_status_json
@@ -24,13 +26,16 @@ def _maps(pid: int) -> str:
 @pytest.mark.parametrize("setting", [None, "mimalloc", "malloc", "python"])
 def test_the_broker_runs_with_the_allocator_it_is_configured_with(broker_factory: Any, setting: str | None) -> None:
     settings = {} if setting is None else {"memory_allocator": setting}
-    b: BrokerProcess = broker_factory(**settings).start()
+    b: BrokerProcess = broker_factory(extra_toml='management = { bind = "127.0.0.1:0" }\n', **settings).start()
     assert b.proc is not None
     expected = setting or "python"  # the default: Python's own
     status = _status(b.url)
     assert status["memory_allocator"] == expected, status
     assert ("libmimalloc" in _maps(b.proc.pid)) is (expected == "mimalloc")  # the process started, not a child
     assert f"memory allocator: {expected}" in b.log_text()
+    metrics = Api.of(b).get("/metrics")
+    assert metrics.status == 200, metrics.body
+    assert value(parse(metrics.body.decode()), "tandem_info", memory_allocator=expected) == 1
 
 
 def test_a_pythonmalloc_set_by_whoever_starts_the_broker_wins(broker_factory: Any) -> None:

@@ -36,6 +36,7 @@ from ..config import check_metrics_queues
 from ..core.permissions import MANAGEMENT_ADDRESS
 from ..core.settings import words_match
 from ..journal.histogram import HistogramSnapshot
+from ..server import allocator
 
 __all__ = ["BrokerCollector", "MetricsRegistry", "add_route"]
 
@@ -153,9 +154,11 @@ class BrokerCollector(Collector):
         cfg = b.config
         role = b.activation.role if b.activation is not None else "live-only"
         info = GaugeMetricFamily(
-            "tandem_info", "This server: always 1, its facts in labels", labels=["version", "name", "node_id", "role"]
+            "tandem_info",
+            "This server: always 1, its facts in labels",
+            labels=["version", "name", "node_id", "role", "memory_allocator"],
         )
-        info.add_metric([__version__, cfg.name, b.node_id, role], 1)
+        info.add_metric([__version__, cfg.name, b.node_id, role, allocator.running()], 1)
         yield info
         conns = sessions = 0
         for c in b.connections:
