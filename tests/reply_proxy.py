@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -81,15 +81,23 @@ class CommitReplyDropper:
     """Proxy to `127.0.0.1:upstream_port`; `port` is where clients connect."""
 
     def __init__(
-        self, upstream_port: int, drops: int = 1, on_drop: Callable[[], None] | None = None, lose: str = "answer"
+        self,
+        upstream_port: int,
+        drops: int = 1,
+        on_drop: Callable[[], None] | None = None,
+        lose: str | Sequence[str] = "answer",
+        port: int = 0,
     ) -> None:
-        assert lose in ("answer", "request")
-        self.lose = lose  # "request": the COMMIT itself never reaches the broker
-        self.drops = drops  # how many commit answers to lose (the first ones)
+        # What to lose of the first commits, in order: "answer" (the broker commits, the client
+        # never hears) or "request" (the COMMIT never reaches the broker); a sequence says it
+        # commit by commit (then `drops` is its length).
+        self.plan = [lose] * drops if isinstance(lose, str) else list(lose)
+        assert all(mode in ("answer", "request") for mode in self.plan)
+        self.drops = len(self.plan)
         self.on_drop = on_drop
         self.dropped = threading.Event()
         self.commits_seen = 0
-        self.proxy = FaultProxy(upstream_port, filters=self._filters)
+        self.proxy = FaultProxy(upstream_port, port=port, filters=self._filters)
 
     @property
     def port(self) -> int:
@@ -126,11 +134,12 @@ class CommitReplyDropper:
                 pkt = _client_packet(frame[4:])
                 if type(pkt) is p.Commit:
                     self.commits_seen += 1
-                    if self.lose == "request" and self.drops > 0:
+                    mode = self.plan[self.commits_seen - 1] if self.commits_seen <= len(self.plan) else None
+                    if mode == "request":
                         self.drops -= 1
                         self._drop()
                         continue
-                    if len(commits) < self.drops:
+                    if mode == "answer":
                         commits.add((pkt.channel, pkt.cmd))
                 out += frame
             return bytes(out)

@@ -17,6 +17,7 @@ import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import drain_texts, queue_stat
 from reply_proxy import CommitReplyDropper
+from tandem.testing import free_port
 
 N = 5
 ORDERS = [f"order-{i}" for i in range(N)]
@@ -120,6 +121,53 @@ def test_lost_commit_answer_of_a_consuming_transaction(broker: BrokerProcess) ->
             await tx.commit()
             assert rest == ORDERS[2:]
             assert await consumer.receive(0.3) is None
+            await conn.close()
+
+    asyncio.run(main())
+    assert asyncio.run(drain_texts(broker.url, "inbox")) == []
+
+
+def test_a_retry_whose_own_answer_was_lost_does_not_pass_for_the_first_attempt(broker_factory: Any) -> None:
+    """The consumer's COMMIT never reached the broker, and the connection failed: the broker
+    rolled the transaction back with its session. The first `retry_commit()` (nothing redone)
+    takes the transaction id, and its answer is lost too. The next one finds the id used: by
+    that retry, not by the first attempt, so it must answer True (the acknowledgements were not
+    applied: the messages come again), not False (chaos seed 1128002: a consumer counted its
+    messages consumed, and got them again after a failover). The broker tells clients the proxy
+    as its address, so that the client reconnects through it."""
+    front = free_port()
+    broker: BrokerProcess = broker_factory(
+        connector_ref="front", extra_toml=f'[[connectors]]\nname = "front"\nurl = "127.0.0.1:{front}"\n'
+    ).start()
+
+    async def main() -> None:
+        conn = await aio.connect(broker.url)
+        producer = (await conn.create_session()).create_producer("inbox")
+        for body in ORDERS:
+            await producer.send(body)
+        await conn.close()
+        with CommitReplyDropper(broker.port, lose=["request", "answer"], port=front) as proxy:
+            conn = await aio.connect(proxy.url, call_timeout=1000, retry_interval=50, reconnect_attempts=-1)
+            tx = await conn.create_session(transacted=True)
+            consumer = await tx.create_consumer("inbox")
+            got = [m.text for m in [await consumer.receive(5) for _ in range(2)] if m is not None]
+            assert got == ORDERS[:2]
+            for attempt in (tx.commit, tx.retry_commit):
+                try:
+                    await attempt()
+                except Exception as e:
+                    _assert_outcome_unknown(e)
+                else:
+                    raise AssertionError("a commit returned though its answer was lost")
+                if attempt == tx.commit:
+                    proxy.proxy.reset()  # the connection fails: the broker rolls back what it held
+                    await asyncio.to_thread(proxy.proxy.wait_stats, lambda st: st.connections >= 2, 10)
+                    await conn.wait_ready()
+            assert proxy.commits_seen == 2
+            assert await tx.retry_commit() is True, "the first attempt never applied: the retry must say so"
+            again = sorted(m.text for m in [await consumer.receive(5) for _ in range(N)] if m is not None)
+            await tx.commit()
+            assert again == ORDERS  # the two not acknowledged come again, with the rest
             await conn.close()
 
     asyncio.run(main())

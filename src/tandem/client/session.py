@@ -348,12 +348,13 @@ class AsyncSession:
                 "retry_commit() follows a commit that raised TransactionOutcomeUnknown and had a "
                 "transaction id (commit(dedup_id=...) or auto_dedup)"
             )
-        already = await self._commit(dedup_id)
+        already = await self._commit(dedup_id, retry=True)
         self.unresolved_commit = None
         return not already
 
-    async def _commit(self, dedup_id: str | None) -> bool:
-        """COMMIT under `dedup_id`; True if the broker had already committed that id (nothing applied)."""
+    async def _commit(self, dedup_id: str | None, retry: bool = False) -> bool:
+        """COMMIT under `dedup_id`; True if the broker had already committed that id (nothing
+        applied). `retry`: a retry_commit (the broker tells a retry from the first attempt)."""
         conn = self.conn
         ch = self.channel
         if not conn.ready:
@@ -382,7 +383,7 @@ class AsyncSession:
             )
         conn.check_open()  # from here on the COMMIT is written: a lost answer leaves the outcome unknown
         try:
-            result = await conn._call_now(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id))
+            result = await conn._call_now(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id, retry))
         except (ConnectionLost, CallTimeout) as exc:
             self._tx_done()
             self.unresolved_commit = dedup_id

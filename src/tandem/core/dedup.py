@@ -18,6 +18,12 @@ def tx_key(user: str | None, dedup_id: str) -> str:
     return dedup_id if user is None else f"{len(user)}:{user}:{dedup_id}"
 
 
+def retried_key(key: str) -> str:
+    """The marker kept with a transaction id that a retry took (retry_commit, decision 0084): a
+    NUL first, which tx_key never starts with unless a client sends one itself."""
+    return "\x00retried:" + key
+
+
 class DuplicateIdCache:
     __slots__ = ("_order", "address", "ids", "size")
 

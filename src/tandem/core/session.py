@@ -260,11 +260,12 @@ class ServerSession:
             raise IllegalState("this session is not transacted")
         return self.tx
 
-    def commit(self, dedup_id: str | None = None, tx: Transaction | None = None) -> bool:
+    def commit(self, dedup_id: str | None = None, tx: Transaction | None = None, retried: bool = False) -> bool:
         """Commit atomically; True if a journal record was written (reply after sync).
 
         A `dedup_id` already committed makes this a no-op that succeeds. Without `tx`, the
-        session's own transaction is committed and a new one begins.
+        session's own transaction is committed and a new one begins. `retried`: a client's
+        retry_commit (the id is marked as taken by a retry, decision 0084).
         """
         if tx is None:
             tx = self._require_tx()
@@ -277,7 +278,7 @@ class ServerSession:
             self._undo(tx)
             return po.storage.persistent  # "already committed" holds only once that commit is on disk
         try:
-            wrote = po.commit_transaction(tx.messages, tx.acks, dedup_id, tx.paged)
+            wrote = po.commit_transaction(tx.messages, tx.acks, dedup_id, tx.paged, retried=retried)
             po.release(tx, discard=False)
             return wrote
         except DuplicateId:

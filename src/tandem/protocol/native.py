@@ -141,11 +141,15 @@ class Ack(Packet, tag=16):
 
 class Commit(Packet, tag=17):
     """Commit the session's transaction; a `dedup_id` already committed makes it a no-op
-    (the RESPONSE's result is then True instead of None)."""
+    (the RESPONSE's result is then True instead of None). `retry`: a client's retry_commit,
+    after a commit under that id whose outcome it never learned: the broker notes that the id
+    was taken by a retry, and tells a later retry so (result None: the first attempt never
+    applied) instead of passing that retry off as the first attempt (decision 0084)."""
 
     channel: int
     cmd: int
     dedup_id: str | None = None
+    retry: bool = False
 
 
 class Rollback(Packet, tag=18):

@@ -931,16 +931,22 @@ class NativeConnection(asyncio.Protocol):
 
     def on_commit(self, pkt: p.Commit) -> None:
         """Answers True when `dedup_id` was already committed (a retry after a lost answer): only
-        once that first commit is on disk, so "already committed" never outlives a crash."""
+        once that first commit is on disk, so "already committed" never outlives a crash.
+
+        A retry that finds the id taken by an earlier retry (whose answer was lost too) is not
+        told "already": the first attempt never applied, and what the earlier retry did stands
+        for this one (the same work done again, or nothing); decision 0084."""
         s = self._session(pkt.channel)
+        po = s.core.postoffice
         key = None if pkt.dedup_id is None else tx_key(self.subject.user, pkt.dedup_id)
-        already = key is not None and s.core.postoffice.transaction_seen(key)
+        seen = key is not None and po.transaction_seen(key)
+        already = seen and not (pkt.retry and key is not None and po.taken_by_retry(key))
         try:
-            wrote = s.core.commit(key)
+            wrote = s.core.commit(key, retried=pkt.retry)
         except DuplicateId as exc:  # says the originals are stored: only once they are durable
             self.broker.storage.after_durable(partial(self._failed_unless_closed, pkt, exc))
             return
-        self._reply(pkt.channel, pkt.cmd, True if already else None, after_journal=wrote or already)
+        self._reply(pkt.channel, pkt.cmd, True if already else None, after_journal=wrote or seen)
 
     def _failed_unless_closed(self, pkt: Any, exc: TandemError) -> None:
         if not self.closed or self.successor is not None or self.detached:
