@@ -26,9 +26,7 @@ async def _send(url: str, n: int) -> None:
         await conn.close()
 
 
-async def _ack_out_of_order(
-    conn: aio.AsyncConnection, skip: int, rounds: int
-) -> tuple[list[str], list[str]]:
+async def _ack_out_of_order(conn: aio.AsyncConnection, skip: int, rounds: int) -> tuple[list[str], list[str]]:
     """`skip` messages consumed and acknowledged (the ones in memory), then two transacted
     consumers take paged messages in turn; only the first commits, `rounds` times, under a
     transaction id. Returns (committed, held): held stay unacknowledged when the primary dies."""

@@ -172,3 +172,48 @@ def test_a_retry_whose_own_answer_was_lost_does_not_pass_for_the_first_attempt(b
 
     asyncio.run(main())
     assert asyncio.run(drain_texts(broker.url, "inbox")) == []
+
+
+def test_a_retry_that_carried_the_first_attempts_work_passes_for_it(broker_factory: Any) -> None:
+    """The COMMIT never reached the broker, but the connection held: the broker still holds the
+    acknowledgements in the session's transaction, and the first `retry_commit()` commits them
+    under the id (its answer lost, then the connection fails). The next retry, on a new session,
+    must answer False: the first attempt's work was applied, and the messages never come again."""
+    front = free_port()
+    broker: BrokerProcess = broker_factory(
+        connector_ref="front", extra_toml=f'[[connectors]]\nname = "front"\nurl = "127.0.0.1:{front}"\n'
+    ).start()
+
+    async def main() -> None:
+        conn = await aio.connect(broker.url)
+        producer = (await conn.create_session()).create_producer("inbox")
+        for body in ORDERS:
+            await producer.send(body)
+        await conn.close()
+        with CommitReplyDropper(broker.port, lose=["request", "answer"], port=front) as proxy:
+            conn = await aio.connect(proxy.url, call_timeout=1000, retry_interval=50, reconnect_attempts=-1)
+            tx = await conn.create_session(transacted=True)
+            consumer = await tx.create_consumer("inbox")
+            got = [m.text for m in [await consumer.receive(5) for _ in range(2)] if m is not None]
+            assert got == ORDERS[:2]
+            for attempt in (tx.commit, tx.retry_commit):
+                try:
+                    await attempt()
+                except Exception as e:
+                    _assert_outcome_unknown(e)
+                else:
+                    raise AssertionError("a commit returned though its answer was lost")
+            assert proxy.commits_seen == 2
+            assert (await queue_stat(broker.url, "inbox"))["message_count"] == N - 2  # the retry applied them
+            proxy.proxy.reset()  # the connection fails
+            await asyncio.to_thread(proxy.proxy.wait_stats, lambda st: st.connections >= 2, 10)
+            await conn.wait_ready()
+            assert await tx.retry_commit() is False, "the first attempt's work was applied: the retry must say so"
+            rest = [m.text for m in [await consumer.receive(5) for _ in range(N - 2)] if m is not None]
+            await tx.commit()
+            assert rest == ORDERS[2:]
+            assert await consumer.receive(0.3) is None
+            await conn.close()
+
+    asyncio.run(main())
+    assert asyncio.run(drain_texts(broker.url, "inbox")) == []

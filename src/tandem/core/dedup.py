@@ -18,10 +18,11 @@ def tx_key(user: str | None, dedup_id: str) -> str:
     return dedup_id if user is None else f"{len(user)}:{user}:{dedup_id}"
 
 
-def retried_key(key: str) -> str:
-    """The marker kept with a transaction id that a retry took (retry_commit, decision 0084): a
-    NUL first, which tx_key never starts with unless a client sends one itself."""
-    return "\x00retried:" + key
+def empty_retry_key(key: str) -> str:
+    """The marker kept with a transaction id that an empty retry took (retry_commit with nothing
+    in its transaction, decision 0084): a NUL first, which tx_key never starts with unless a
+    client sends one itself."""
+    return "\x00empty-retry:" + key
 
 
 class DuplicateIdCache:

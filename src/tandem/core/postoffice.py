@@ -25,7 +25,7 @@ from ..errors import (
 )
 from .address import UNLIMITED, Address, MemoryLimits
 from .consumer import Filter
-from .dedup import TX_CACHE, DuplicateIdCache, retried_key
+from .dedup import TX_CACHE, DuplicateIdCache, empty_retry_key
 from .ids import IdGenerator
 from .message import Message, MessageData, MessageRef, RoutingType
 from .paging import AddressPager, PageStore
@@ -579,13 +579,14 @@ class PostOffice:
         paged_tx: PagedTx | None = None,
         routes: list[list[Queue]] | None = None,
         ops: list[object] | None = None,
-        retried: bool = False,
+        empty_retry: bool = False,
     ) -> bool:
         """Apply a transaction atomically; returns whether journal records were written.
         `paged_tx`: what it paged while open (decision 0055); `routes`: the queues of each
         message when the caller routed them (an operator's move, core/queueops.py); `ops`:
-        journal records of the caller's that go into the transaction's batch; `retried`: a
-        client's retry_commit takes `dedup_id`, marked as such in the same batch (decision 0084).
+        journal records of the caller's that go into the transaction's batch; `empty_retry`: a
+        client's retry_commit with nothing in its transaction takes `dedup_id`, marked as such in
+        the same batch (decision 0084).
 
         Raises DuplicateId (nothing applied) if a message repeats a dedup id.
         """
@@ -627,8 +628,8 @@ class PostOffice:
             q.acknowledge(refs, ops)
         if dedup_id is not None:
             self.remember(self.dedup_cache(TX_CACHE), dedup_id, ops)
-            if retried:
-                self.remember(self.dedup_cache(TX_CACHE), retried_key(dedup_id), ops)
+            if empty_retry:
+                self.remember(self.dedup_cache(TX_CACHE), empty_retry_key(dedup_id), ops)
         if paged or (paged_tx is not None and paged_tx.runs):
             return self._commit_paged(paged, ops, added, paged_tx)
         if ops:
@@ -748,9 +749,10 @@ class PostOffice:
     def transaction_seen(self, dedup_id: str) -> bool:
         return dedup_id in self.dedup_cache(TX_CACHE)
 
-    def taken_by_retry(self, dedup_id: str) -> bool:
-        """Whether a retry (retry_commit) took this transaction id, not the first attempt."""
-        return retried_key(dedup_id) in self.dedup_cache(TX_CACHE)
+    def taken_by_empty_retry(self, dedup_id: str) -> bool:
+        """Whether a retry_commit with nothing in its transaction took this transaction id (then
+        nothing of the first attempt was applied under it)."""
+        return empty_retry_key(dedup_id) in self.dedup_cache(TX_CACHE)
 
     # ------------------------------------------------------------------ scan
     def expire_scan(self) -> int:

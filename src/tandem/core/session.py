@@ -265,7 +265,8 @@ class ServerSession:
 
         A `dedup_id` already committed makes this a no-op that succeeds. Without `tx`, the
         session's own transaction is committed and a new one begins. `retried`: a client's
-        retry_commit (the id is marked as taken by a retry, decision 0084).
+        retry_commit; one with nothing in its transaction marks the id as taken by an empty retry
+        (decision 0084).
         """
         if tx is None:
             tx = self._require_tx()
@@ -278,7 +279,7 @@ class ServerSession:
             self._undo(tx)
             return po.storage.persistent  # "already committed" holds only once that commit is on disk
         try:
-            wrote = po.commit_transaction(tx.messages, tx.acks, dedup_id, tx.paged, retried=retried)
+            wrote = po.commit_transaction(tx.messages, tx.acks, dedup_id, tx.paged, empty_retry=retried and tx.empty)
             po.release(tx, discard=False)
             return wrote
         except DuplicateId:

@@ -142,9 +142,9 @@ class Ack(Packet, tag=16):
 class Commit(Packet, tag=17):
     """Commit the session's transaction; a `dedup_id` already committed makes it a no-op
     (the RESPONSE's result is then True instead of None). `retry`: a client's retry_commit,
-    after a commit under that id whose outcome it never learned: the broker notes that the id
-    was taken by a retry, and tells a later retry so (result None: the first attempt never
-    applied) instead of passing that retry off as the first attempt (decision 0084)."""
+    after a commit under that id whose outcome it never learned. A retry with nothing in its
+    transaction that takes the id is noted as such, and a later retry that finds it gets None
+    (nothing of the first attempt applied), not True (decision 0084)."""
 
     channel: int
     cmd: int

@@ -933,14 +933,14 @@ class NativeConnection(asyncio.Protocol):
         """Answers True when `dedup_id` was already committed (a retry after a lost answer): only
         once that first commit is on disk, so "already committed" never outlives a crash.
 
-        A retry that finds the id taken by an earlier retry (whose answer was lost too) is not
-        told "already": the first attempt never applied, and what the earlier retry did stands
-        for this one (the same work done again, or nothing); decision 0084."""
+        A retry that finds the id taken by an earlier retry that had nothing in its transaction
+        (a reconnect had rolled back what the session held; its answer was lost too) is not told
+        "already": nothing of the first attempt was applied under the id (decision 0084)."""
         s = self._session(pkt.channel)
         po = s.core.postoffice
         key = None if pkt.dedup_id is None else tx_key(self.subject.user, pkt.dedup_id)
         seen = key is not None and po.transaction_seen(key)
-        already = seen and not (pkt.retry and key is not None and po.taken_by_retry(key))
+        already = seen and not (pkt.retry and key is not None and po.taken_by_empty_retry(key))
         try:
             wrote = s.core.commit(key, retried=pkt.retry)
         except DuplicateId as exc:  # says the originals are stored: only once they are durable
