@@ -25,7 +25,7 @@ $(TSTAMP): $(BIN)/python pyproject.toml scripts/ensure-java.sh scripts/ensure-zo
 	scripts/ensure-java.sh
 	scripts/ensure-zookeeper.sh
 	scripts/ensure-chromium.sh
-	scripts/ensure-mimalloc.sh scripts/apt-install.sh
+	scripts/ensure-mimalloc.sh
 	$(BIN)/pip install -q -e '.[test,spark,chaos]'
 	touch $(STAMP) $(TSTAMP)
 

@@ -154,3 +154,16 @@ async def send_confirmed(url: str, queue: str, prefix: str, n: int) -> list[str]
     await prod.flush()
     await conn.close()
     return [f"{prefix}{i}" for i in range(n)]
+
+
+async def send_padded(url: str, address: str, n: int, prefix: str = "m", width: int = 6) -> None:
+    """Send `{prefix}{i:0{width}d}` and 200 bytes of padding for i < n, every one confirmed:
+    bodies big enough to fill a small memory limit (paging tests)."""
+    conn = await aio.connect(url)
+    try:
+        prod = (await conn.create_session()).create_producer(address)
+        for i in range(n):
+            await prod.send_async(f"{prefix}{i:0{width}d}" + "r" * 200)
+        await prod.flush()
+    finally:
+        await conn.close()

@@ -10,20 +10,10 @@ from collections import Counter
 from typing import Any
 
 import tandem.aio as aio
+from client_io import drain_texts, send_padded
 
 PAGED = {"paged.#": {"max-size-bytes": 64 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 64 * 1024}}
 QUEUE = "paged.r"
-
-
-async def _send(url: str, n: int) -> None:
-    conn = await aio.connect(url)
-    try:
-        prod = (await conn.create_session()).create_producer(QUEUE)
-        for i in range(n):
-            await prod.send_async(f"m{i:06d}" + "r" * 200)
-        await prod.flush()
-    finally:
-        await conn.close()
 
 
 async def _ack_out_of_order(conn: aio.AsyncConnection, skip: int, rounds: int) -> tuple[list[str], list[str]]:
@@ -54,7 +44,7 @@ async def _ack_out_of_order(conn: aio.AsyncConnection, skip: int, rounds: int) -
 def test_paged_messages_acknowledged_out_of_order_are_not_delivered_again_after_a_failover(pair: Any) -> None:
     n, skip = 1500, 100
     p = pair(address_settings=PAGED).start_all()
-    asyncio.run(_send(p.url_of(0), n))
+    asyncio.run(send_padded(p.url_of(0), QUEUE, n))
 
     async def consume_then_kill() -> tuple[list[str], list[str]]:
         conn = await aio.connect(p.url_of(0))
@@ -67,24 +57,9 @@ def test_paged_messages_acknowledged_out_of_order_are_not_delivered_again_after_
 
     committed, held = asyncio.run(consume_then_kill())
     p.wait_state(1, "active")
-    got = Counter(_drain(p.url_of(1), n + 1))
+    got = Counter(t[:7] for t in asyncio.run(drain_texts(p.url_of(1), QUEUE, wait=3.0)))
     again = sorted(m for m in committed if got[m])
     assert not again, f"{len(again)} committed acknowledgements undone by the failover, e.g. {again[:5]}"
     missing = [f"m{i:06d}" for i in range(skip, n) if f"m{i:06d}" not in committed and not got[f"m{i:06d}"]]
     assert not missing, f"{len(missing)} messages lost, e.g. {missing[:5]}"
     assert all(got[m] == 1 for m in held)
-
-
-def _drain(url: str, limit: int) -> list[str]:
-    async def run() -> list[str]:
-        conn = await aio.connect(url)
-        out: list[str] = []
-        try:
-            consumer = await (await conn.create_session()).create_consumer(QUEUE)
-            while len(out) < limit and (m := await consumer.receive(3.0)) is not None:
-                out.append(m.text[:7])
-        finally:
-            await conn.close()
-        return out
-
-    return asyncio.run(run())

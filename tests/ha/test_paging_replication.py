@@ -10,19 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import tandem.aio as aio
+from client_io import send_padded
 
 PAGED = {"paged.#": {"max-size-bytes": 64 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 64 * 1024}}
-
-
-async def _send(url: str, address: str, n: int) -> None:
-    conn = await aio.connect(url)
-    try:
-        prod = (await conn.create_session()).create_producer(address)
-        for i in range(n):
-            await prod.send_async(f"m{i:06d}" + "r" * 200)
-        await prod.flush()
-    finally:
-        await conn.close()
 
 
 async def _drain(url: str, queue: str, limit: int) -> list[str]:
@@ -44,7 +34,7 @@ def _pages(directory: Path) -> dict[str, bytes]:
 def test_page_files_are_replicated_and_the_backup_takes_over_with_them(pair: Any) -> None:
     n = 3000
     p = pair(address_settings=PAGED).start_all()
-    asyncio.run(_send(p.url_of(0), "paged.r", n))  # confirmed: on the primary's disk and the backup's
+    asyncio.run(send_padded(p.url_of(0), "paged.r", n))  # confirmed: on the primary's disk and the backup's
     primary_pages = _pages(p.dirs[0])
     assert len(primary_pages) >= 5
     deadline = time.monotonic() + 20
@@ -68,7 +58,7 @@ def test_warm_shared_store_backup_takes_over_a_paging_address_where_its_primary_
         c.wait_state(0, "active")
         c.backup.start()
         c.wait_state(1, "passive")
-        asyncio.run(_send(c.url_of(0), "paged.s", n))
+        asyncio.run(send_padded(c.url_of(0), "paged.s", n))
         first = asyncio.run(_drain(c.url_of(0), "paged.s", n // 2))
         assert first == [f"m{i:06d}" for i in range(n // 2)]
         deadline = time.monotonic() + 30

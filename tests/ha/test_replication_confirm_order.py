@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import tandem.aio as aio
-from client_io import drain_texts
+from client_io import drain_texts, send_padded
 from replicated_pair import ReplicatedPair, linked_pairs
 from tandem.testing import FaultProxy
 
@@ -33,17 +33,6 @@ def linked(tmp_path: Path) -> Iterator[Any]:
         yield make
 
 
-async def _fill(url: str, address: str, n: int) -> None:
-    conn = await aio.connect(url)
-    try:
-        prod = (await conn.create_session()).create_producer(address)
-        for i in range(n):
-            await prod.send_async(f"fill{i:05d}" + "r" * 200)
-        await prod.flush()
-    finally:
-        await conn.close()
-
-
 def _filled_then_cut_off(linked: Any, address: str) -> tuple[ReplicatedPair, FaultProxy, str]:
     """A pair in sync whose `address` pages (1,500 fills, all replicated), then the primary's
     frames lost on the way to the backup. The backup keeps pinging through the blackhole (its
@@ -51,7 +40,7 @@ def _filled_then_cut_off(linked: Any, address: str) -> tuple[ReplicatedPair, Fau
     p, proxy = linked(address_settings=PAGED, call_timeout=60000, server_toml=("", "connection-ttl = 30000\n"))
     p.start_all()
     url = p.url_of(0)
-    asyncio.run(_fill(url, address, 1500))
+    asyncio.run(send_padded(url, address, 1500, prefix="fill", width=5))
     assert p.status(0)["replication"] == "in-sync"
     proxy.blackhole("down")
     return p, proxy, url

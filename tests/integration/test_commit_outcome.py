@@ -12,10 +12,12 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import pytest
+
 import tandem
 import tandem.aio as aio
 from broker_process import BrokerProcess
-from client_io import drain_texts, queue_stat
+from client_io import drain_texts, queue_stat, send_confirmed
 from reply_proxy import CommitReplyDropper
 from tandem.testing import free_port
 
@@ -97,11 +99,7 @@ def test_lost_commit_answer_of_a_consuming_transaction(broker: BrokerProcess) ->
     `retry_commit()` with nothing redone tells it the first attempt went through."""
 
     async def main() -> None:
-        conn = await aio.connect(broker.url)
-        producer = (await conn.create_session()).create_producer("inbox")
-        for body in ORDERS:
-            await producer.send(body)
-        await conn.close()
+        assert await send_confirmed(broker.url, "inbox", "order-", N) == ORDERS
         with CommitReplyDropper(broker.port) as proxy:
             conn = await aio.connect(proxy.url, call_timeout=1500)
             tx = await conn.create_session(transacted=True)
@@ -127,91 +125,54 @@ def test_lost_commit_answer_of_a_consuming_transaction(broker: BrokerProcess) ->
     assert asyncio.run(drain_texts(broker.url, "inbox")) == []
 
 
-def test_a_retry_whose_own_answer_was_lost_does_not_pass_for_the_first_attempt(broker_factory: Any) -> None:
-    """The consumer's COMMIT never reached the broker, and the connection failed: the broker
-    rolled the transaction back with its session. The first `retry_commit()` (nothing redone)
-    takes the transaction id, and its answer is lost too. The next one finds the id used: by
-    that retry, not by the first attempt, so it must answer True (the acknowledgements were not
-    applied: the messages come again), not False (chaos seed 1128002: a consumer counted its
-    messages consumed, and got them again after a failover). The broker tells clients the proxy
-    as its address, so that the client reconnects through it."""
+@pytest.mark.parametrize(
+    ("reset_after", "applied"),
+    [("commit", True), ("retry", False)],
+    ids=["an-empty-retry-took-the-id", "the-retry-carried-the-held-work"],
+)
+def test_a_retry_after_a_retry_whose_answer_was_lost_too(broker_factory: Any, reset_after: str, applied: bool) -> None:
+    """A consumer's COMMIT never reaches the broker, and the answer to its first `retry_commit()`
+    (nothing done, to ask) is lost too; the connection fails after one of the two. The next
+    retry, on a new session, must say what happened to the first attempt (decision 0084):
+
+    - failed after the COMMIT: the broker rolled back what the session held, so the first retry
+      committed an empty transaction under the id. The first attempt never applied: True, and
+      the messages come again. (Chaos seed 1128002: the broker said "already committed", the
+      consumer counted its messages consumed, and they came again after a failover.)
+    - failed after the first retry: that retry committed the acknowledgements the broker still
+      held from the first attempt. False: they were applied, and the messages never come again.
+
+    The broker tells clients the proxy as its address, so that the client reconnects through it."""
     front = free_port()
     broker: BrokerProcess = broker_factory(
         connector_ref="front", extra_toml=f'[[connectors]]\nname = "front"\nurl = "127.0.0.1:{front}"\n'
     ).start()
 
     async def main() -> None:
-        conn = await aio.connect(broker.url)
-        producer = (await conn.create_session()).create_producer("inbox")
-        for body in ORDERS:
-            await producer.send(body)
-        await conn.close()
+        assert await send_confirmed(broker.url, "inbox", "order-", N) == ORDERS
         with CommitReplyDropper(broker.port, lose=["request", "answer"], port=front) as proxy:
             conn = await aio.connect(proxy.url, call_timeout=1000, retry_interval=50, reconnect_attempts=-1)
             tx = await conn.create_session(transacted=True)
             consumer = await tx.create_consumer("inbox")
             got = [m.text for m in [await consumer.receive(5) for _ in range(2)] if m is not None]
             assert got == ORDERS[:2]
-            for attempt in (tx.commit, tx.retry_commit):
+            for name, attempt in (("commit", tx.commit), ("retry", tx.retry_commit)):
                 try:
                     await attempt()
                 except Exception as e:
                     _assert_outcome_unknown(e)
                 else:
                     raise AssertionError("a commit returned though its answer was lost")
-                if attempt == tx.commit:
-                    proxy.proxy.reset()  # the connection fails: the broker rolls back what it held
+                if name == reset_after:
+                    proxy.proxy.reset()  # the connection fails: the broker rolls back what it holds
                     await asyncio.to_thread(proxy.proxy.wait_stats, lambda st: st.connections >= 2, 10)
                     await conn.wait_ready()
             assert proxy.commits_seen == 2
-            assert await tx.retry_commit() is True, "the first attempt never applied: the retry must say so"
-            again = sorted(m.text for m in [await consumer.receive(5) for _ in range(N)] if m is not None)
+            assert await tx.retry_commit() is applied
+            expected = ORDERS if applied else ORDERS[2:]
+            again = sorted(m.text for m in [await consumer.receive(5) for _ in expected] if m is not None)
             await tx.commit()
-            assert again == ORDERS  # the two not acknowledged come again, with the rest
-            await conn.close()
-
-    asyncio.run(main())
-    assert asyncio.run(drain_texts(broker.url, "inbox")) == []
-
-
-def test_a_retry_that_carried_the_first_attempts_work_passes_for_it(broker_factory: Any) -> None:
-    """The COMMIT never reached the broker, but the connection held: the broker still holds the
-    acknowledgements in the session's transaction, and the first `retry_commit()` commits them
-    under the id (its answer lost, then the connection fails). The next retry, on a new session,
-    must answer False: the first attempt's work was applied, and the messages never come again."""
-    front = free_port()
-    broker: BrokerProcess = broker_factory(
-        connector_ref="front", extra_toml=f'[[connectors]]\nname = "front"\nurl = "127.0.0.1:{front}"\n'
-    ).start()
-
-    async def main() -> None:
-        conn = await aio.connect(broker.url)
-        producer = (await conn.create_session()).create_producer("inbox")
-        for body in ORDERS:
-            await producer.send(body)
-        await conn.close()
-        with CommitReplyDropper(broker.port, lose=["request", "answer"], port=front) as proxy:
-            conn = await aio.connect(proxy.url, call_timeout=1000, retry_interval=50, reconnect_attempts=-1)
-            tx = await conn.create_session(transacted=True)
-            consumer = await tx.create_consumer("inbox")
-            got = [m.text for m in [await consumer.receive(5) for _ in range(2)] if m is not None]
-            assert got == ORDERS[:2]
-            for attempt in (tx.commit, tx.retry_commit):
-                try:
-                    await attempt()
-                except Exception as e:
-                    _assert_outcome_unknown(e)
-                else:
-                    raise AssertionError("a commit returned though its answer was lost")
-            assert proxy.commits_seen == 2
-            assert (await queue_stat(broker.url, "inbox"))["message_count"] == N - 2  # the retry applied them
-            proxy.proxy.reset()  # the connection fails
-            await asyncio.to_thread(proxy.proxy.wait_stats, lambda st: st.connections >= 2, 10)
-            await conn.wait_ready()
-            assert await tx.retry_commit() is False, "the first attempt's work was applied: the retry must say so"
-            rest = [m.text for m in [await consumer.receive(5) for _ in range(N - 2)] if m is not None]
-            await tx.commit()
-            assert rest == ORDERS[2:]
+            assert again == expected
             assert await consumer.receive(0.3) is None
             await conn.close()
 
