@@ -6,7 +6,6 @@ old backup (restart-backup) becomes its backup again."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 from collections import Counter
@@ -21,7 +20,7 @@ from metrics_workload import parse, value
 from mgmt_http import Api
 from replicated_pair import ReplicatedPair, admin_status, status_row
 from reply_proxy import silent_after
-from tandem.journal.faults import ENV_FILE
+from tandem.journal.faults import ENV_FILE, FILE_CHECK
 from tandem.protocol import native as wire
 from tandem.testing import FaultProxy
 from zookeeper import ZooKeeperServer
@@ -298,7 +297,14 @@ def test_a_primary_dropped_while_the_server_steps_down_for_it_leaves_that_server
         server_toml=("", 'call-timeout = 1000\nmanagement = { bind = "127.0.0.1:0" }\n'),
     )
     p.backup.env[ENV_FILE] = str(rules)
-    slow_sync = functools.partial(rules.write_text, "tandem-data:sync=delay3")
+
+    def slow_sync() -> None:
+        rules.write_text("tandem-data:sync=delay3")
+        # The journal looks at its rules file at most every FILE_CHECK: hold the request until
+        # the server's next sync is sure to see the delay (else its last sync may beat it, and
+        # it hands over in sync: a fresh-clone run met that race).
+        time.sleep(10 * FILE_CHECK)
+
     proxy = FaultProxy(p.ports[1], port=link, filters=silent_after(_failback_request(), tripped, slow_sync))
     load = Load()
     try:
