@@ -69,12 +69,16 @@ def running() -> str:
         return _chosen
     mode = os.environ.get("PYTHONMALLOC", "")
     if mode.startswith("malloc"):
-        return "mimalloc" if mimalloc_loaded() else "malloc"
+        return "mimalloc" if mimalloc_version() else "malloc"
     return "python" if not mode else f"python ({mode})"
 
 
-def mimalloc_loaded() -> bool:
-    return hasattr(ctypes.CDLL(None), "mi_version")
+def mimalloc_version() -> int:
+    """The version of the mimalloc this process runs with (209: 2.0.9), 0 if it runs with another."""
+    try:
+        return int(ctypes.CDLL(None).mi_version())
+    except (OSError, AttributeError):
+        return 0
 
 
 def start_with(wanted: Allocator) -> str:

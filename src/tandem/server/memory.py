@@ -39,6 +39,8 @@ import os
 import time
 from collections.abc import Callable
 
+from .allocator import mimalloc_version
+
 log = logging.getLogger("tandem.memory")
 
 TRIM_AFTER = 100  # connections gone since the last trim (a storm of exits, not the daily churn)
@@ -96,12 +98,8 @@ class _Mimalloc:
 
     @classmethod
     def load(cls) -> _Mimalloc | None:
-        try:
-            lib = ctypes.CDLL(None)
-            version = lib.mi_version()
-        except (OSError, AttributeError):
-            return None  # not preloaded: another allocator
-        return cls(lib) if 200 <= version < 300 else None
+        """None with another allocator, or a mimalloc whose option slots may differ (not 2.x)."""
+        return cls(ctypes.CDLL(None)) if 200 <= mimalloc_version() < 300 else None
 
     def purge(self) -> None:
         """Give back the pages a storm emptied.
