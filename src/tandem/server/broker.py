@@ -43,7 +43,7 @@ from .admin import Admin
 from .limits import ConnectionLimits
 from .memory import ConnectionChurn
 from .native import NativeConnection
-from .pacing import UploadPacer
+from .pacing import PAGE_WRITER, Pacer
 from .security import Authenticator, Subject
 from .tls import AcceptorTls
 
@@ -212,7 +212,7 @@ class Broker:
         audit.configure(config.audit_log)
         self.connections: set[Any] = set()  # NativeConnection and StompConnection
         self.reattachable: dict[str, Any] = {}  # connection id -> NativeConnection with a confirmation window
-        self.pacer = UploadPacer()  # large uploads wait for a backup link over its high-water mark
+        self.pacer = Pacer()  # writes nothing else bounds wait for a full backup link or page writer
         self.servers: list[asyncio.Server] = []
         self.bound: dict[str, tuple[str, int]] = {}
         self.tls: dict[str, AcceptorTls] = {}  # acceptor name -> its TLS contexts (ssl-enabled ones)
@@ -563,6 +563,8 @@ class Broker:
                 self.storage.pages if isinstance(self.storage, JournalStorage) else None,
             )
             self._restore(state)
+            if isinstance(self.storage, JournalStorage):
+                self.storage.pages.on_backlog = partial(self.pacer.full, PAGE_WRITER)
             if audit.enabled():
                 self.postoffice.auto_created = []
         finally:
@@ -725,6 +727,9 @@ class Broker:
             "connection_limits": self.limits.status(),
             "persistence": self.config.persistence_enabled,
             "memory_allocator": allocator.running(),
+            # connections not read for a while because a buffer before the disk or the backup was full
+            "pacing_pauses": self.pacer.pauses,
+            "pacing_waiting": self.pacer.waiting,
         }
         if self.activation is not None:
             out.update(self.activation.replication())

@@ -16,7 +16,7 @@ from ..core.postoffice import PostOffice
 from ..core.storage import Storage
 from ..protocol.native import ReplicaStart
 from .limits import ConnectionLimits
-from .pacing import UploadPacer
+from .pacing import Pacer
 from .security import Authenticator, Subject
 
 
@@ -49,8 +49,8 @@ class BrokerContext(Protocol):
         ...
 
     @property
-    def pacer(self) -> UploadPacer:
-        """Large uploads wait while a backup link is over its high-water mark (server/pacing.py)."""
+    def pacer(self) -> Pacer:
+        """Writes nothing else bounds wait while a backup link or the page writer is full (server/pacing.py)."""
         ...
 
     @property

@@ -43,6 +43,7 @@ from .audit import enabled as audit_enabled
 from .authorization import access_for
 from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .link_writer import LinkWriter
+from .pacing import BACKUP_LINK
 from .reattach import (
     CLOSED_REPLIES_KEPT,
     COMMAND_SIZE,
@@ -329,7 +330,7 @@ class NativeConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.writable = False
         if self.replica is not None:  # a backup's link: large uploads wait (server/pacing.py)
-            self.broker.pacer.link_paused()
+            self.broker.pacer.full(BACKUP_LINK, True)
         # A backup's acknowledgements are what frees the stream: keep reading them.
         if self.transport is not None and self.replica is None:
             self.transport.pause_reading()
@@ -337,7 +338,7 @@ class NativeConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.writable = True
         if self.replica is not None:
-            self.broker.pacer.link_resumed()
+            self.broker.pacer.full(BACKUP_LINK, False)
         waiters, self._drain_waiters = self._drain_waiters, []
         for fut in waiters:
             if not fut.done():
@@ -549,7 +550,7 @@ class NativeConnection(asyncio.Protocol):
             self._handle(*rest)
 
     def pace(self, paused: bool) -> None:
-        """(UploadPacer) stop reading while a backup link is full; read again once it has room."""
+        """(Pacer, server/pacing.py) stop reading while a paced buffer is full; read again once none is."""
         self.paced = paused
         self._not_reading_since(self.loop.time())
         if self.transport is None or self.closed:
@@ -627,7 +628,7 @@ class NativeConnection(asyncio.Protocol):
         if self._writer is not None:
             self._writer.close()
         if self.replica is not None:  # a backup's link gone: no upload waits for it any more
-            self.broker.pacer.link_resumed()
+            self.broker.pacer.full(BACKUP_LINK, False)
         if detach and self.window > 0 and self.successor is None and self.broker.active and self.sessions:
             self.detached = True
             self.writable = False  # the queues hold deliveries until a reattach
@@ -880,7 +881,11 @@ class NativeConnection(asyncio.Protocol):
             for k in range(i, j):
                 self.command_failed(packets[k], SessionDoesNotExist(f"no session on channel {packets[k].channel}"))
             return
+        pages = s.core.postoffice.pages
+        appended = pages.appended if pages is not None else 0
         results = s.core.send_run([packets[k].message for k in range(i, j)])
+        if pages is not None and pages.appended != appended:
+            self.broker.pacer.wrote(self)  # paged: wait while the page writer is behind
         if s.core.postoffice.auto_created:
             created_by_send(s.core.postoffice.auto_created, self.subject, self.peer, "native")
         completed = s.completed

@@ -1,17 +1,26 @@
-"""Large uploads paced by a replicating primary's backup link.
+"""Writes that nothing else bounds, paced by the buffer in front of them.
 
-A large message's chunks are written to its file and handed to the replication stream as they
-arrive; a backup slower than the client (or stalled) lets them queue in the link's writer, in
-the primary's memory, without bound. While the link holds more than its high-water mark
-(`LinkWriter`, server/link_writer.py, calls the link's `pause_writing`), every connection that
-writes a large message's chunk stops being read; below the low-water mark they are read again.
-Small sends need none of this: each is confirmed only once the backup has it, so a producer's
-window bounds them. (decision 0051)
+Two buffers in the broker fill at a client's pace, not at the disk's or the backup's, because
+what goes into them is not confirmed later:
+
+- the backup link (a replicating primary): a large message's chunks are written to its file and
+  handed to the replication stream as they arrive (decision 0051);
+- the page files' writer: an open transaction's sends to a paging address, a non-durable
+  message paged, a STOMP SEND without a receipt are queued for the writer and answered at once
+  (decision 0085).
+
+While either holds more than its high-water mark, every connection that adds to them stops
+being read; once none does, they are read again. Small durable sends need none of this: each
+is confirmed only once it is written (and on a pair, replicated), so a producer's window bounds
+them.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
+
+BACKUP_LINK = "backup link"
+PAGE_WRITER = "page writer"
 
 
 class Paced(Protocol):
@@ -22,28 +31,35 @@ class Paced(Protocol):
     def pace(self, paused: bool) -> None: ...
 
 
-class UploadPacer:
-    """One per broker: whether its backup link is over its high-water mark, and who waits for it."""
+class Pacer:
+    """One per broker: which buffers are over their high-water marks, and who waits for them."""
 
     def __init__(self) -> None:
-        self.congested = False
+        self._full: set[str] = set()
         self._waiting: dict[int, Paced] = {}  # by id(): connections are not hashable by value
-        self.pauses = 0  # connections paused so far (stats and tests)
+        self.pauses = 0  # connections paused so far (broker.status: pacing_pauses)
 
-    def link_paused(self) -> None:
-        self.congested = True
+    @property
+    def congested(self) -> bool:
+        return bool(self._full)
 
-    def link_resumed(self) -> None:
-        """Below the low-water mark (or the link is gone): read every paused uploader again."""
-        self.congested = False
+    def full(self, buffer: str, is_full: bool) -> None:
+        """`buffer` passed its high-water mark, or fell under its low-water mark (or is gone:
+        nothing must stay paused for a buffer that no longer exists)."""
+        if is_full:
+            self._full.add(buffer)
+            return
+        self._full.discard(buffer)
+        if self._full:
+            return
         waiting, self._waiting = self._waiting, {}
         for conn in waiting.values():
             if not conn.closed:
                 conn.pace(False)
 
     def wrote(self, conn: Paced) -> None:
-        """`conn` handed a large message's chunk to the store: stop reading it while the link is full."""
-        if self.congested and id(conn) not in self._waiting:
+        """`conn` added to a paced buffer: stop reading it while any is full."""
+        if self._full and id(conn) not in self._waiting:
             self._waiting[id(conn)] = conn
             self.pauses += 1
             conn.pace(True)

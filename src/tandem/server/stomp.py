@@ -274,7 +274,7 @@ class StompConnection(asyncio.Protocol):
                 sub.consumer.queue.deliver_soon()
 
     def pace(self, paused: bool) -> None:
-        """(UploadPacer, server/pacing.py) not read while a backup link is full."""
+        """(Pacer, server/pacing.py) not read while a paced buffer is full."""
         if paused:
             self._hold("paced")
         else:
@@ -830,7 +830,11 @@ class StompConnection(asyncio.Protocol):
         session = self.session
         assert session is not None
         address = message.address
+        pages = session.postoffice.pages
+        appended = pages.appended if pages is not None else 0
         wrote = session.send_message(message, tx)
+        if pages is not None and pages.appended != appended:
+            self.broker.pacer.wrote(self)  # paged: wait while the page writer is behind
         created_by_send(session.postoffice.auto_created, self.subject, self.peer, "stomp")
         if "receipt" in h:
             self._receipt(frame, durable=wrote)

@@ -134,6 +134,14 @@ class _Batch:
     ends: dict[str, int] = field(default_factory=dict)  # name -> end of the data once written
     callbacks: list[Callable[[], None]] = field(default_factory=list)
     position: int = 0
+    size: int = 0  # bytes of records in `writes`
+
+
+# What the writer may have queued (appended, not yet written) before the connections that add
+# to it wait (server/pacing.py, decision 0085): sends answered before their write would
+# otherwise pile up in memory at a client's pace when the disk is slower.
+WRITE_HIGH = 4 * 1024 * 1024
+WRITE_LOW = 1024 * 1024
 
 
 class PageFiles:
@@ -146,6 +154,11 @@ class PageFiles:
         self.tap = tap
         self.on_failure: Callable[[BaseException], None] = lambda exc: None
         self.on_durable: Callable[[], None] = lambda: None  # new data readable (the post office depages)
+        # queued bytes passed WRITE_HIGH (True) or fell to WRITE_LOW (False): the broker's Pacer
+        self.on_backlog: Callable[[bool], None] = lambda behind: None
+        self.queued = 0  # bytes appended and not yet written
+        self.behind = False  # queued passed WRITE_HIGH and has not fallen to WRITE_LOW since
+        self.appended = 0  # records appended so far (a connection tells whether its sends were paged)
         self.failed: BaseException | None = None
         self._end: dict[str, int] = {}  # name -> bytes appended (the loop's view)
         self._durable: dict[str, int] = {}  # name -> bytes written and synced
@@ -209,6 +222,7 @@ class PageFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._caught_up()
 
     def on_writer(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
         """Run `fn` on the writer thread between two batches (nothing of this store changes the
@@ -224,6 +238,12 @@ class PageFiles:
         """Write nothing more; what is pending is never confirmed."""
         self._halted = True
         self.failed = self.failed or err
+        self._caught_up()
+
+    def _caught_up(self) -> None:
+        if self.behind:
+            self.behind = False
+            self.on_backlog(False)
 
     # -------------------------------------------------------------- writing
     def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]], tx: int = 0) -> int:
@@ -277,8 +297,15 @@ class PageFiles:
             b.writes[name] = (offset, [record])
         else:
             w[1].append(record)
-        self._end[name] = b.ends[name] = offset + len(record)
-        return len(record)
+        size = len(record)
+        self._end[name] = b.ends[name] = offset + size
+        b.size += size
+        self.queued += size
+        self.appended += 1
+        if self.queued >= WRITE_HIGH and not self.behind:
+            self.behind = True
+            self.on_backlog(True)
+        return size
 
     def remove(self, address_id: int, page: int) -> None:
         """Delete a page every cursor is past (call once those cursors are durable)."""
@@ -395,10 +422,14 @@ class PageFiles:
         self._inflight = None
         if self._batch_done is not None:
             self._batch_done.set()
+        self.queued -= b.size
         if err is not None:
             self.failed = err
+            self._caught_up()  # nobody waits for a writer that writes no more
             self.on_failure(err)
             return
+        if self.behind and self.queued <= WRITE_LOW:
+            self._caught_up()
         renamed = self._renamed
         for name, end in b.ends.items():
             name = renamed.get(name, name)
