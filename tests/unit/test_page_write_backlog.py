@@ -38,7 +38,9 @@ async def until(cond: object, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_behind_past_the_high_mark_and_caught_up_at_the_low_mark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_behind_past_the_high_mark_and_caught_up_at_the_low_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(ENV, "tandem-paging:sync=delay0.2")
     pages = PageFiles(tmp_path / "paging")
     reports: list[tuple[bool, int]] = []
