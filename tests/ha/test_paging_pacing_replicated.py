@@ -1,0 +1,92 @@
+"""An open transaction's sends to a paging address on a replicating primary whose backup stalls
+(SIGSTOP, again and again): the page writes go to the backup's link as they are made, so the
+sender stops being read while that link is over its high-water mark (decision 0085, as large
+uploads do, decision 0051) instead of queueing them in the primary's memory. Then the commit,
+kill -9 of the primary, and the backup delivers every message of it once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_large_failover import _stalling_the_backup
+
+import tandem.aio as aio
+from replicated_pair import ReplicatedPair
+from tandem.testing.procs import memory
+
+MIB = 1024 * 1024
+SETTINGS = {"paged.#": {"max-size-bytes": 256 * 1024, "address-full-policy": "PAGE", "page-size-bytes": MIB}}
+BODY = "p" * 1000
+N = 40_000  # ~40 MiB of bodies
+
+
+async def send(url: str, first: int, n: int, transacted: bool) -> None:
+    conn = await aio.connect(url)
+    try:
+        session = await conn.create_session(transacted=transacted)
+        prod = session.create_producer("paged.o")
+        for i in range(first, first + n):
+            await prod.send_async(f"m{i:06d}" + BODY)
+        await prod.flush()
+        if transacted:
+            await session.commit()
+    finally:
+        await conn.close()
+
+
+async def drain(url: str) -> list[str]:
+    conn = await aio.connect(url)
+    out: list[str] = []
+    try:
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer("paged.o")
+        while (m := await consumer.receive(5.0)) is not None:
+            out.append(m.text[:7])
+            if len(out) % 1000 == 0:
+                await session.commit()
+        await session.commit()
+    finally:
+        await conn.close()
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_a_stalling_backup_paces_an_open_transactions_paged_sends(tmp_path: Path) -> None:
+    pair = ReplicatedPair(tmp_path, address_settings=SETTINGS).start_all()
+    try:
+        assert pair.primary.proc is not None
+        pid = pair.primary.proc.pid
+        url = pair.url_of(0) + "?ha=false"
+        asyncio.run(send(url, 0, 400, transacted=False))  # the address pages
+        base = memory(pid, "VmRSS")
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def sender() -> None:
+            try:
+                asyncio.run(send(url, 400, N, transacted=True))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        stops = _stalling_the_backup(pair, sender, done)
+        assert not errors, errors
+        growth = memory(pid, "VmHWM") - base
+        status: dict[str, Any] = pair.status(0)
+        print(f"primary peak RSS grew by {growth >> 20} MiB over {stops} stalls; {status['pacing_pauses']} pauses")
+        assert stops >= 2, "the backup never stalled during the send"
+        assert status["pacing_pauses"] > 0
+        # Unpaced, what the stalls held back queued for the backup in the primary's memory: +36 MiB;
+        # paced, 8-14 MiB (the link's and the page writer's high-water marks, and a read or two).
+        assert growth < 24 * MIB, f"the primary's peak RSS grew by {growth >> 20} MiB for {N} KiB of paged sends"
+        pair.primary.kill()
+        pair.wait_state(1, "active", timeout=30)
+        got = asyncio.run(drain(pair.url_of(1) + "?ha=false"))
+        assert got == [f"m{i:06d}" for i in range(400 + N)]
+    finally:
+        pair.kill_all()
