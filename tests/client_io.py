@@ -30,6 +30,27 @@ async def drain_bodies(url: str, queue: str, wait: float = 0.5) -> list[bytes]:
     return [m.body for m in await _drain(url, queue, wait)]
 
 
+async def drain_committed(
+    url: str, queue: str, wait: float = 3.0, keep: int | None = 7, every: int = 1000
+) -> list[str]:
+    """Everything `queue` holds, in order, consumed in transactions committed every `every`
+    messages (0: one transaction) and at the end, so the acknowledgements are on disk when
+    this returns; the first `keep` characters of each text (the tests' message numbers)."""
+    conn = await aio.connect(url)
+    out: list[str] = []
+    try:
+        session = await conn.create_session(transacted=True)
+        consumer = await session.create_consumer(queue)
+        while (m := await consumer.receive(wait)) is not None:
+            out.append(m.text[:keep])
+            if every and len(out) % every == 0:
+                await session.commit()
+        await session.commit()
+    finally:
+        await conn.close()
+    return out
+
+
 async def _drain(url: str, queue: str, wait: float) -> list[Any]:
     conn = await aio.connect(url)
     try:

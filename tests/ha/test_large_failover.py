@@ -277,20 +277,12 @@ def test_a_slow_backup_paces_a_large_upload_instead_of_filling_the_primary_s_mem
             s.create_queue(QUEUE)
             base = memory(pid, "VmRSS")
             src = GeneratedBody(size)
-            done = threading.Event()
-            errors: list[BaseException] = []
 
             def send() -> None:
-                try:
-                    with tandem.connect(url) as c2, c2.session() as s2:
-                        s2.create_producer(QUEUE).send_stream(src, size=size)
-                except BaseException as exc:  # reported below
-                    errors.append(exc)
-                finally:
-                    done.set()
+                with tandem.connect(url) as c2, c2.session() as s2:
+                    s2.create_producer(QUEUE).send_stream(src, size=size)
 
-            stops = _stalling_the_backup(pair, send, done)
-            assert not errors, errors
+            stops = stalling_the_backup(pair, send)
             peak = memory(pid, "VmHWM")
         growth = peak - base
         print(f"primary peak RSS grew by {growth >> 20} MiB over {stops} stalls of its backup")
@@ -392,23 +384,15 @@ def test_a_slow_backup_paces_a_stomp_large_body_too(tmp_path: Path) -> None:
             assert next_frame().command == "CONNECTED"
             base = memory(pid, "VmRSS")
             src = GeneratedBody(size)
-            done = threading.Event()
-            errors: list[BaseException] = []
 
             def send() -> None:
-                try:
-                    head = f"SEND\ndestination:/queue/{QUEUE}\npersistent:true\nreceipt:r1\ncontent-length:{size}\n\n"
-                    sock.sendall(head.encode())
-                    while piece := src.read(1 << 20):
-                        sock.sendall(piece)
-                    sock.sendall(b"\0")
-                except BaseException as exc:  # reported below
-                    errors.append(exc)
-                finally:
-                    done.set()
+                head = f"SEND\ndestination:/queue/{QUEUE}\npersistent:true\nreceipt:r1\ncontent-length:{size}\n\n"
+                sock.sendall(head.encode())
+                while piece := src.read(1 << 20):
+                    sock.sendall(piece)
+                sock.sendall(b"\0")
 
-            stops = _stalling_the_backup(pair, send, done)
-            assert not errors, errors
+            stops = stalling_the_backup(pair, send)
             f = next_frame()
             assert f.command == "RECEIPT" and f.headers["receipt-id"] == "r1", f
             peak = memory(pid, "VmHWM")
@@ -431,10 +415,21 @@ def test_a_slow_backup_paces_a_stomp_large_body_too(tmp_path: Path) -> None:
         pair.kill_all()
 
 
-def _stalling_the_backup(pair: ReplicatedPair, send: Callable[[], None], done: threading.Event) -> int:
+def stalling_the_backup(pair: ReplicatedPair, send: Callable[[], None]) -> int:
     """Run `send` on a thread while the backup stalls 1 s out of every 1.3 s, from the send's
-    start, until `done`; the number of stalls."""
-    t = threading.Thread(target=send)
+    start, until it returns; the number of stalls (what `send` raised is raised here)."""
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            send()
+        except BaseException as exc:  # raised below, on the test's thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=run)
     stops = 0
     try:
         for k in range(100):
@@ -449,4 +444,6 @@ def _stalling_the_backup(pair: ReplicatedPair, send: Callable[[], None], done: t
     finally:
         t.join(120)
     assert not t.is_alive(), "the send did not end"
+    if errors:
+        raise errors[0]
     return stops

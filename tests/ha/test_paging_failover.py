@@ -14,7 +14,7 @@ import pytest
 
 import tandem
 import tandem.aio as aio
-from client_io import queue_stat
+from client_io import drain_committed, queue_stat
 from ha_pair import Cluster
 from tandem.errors import TandemError
 
@@ -77,18 +77,9 @@ async def _send(url: str, address: str, n: int) -> None:
         await conn.close()
 
 
-async def _drain(url: str, queue: str, wait: float = 3.0) -> list[int]:
-    conn = await aio.connect(url)
-    out: list[int] = []
-    try:
-        session = await conn.create_session(transacted=True)
-        consumer = await session.create_consumer(queue)
-        while (m := await consumer.receive(wait)) is not None:
-            out.append(int(m.text[1:7]))
-        await session.commit()
-    finally:
-        await conn.close()
-    return out
+async def _drain(url: str, queue: str) -> list[int]:
+    """The message numbers `queue` holds, in order, consumed in one committed transaction."""
+    return [int(t[1:]) for t in await drain_committed(url, queue, every=0)]
 
 
 def _once_in_order(got: list[int], confirmed: list[int]) -> None:
@@ -248,7 +239,7 @@ def test_failover_during_paged_transactions(kind: str, k: int, enough: int, make
     c.wait_state(1, "active")
     parts: dict[int, list[int]] = {}
     for out in outs:
-        conn_texts = asyncio.run(_drain_texts(c.url_of(1), out))
+        conn_texts = asyncio.run(drain_committed(c.url_of(1), out, keep=None, every=0))
         assert [x[:7] for x in conn_texts if x.startswith("m")] == [f"m{i:06d}" for i in range(300)]
         keys = [tuple(int(n) for n in x[1:].split(":", 2)[:2]) for x in conn_texts if x.startswith("t")]
         assert keys == sorted(keys), f"out of order in {out}"
@@ -258,20 +249,6 @@ def test_failover_during_paged_transactions(kind: str, k: int, enough: int, make
         assert sorted(got) == list(range(k)), f"transaction {t} is partial or twice: {got}"
     missing = sorted(committed - set(parts))
     assert not missing, f"confirmed commits lost: {missing[:10]}"
-
-
-async def _drain_texts(url: str, queue: str, wait: float = 3.0) -> list[str]:
-    conn = await aio.connect(url)
-    out: list[str] = []
-    try:
-        session = await conn.create_session(transacted=True)
-        consumer = await session.create_consumer(queue)
-        while (m := await consumer.receive(wait)) is not None:
-            out.append(m.text)
-        await session.commit()
-    finally:
-        await conn.close()
-    return out
 
 
 def test_a_backup_joining_while_an_address_depages_takes_over_where_the_primary_was(pair: Any) -> None:

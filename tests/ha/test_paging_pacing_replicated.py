@@ -7,14 +7,14 @@ kill -9 of the primary, and the backup delivers every message of it once, in ord
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_large_failover import _stalling_the_backup
+from test_large_failover import stalling_the_backup
 
 import tandem.aio as aio
+from client_io import drain_committed
 from replicated_pair import ReplicatedPair
 from tandem.testing.procs import memory
 
@@ -38,22 +38,6 @@ async def send(url: str, first: int, n: int, transacted: bool) -> None:
         await conn.close()
 
 
-async def drain(url: str) -> list[str]:
-    conn = await aio.connect(url)
-    out: list[str] = []
-    try:
-        session = await conn.create_session(transacted=True)
-        consumer = await session.create_consumer("paged.o")
-        while (m := await consumer.receive(5.0)) is not None:
-            out.append(m.text[:7])
-            if len(out) % 1000 == 0:
-                await session.commit()
-        await session.commit()
-    finally:
-        await conn.close()
-    return out
-
-
 @pytest.mark.timeout(240)
 def test_a_stalling_backup_paces_an_open_transactions_paged_sends(tmp_path: Path) -> None:
     pair = ReplicatedPair(tmp_path, address_settings=SETTINGS).start_all()
@@ -63,19 +47,7 @@ def test_a_stalling_backup_paces_an_open_transactions_paged_sends(tmp_path: Path
         url = pair.url_of(0) + "?ha=false"
         asyncio.run(send(url, 0, 400, transacted=False))  # the address pages
         base = memory(pid, "VmRSS")
-        done = threading.Event()
-        errors: list[BaseException] = []
-
-        def sender() -> None:
-            try:
-                asyncio.run(send(url, 400, N, transacted=True))
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-            finally:
-                done.set()
-
-        stops = _stalling_the_backup(pair, sender, done)
-        assert not errors, errors
+        stops = stalling_the_backup(pair, lambda: asyncio.run(send(url, 400, N, transacted=True)))
         growth = memory(pid, "VmHWM") - base
         status: dict[str, Any] = pair.status(0)
         print(f"primary peak RSS grew by {growth >> 20} MiB over {stops} stalls; {status['pacing_pauses']} pauses")
@@ -86,7 +58,7 @@ def test_a_stalling_backup_paces_an_open_transactions_paged_sends(tmp_path: Path
         assert growth < 24 * MIB, f"the primary's peak RSS grew by {growth >> 20} MiB for {N} KiB of paged sends"
         pair.primary.kill()
         pair.wait_state(1, "active", timeout=30)
-        got = asyncio.run(drain(pair.url_of(1) + "?ha=false"))
+        got = asyncio.run(drain_committed(pair.url_of(1) + "?ha=false", "paged.o", wait=5.0))
         assert got == [f"m{i:06d}" for i in range(400 + N)]
     finally:
         pair.kill_all()

@@ -18,7 +18,7 @@ import pytest
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
-from client_io import queue_stat
+from client_io import drain_committed, queue_stat
 from tandem.errors import TandemError
 
 SETTINGS = {
@@ -61,20 +61,9 @@ async def tx_send(url: str, address: str, first: int, n: int, commit: bool = Tru
         await conn.close()
 
 
-async def drain(url: str, queue: str, wait: float = 1.5) -> list[str]:
-    """Everything `queue` holds, in order, consumed in a transaction that is committed (the
-    acknowledgements are on disk when this returns)."""
-    conn = await aio.connect(url)
-    out: list[str] = []
-    try:
-        session = await conn.create_session(transacted=True)
-        consumer = await session.create_consumer(queue)
-        while (m := await consumer.receive(wait)) is not None:
-            out.append(m.text)
-        await session.commit()
-    finally:
-        await conn.close()
-    return out
+async def drain(url: str, queue: str) -> list[str]:
+    """Everything `queue` holds, in order, whole texts, consumed in one committed transaction."""
+    return await drain_committed(url, queue, wait=1.5, keep=None, every=0)
 
 
 def paged_bytes_on_disk(b: BrokerProcess) -> int:

@@ -16,6 +16,7 @@ import pytest
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from client_io import drain_committed as drain
 from client_io import queue_stat
 from tandem.errors import DuplicateId
 from tandem.testing.procs import memory
@@ -45,23 +46,6 @@ async def status(url: str) -> dict[str, Any]:
 
 def page_files(b: BrokerProcess) -> list[Path]:
     return sorted((Path(b.data_dir) / "paging").iterdir())
-
-
-async def drain(url: str, queue: str, wait: float = 3.0) -> list[str]:
-    """Everything `queue` holds, in order, consumed in committed transactions."""
-    conn = await aio.connect(url)
-    out: list[str] = []
-    try:
-        session = await conn.create_session(transacted=True)
-        consumer = await session.create_consumer(queue)
-        while (m := await consumer.receive(wait)) is not None:
-            out.append(m.text[:7])
-            if len(out) % 1000 == 0:
-                await session.commit()
-        await session.commit()
-    finally:
-        await conn.close()
-    return out
 
 
 def expected(first: int, n: int) -> list[str]:

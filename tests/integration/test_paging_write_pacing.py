@@ -10,10 +10,11 @@ import socket
 from typing import Any
 
 import pytest
-from test_paging_tx_open import BODY, SETTINGS, drain, expected, fill, open_tx, run, status
+from test_paging_tx_open import BODY, SETTINGS, expected, fill, open_tx, run, status
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
+from client_io import drain_committed as drain
 from tandem.journal.faults import ENV
 from tandem.testing.procs import memory
 
