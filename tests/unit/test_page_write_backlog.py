@@ -76,6 +76,9 @@ def test_a_writer_that_fails_while_behind_says_it_caught_up(tmp_path: Path, monk
             fill_past_high(pages, 1)  # one batch (one loop pass): its sync fails
             await until(lambda: bool(failures))
             assert failures and reports == [True, False] and not pages.behind
+            for mid in range(10_000, 10_000 + 2 * WRITE_HIGH // len(BODY)):  # an open transaction queues on
+                pages.append_tx(1, 5, 1, message(mid), [(7, mid)])
+            assert reports == [True, False] and not pages.behind, "behind a writer that writes no more"
         finally:
             await asyncio.wait_for(pages.stop(), 20)
 

@@ -302,8 +302,8 @@ class PageFiles:
         b.size += size
         self.queued += size
         self.appended += 1
-        if self.queued >= WRITE_HIGH and not self.behind:
-            self.behind = True
+        if self.queued >= WRITE_HIGH and not self.behind and not self._halted and self.failed is None:
+            self.behind = True  # (a writer that writes no more is never waited for)
             self.on_backlog(True)
         return size
 
