@@ -25,6 +25,7 @@ from ..errors import IllegalState, InternalError, InvalidArgument, ProtocolError
 from ..protocol import native as p
 from ..protocol.large import ChunkCounter
 from .audit import created_by_send
+from .pacing import UPLOAD
 
 if TYPE_CHECKING:
     from ..core.consumer import Consumer
@@ -100,7 +101,7 @@ def chunk(session: NativeSession, pkt: p.LargeChunk) -> None:
         return  # refused: the chunks are counted and dropped, END answers the error
     try:
         up.file.write(pkt.data)
-        session.conn.broker.pacer.wrote(session.conn)
+        session.conn.broker.pacer.wrote(session.conn, UPLOAD)
     except OSError as exc:
         up.error = up.file.store.fail(exc)
         up.discard()

@@ -43,7 +43,7 @@ from .audit import enabled as audit_enabled
 from .authorization import access_for
 from .limits import REFUSED_LINGER, OutputWatch, abort_later
 from .link_writer import LinkWriter
-from .pacing import BACKUP_LINK
+from .pacing import BACKUP_LINK, page_mark
 from .reattach import (
     CLOSED_REPLIES_KEPT,
     COMMAND_SIZE,
@@ -882,10 +882,9 @@ class NativeConnection(asyncio.Protocol):
                 self.command_failed(packets[k], SessionDoesNotExist(f"no session on channel {packets[k].channel}"))
             return
         pages = s.core.postoffice.pages
-        appended = pages.appended if pages is not None else 0
+        mark = page_mark(pages)
         results = s.core.send_run([packets[k].message for k in range(i, j)])
-        if pages is not None and pages.appended != appended:
-            self.broker.pacer.wrote(self)  # paged: wait while the page writer is behind
+        self.broker.pacer.paged(self, pages, mark)  # paged: wait while the page writer is behind
         if s.core.postoffice.auto_created:
             created_by_send(s.core.postoffice.auto_created, self.subject, self.peer, "native")
         completed = s.completed

@@ -21,6 +21,8 @@ from typing import Protocol
 
 BACKUP_LINK = "backup link"
 PAGE_WRITER = "page writer"
+UPLOAD = (BACKUP_LINK,)  # a large message's chunk: written at once, streamed to the backup
+PAGED = (PAGE_WRITER, BACKUP_LINK)  # a paged message: queued for the page writer, then the backup
 
 
 class Paced(Protocol):
@@ -31,12 +33,24 @@ class Paced(Protocol):
     def pace(self, paused: bool) -> None: ...
 
 
+class PageCount(Protocol):
+    """The page files' count of records appended (store/pages.py)."""
+
+    appended: int
+
+
+def page_mark(pages: PageCount | None) -> int:
+    """Where the page files' count stands before a command (for `Pacer.paged` after it)."""
+    return pages.appended if pages is not None else 0
+
+
 class Pacer:
-    """One per broker: which buffers are over their high-water marks, and who waits for them."""
+    """One per broker: which buffers are over their high-water marks, and who waits for which."""
 
     def __init__(self) -> None:
         self._full: set[str] = set()
-        self._waiting: dict[int, Paced] = {}  # by id(): connections are not hashable by value
+        # by id(): connections are not hashable by value; each with the buffers it waits for
+        self._waiting: dict[int, tuple[Paced, tuple[str, ...]]] = {}
         self.pauses = 0  # connections paused so far (broker.status: pacing_pauses)
 
     @property
@@ -45,24 +59,33 @@ class Pacer:
 
     def full(self, buffer: str, is_full: bool) -> None:
         """`buffer` passed its high-water mark, or fell under its low-water mark (or is gone:
-        nothing must stay paused for a buffer that no longer exists)."""
+        nothing must stay paused for a buffer that no longer exists). A connection is read
+        again once none of the buffers it added to is full."""
         if is_full:
             self._full.add(buffer)
             return
         self._full.discard(buffer)
-        if self._full:
-            return
-        waiting, self._waiting = self._waiting, {}
-        for conn in waiting.values():
+        full = self._full
+        for key, (conn, buffers) in list(self._waiting.items()):
+            if full and any(b in full for b in buffers):
+                continue
+            del self._waiting[key]
             if not conn.closed:
                 conn.pace(False)
 
-    def wrote(self, conn: Paced) -> None:
-        """`conn` added to a paced buffer: stop reading it while any is full."""
-        if self._full and id(conn) not in self._waiting:
-            self._waiting[id(conn)] = conn
+    def wrote(self, conn: Paced, buffers: tuple[str, ...]) -> None:
+        """`conn` added to `buffers`: stop reading it while any of them is full."""
+        full = self._full
+        if full and id(conn) not in self._waiting and any(b in full for b in buffers):
+            self._waiting[id(conn)] = (conn, buffers)
             self.pauses += 1
             conn.pace(True)
+
+    def paged(self, conn: Paced, pages: PageCount | None, mark: int) -> None:
+        """After a command of `conn`: if it appended to the page files (their count moved
+        from `mark`, `page_mark`), it waits while they or the backup link are full."""
+        if pages is not None and pages.appended != mark:
+            self.wrote(conn, PAGED)
 
     @property
     def waiting(self) -> int:

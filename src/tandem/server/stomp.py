@@ -32,6 +32,7 @@ from .audit import audit, created_by_send
 from .audit import enabled as audit_enabled
 from .authorization import access_for
 from .limits import REFUSED_LINGER, OutputWatch, abort_later
+from .pacing import UPLOAD, page_mark
 from .security import ANONYMOUS, Subject
 from .tls import cert_user
 
@@ -759,7 +760,7 @@ class StompConnection(asyncio.Protocol):
             raise st.StompError("body data without a SEND")
         try:
             up.file.write(frame.body)
-            self.broker.pacer.wrote(self)
+            self.broker.pacer.wrote(self, UPLOAD)
         except OSError as exc:
             store = up.file.store
             up.discard()
@@ -831,10 +832,9 @@ class StompConnection(asyncio.Protocol):
         assert session is not None
         address = message.address
         pages = session.postoffice.pages
-        appended = pages.appended if pages is not None else 0
+        mark = page_mark(pages)
         wrote = session.send_message(message, tx)
-        if pages is not None and pages.appended != appended:
-            self.broker.pacer.wrote(self)  # paged: wait while the page writer is behind
+        self.broker.pacer.paged(self, pages, mark)  # paged: wait while the page writer is behind
         created_by_send(session.postoffice.auto_created, self.subject, self.peer, "stomp")
         if "receipt" in h:
             self._receipt(frame, durable=wrote)
@@ -1062,7 +1062,10 @@ class StompConnection(asyncio.Protocol):
             raise st.StompError("COMMIT needs a transaction header")
         del self.transactions[frame.headers["transaction"]]
         addresses = {m.address for m in tx.messages}
+        pages = self.session.postoffice.pages
+        mark = page_mark(pages)
         wrote = self.session.commit(tx=tx)
+        self.broker.pacer.paged(self, pages, mark)  # what it held, paged at the commit
         self._receipt(frame, durable=wrote)
         for address in sorted(addresses):
             self._block_if_full(address)

@@ -209,6 +209,12 @@ class PageFiles:
         self._thread.start()
 
     async def stop(self) -> None:
+        try:
+            await self._stop()
+        finally:
+            self._caught_up()  # however the stop ends, nobody waits for this writer any more
+
+    async def _stop(self) -> None:
         if self._thread is None:
             return
         while not self.idle and self.failed is None and not self._halted:  # what is pending goes out first
@@ -222,7 +228,6 @@ class PageFiles:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        self._caught_up()
 
     def on_writer(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
         """Run `fn` on the writer thread between two batches (nothing of this store changes the
