@@ -86,13 +86,15 @@ class EchoServer:
             return bytes(self.received)
 
     def close(self) -> None:
+        """The threads end first (each looks at `stopping` every 50 ms), then the sockets close:
+        closing a socket one of them was waiting on made its select() fail with EBADF."""
         self.stopping.set()
+        for t in self.threads:
+            t.join(5)
         self.sock.close()
         with self.lock:
             for c in self.conns:
                 c.close()
-        for t in self.threads:
-            t.join(5)
 
 
 @pytest.fixture
