@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..core.paging import PageStore
+
 BACKUP_LINK = "backup link"
 PAGE_WRITER = "page writer"
 UPLOAD = (BACKUP_LINK,)  # a large message's chunk: written at once, streamed to the backup
@@ -33,13 +35,7 @@ class Paced(Protocol):
     def pace(self, paused: bool) -> None: ...
 
 
-class PageCount(Protocol):
-    """The page files' count of records appended (store/pages.py)."""
-
-    appended: int
-
-
-def page_mark(pages: PageCount | None) -> int:
+def page_mark(pages: PageStore | None) -> int:
     """Where the page files' count stands before a command (for `Pacer.paged` after it)."""
     return pages.appended if pages is not None else 0
 
@@ -81,10 +77,10 @@ class Pacer:
             self.pauses += 1
             conn.pace(True)
 
-    def paged(self, conn: Paced, pages: PageCount | None, mark: int) -> None:
+    def paged(self, conn: Paced, pages: PageStore | None, mark: int) -> None:
         """After a command of `conn`: if it appended to the page files (their count moved
         from `mark`, `page_mark`), it waits while they or the backup link are full."""
-        if pages is not None and pages.appended != mark:
+        if self._full and pages is not None and pages.appended != mark:  # nothing full: the common case
             self.wrote(conn, PAGED)
 
     @property
