@@ -166,14 +166,14 @@ def _print_paging(
                 pages.setdefault(parsed[0], []).append((parsed[1], p))
     for qid, (page, idx) in sorted(cursors.items()):
         ahead = sum(1 for a in page_acks if a[0] == qid)
-        print(f"   cursor {queues.get(qid, f'#{qid}')}: page {page} record {idx}  acked ahead {ahead}", file=out)
+        print(f"   cursor {queues.get(qid, f'#{qid}')}: page {page} message {idx}  acked ahead {ahead}", file=out)
     for aid in sorted(pages):
         print(f"   address {addresses.get(aid, f'#{aid} (deleted)')!r}:", file=out)
         for page, path in sorted(pages[aid]):
             buf = path.read_bytes()
             recs, end, reason = decode_page(buf, page_key(buf, page))
             tail = "" if end == len(buf) else f"  (records end at {end}: {reason})"
-            print(f"   {path.name}  size {len(buf)}  records {len(recs)}{tail}", file=out)
+            print(f"   {path.name}  size {len(buf)}  messages {len(recs)}{tail}", file=out)
             for i, r in enumerate(recs):
                 dead = bool(r.tx) and r.tx not in page_txs
                 for qid, _seq in r.refs:

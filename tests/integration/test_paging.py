@@ -203,7 +203,7 @@ def test_status_queue_stat_and_data_print_show_paging(broker_factory: Any) -> No
     assert "== paging" in out
     assert "cursor paged.s: page " in out
     pages = [x for x in out.splitlines() if x.strip().startswith("a") and ".page" in x]
-    assert pages and all("records " in x for x in pages)
+    assert pages and all("messages " in x for x in pages)
     per_queue = out.split("== messages per queue")[1]
     assert "paged.s" in per_queue and " 7000" in per_queue  # in the journal plus ahead of its cursor
 

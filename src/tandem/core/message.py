@@ -52,7 +52,9 @@ class MessageData(msgspec.Struct, array_like=True, gc=False):
 
 
 class MessageHeader(msgspec.Struct, array_like=True, gc=False):
-    """MessageData without its body: trailing fields are skipped when decoding."""
+    """MessageData without its body: trailing fields are skipped when decoding. Stored messages
+    are decoded with this (they were checked as a SentHeader when they came in): no check of
+    its own, which on a reload or a depage would cost a Python call per message."""
 
     address: str
     durable: bool = True
@@ -63,21 +65,22 @@ class MessageHeader(msgspec.Struct, array_like=True, gc=False):
     routing_type: int = RoutingType.ANY
     properties: Properties | None = None
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.routing_type <= 2:
-            raise ValueError(f"routing_type must be 0 (any), 1 (anycast) or 2 (multicast), got {self.routing_type}")
-
 
 def _no_body() -> memoryview:
     return memoryview(b"")
 
 
 class SentHeader(MessageHeader):
-    """A producer's MessageHeader: also checks that the body, which the header skips, is bytes
-    (msgpack bin). Without this a body sent as text, nil or a number is accepted and stored,
-    then fails every consumer that decodes the whole message. A view, not a copy of the body."""
+    """A producer's MessageHeader, checked: its routing type, and that the body, which the header
+    skips, is bytes (msgpack bin). Without this a body sent as text, nil or a number is accepted
+    and stored, then fails every consumer that decodes the whole message. A view, not a copy of
+    the body."""
 
     body: memoryview = msgspec.field(default_factory=_no_body)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.routing_type <= 2:
+            raise ValueError(f"routing_type must be 0 (any), 1 (anycast) or 2 (multicast), got {self.routing_type}")
 
 
 _header_decoder = msgspec.msgpack.Decoder(MessageHeader)

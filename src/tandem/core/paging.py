@@ -417,7 +417,8 @@ class AddressPager:
         spans = self.spans_ahead.get(qid)
         tx_open, tx_dead, loaded_upto = self.tx_open, self.tx_dead, self.loaded_upto
         decode = Message.decode
-        while have + size < share and scanned < MAX_SCAN:
+        room = share - have  # bytes this refill may take
+        while size < room and scanned < MAX_SCAN:
             count = self.counts.get(page)
             if count is None:  # deleted, or not written yet
                 nxt = self._page_after(page)
@@ -468,9 +469,9 @@ class AddressPager:
                     continue  # a non-durable message does not outlive the broker that took it
                 if r.expiration:
                     m.expiration = r.expiration
-                taken.append(MessageRef(m, q, seq, counts.pop(pos, 0) if counts else 0, pos=pos))
+                taken.append(MessageRef(m, q, seq, counts.pop(pos, 0) if counts else 0, False, pos))
                 size += len(r.raw) + per
-                if have + size >= share:
+                if size >= room:
                     break
             if blocked:
                 break

@@ -2,7 +2,12 @@
 
 One flat directory, `paging/`, with files named `a<address id>-<page number>.page` (decision
 0043): a page file is a journal-format file (the journal's header and record codec, CRC32C per
-record) holding only ADD records whose body is a `MessageRecord` and whose id is the message id.
+record) holding ADD records of the messages appended to it. Since decision 0086 one record holds
+a run of them (PAGED_MESSAGES: a msgpack array of `PagedRecord`s, up to GROUP_BYTES, each with its
+message id), so that reading back checks one CRC and makes one decoder call per run instead of
+per message; pages written before hold one message per record (PAGED_MESSAGE, a `MessageRecord`
+whose record id is the message id), and are read as ever. A message's position in its page (the
+cursors' and acknowledgements' unit) is its place among the page's messages either way.
 Page files are append-only and never recycled: a page is written once, read by the address's
 queues (each through its own cursor, journaled as PAGE_CURSOR records in the message journal)
 and deleted when every cursor is past it. After a restart nothing is appended to an existing
@@ -50,7 +55,7 @@ from ..journal.faults import Faults
 from ..journal.records import _CRC_FROM
 from ..journal.storeio import StoreIO, Tap
 from ..journal.writer import loop_job
-from .records import MessageRecord, RecordType, encoder
+from .records import RecordType, encoder
 
 log = logging.getLogger("tandem.paging")
 _T = TypeVar("_T")
@@ -58,6 +63,33 @@ _T = TypeVar("_T")
 _NAME = re.compile(r"^a(\d{1,19})-(\d{10})\.page$")
 _TX_NAME = re.compile(r"^a\d{1,19}-t\d{1,19}-\d{6}\.page$")
 _dec_record = msgspec.msgpack.Decoder(PagedRecord)  # MessageRecord's layout, read back
+_dec_run = msgspec.msgpack.Decoder(list[PagedRecord])  # a PAGED_MESSAGES record's body
+
+# A run's record is sealed once its messages take this many bytes: a depaging read (READ_BYTES,
+# 1 MiB) holds several, and one torn or damaged record never takes more than this many with it.
+GROUP_BYTES = 128 * 1024
+
+
+def _array_head(n: int) -> bytes:
+    """msgpack's array header for `n` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def encode_run(items: list[bytes]) -> bytes:
+    """A PAGED_MESSAGES record's body from encoded `PagedRecord`s (`encode_item`)."""
+    return _array_head(len(items)) + b"".join(items)
+
+
+def encode_item(message: Message, refs: list[tuple[int, int]], tx: int) -> bytes:
+    """One message of a run: `PagedRecord`'s layout (MessageRecord's, then the message id)."""
+    raw = message.raw
+    if type(raw) is not msgspec.Raw:
+        raw = msgspec.Raw(raw)
+    return encoder.encode(PagedRecord(refs, raw, message.expiration or 0, None, 0, tx, message.id))
 
 
 FAULTS_PREFIX = "tandem-paging"  # the fault seam's rules for page files (journal/faults.py)
@@ -89,11 +121,12 @@ def parse_page_name(name: str) -> tuple[int, int] | None:
 
 
 def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tuple[list[PagedRecord], int, str]:
-    """The records of a page file's bytes from `start`: (records, where the valid ones end, why the scan stopped).
+    """The records of a page file's bytes from `start`: (messages, where the valid records end, why the scan stopped).
 
-    The common record (a whole, valid ADD PAGED_MESSAGE) is checked and decoded here, straight
-    from the buffer (its bytes copied once, so that no message keeps the read buffer alive); at
-    the first other one the journal's scan takes over, for its rules and its reason."""
+    The common records (whole, valid ADDs of PAGED_MESSAGES or PAGED_MESSAGE) are checked and
+    decoded here, straight from the buffer; at the first other one the journal's scan takes
+    over, for its rules and its reason. Each message's bytes are its own copy, so that no
+    message keeps the read buffer alive."""
     out: list[PagedRecord] = []
     pos = start
     end = len(data)
@@ -101,28 +134,58 @@ def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tup
     unpack = rec.HEADER.unpack_from
     crc = crc32c.crc32c
     decode = _dec_record.decode
+    decode_run = _dec_run.decode
     hs = rec.HEADER_SIZE
     add = rec.ADD
-    paged = RecordType.PAGED_MESSAGE
+    run = RecordType.PAGED_MESSAGES
+    single = RecordType.PAGED_MESSAGE
     while end - pos >= hs:
         length, rcrc, key, kind, utype, rid = unpack(data, pos)
-        if kind != add or utype != paged or key != page or length < hs or length > end - pos:
+        if kind != add or key != page or length < hs or length > end - pos:
             break
-        if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
+        if utype == run:
+            if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
+                break
+            out.extend(_owned(decode_run(mv[pos + hs : pos + length])))
+        elif utype == single:
+            if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
+                break
+            r = decode(data[pos + hs : pos + length])  # a copy of the body: its Raw keeps only that
+            r.mid = rid
+            out.append(r)
+        else:
             break
-        r = decode(data[pos + hs : pos + length])  # a copy of the body: its Raw keeps only that
-        r.mid = rid
-        out.append(r)
         pos += length
     parsed: list[rec.Parsed] = []
     stop = rec.scan(data, pos, page, parsed)
     for _off, _len, kind, utype, rid, body in parsed:
-        if kind != rec.ADD or utype != RecordType.PAGED_MESSAGE:
+        if kind != rec.ADD:
             continue
-        r = decode(bytes(body))
-        r.mid = rid
-        out.append(r)
+        if utype == run:
+            out.extend(_owned(decode_run(body)))
+        elif utype == single:
+            r = decode(bytes(body))
+            r.mid = rid
+            out.append(r)
     return out, stop.offset, stop.reason
+
+
+def _owned(records: list[PagedRecord]) -> list[PagedRecord]:
+    """A run's messages, each with a copy of its bytes (decoded, they are views of the run)."""
+    for r in records:
+        r.raw = r.raw.copy()
+    return records
+
+
+class _Run:
+    """Messages appended to one page file, to be written as one PAGED_MESSAGES record."""
+
+    __slots__ = ("items", "key", "size")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.items: list[bytes] = []
+        self.size = 0
 
 
 @dataclass
@@ -134,7 +197,8 @@ class _Batch:
     ends: dict[str, int] = field(default_factory=dict)  # name -> end of the data once written
     callbacks: list[Callable[[], None]] = field(default_factory=list)
     position: int = 0
-    size: int = 0  # bytes of records in `writes`
+    size: int = 0  # bytes of messages appended (in `writes`, or in `runs` until sealed there)
+    runs: dict[str, _Run] = field(default_factory=dict)  # name -> its messages not sealed into a record yet
 
 
 # What the writer may have queued (appended, not yet written) before the connections that add
@@ -270,6 +334,7 @@ class PageFiles:
     def adopt_tx(self, address_id: int, tx: int, n: int, page: int) -> None:
         """File `n` of `tx` becomes page `page` of the address (a rename after its writes)."""
         old, new = tx_page_name(address_id, tx, n), page_name(address_id, page)
+        self._seal(self._pending, old)  # its last messages are written (before the rename)
         for d in (self._end, self._durable):
             if old in d:
                 d[new] = d.pop(old)
@@ -280,30 +345,28 @@ class PageFiles:
     def discard_tx(self, address_id: int, tx: int, n: int) -> None:
         """File `n` of a transaction rolled back: deleted."""
         name = tx_page_name(address_id, tx, n)
+        self._seal(self._pending, name)
         self._end.pop(name, None)
         self._durable.pop(name, None)
         if self.failed is None:
             self._batch().unlinks.append(name)
 
     def _append(self, name: str, key: int, message: Message, refs: list[tuple[int, int]], tx: int) -> int:
-        raw = message.raw
-        if type(raw) is not msgspec.Raw:
-            raw = msgspec.Raw(raw)
-        body = encoder.encode(MessageRecord(refs, raw, message.expiration or 0, tx=tx))
-        record = rec.encode(key, rec.ADD, RecordType.PAGED_MESSAGE, message.id, body)
+        item = encode_item(message, refs, tx)
         b = self._batch()
-        offset = self._end.get(name)
-        if offset is None:
-            offset = jf.FILE_HEADER_SIZE
+        if name not in self._end:
+            self._end[name] = self._durable[name] = jf.FILE_HEADER_SIZE
             b.creates.append((name, key))
-            self._durable[name] = offset
-        w = b.writes.get(name)
-        if w is None:
-            b.writes[name] = (offset, [record])
-        else:
-            w[1].append(record)
-        size = len(record)
-        self._end[name] = b.ends[name] = offset + size
+        if name not in b.writes:
+            b.writes[name] = (self._end[name], [])
+        r = b.runs.get(name)
+        if r is None:
+            r = b.runs[name] = _Run(key)
+        r.items.append(item)
+        size = len(item)
+        r.size += size
+        if r.size >= GROUP_BYTES:
+            self._seal(b, name)
         b.size += size
         self.queued += size
         self.appended += 1
@@ -312,9 +375,20 @@ class PageFiles:
             self.on_backlog(True)
         return size
 
+    def _seal(self, b: _Batch | None, name: str) -> None:
+        """The messages appended to `name` in `b` since its last record become one record."""
+        r = b.runs.pop(name, None) if b is not None else None
+        if r is None:
+            return
+        assert b is not None
+        record = rec.encode(r.key, rec.ADD, RecordType.PAGED_MESSAGES, 0, encode_run(r.items))
+        b.writes[name][1].append(record)
+        self._end[name] = b.ends[name] = self._end[name] + len(record)
+
     def remove(self, address_id: int, page: int) -> None:
         """Delete a page every cursor is past (call once those cursors are durable)."""
         name = page_name(address_id, page)
+        self._seal(self._pending, name)
         self._end.pop(name, None)
         self._durable.pop(name, None)
         self._keys.pop(name, None)
@@ -359,6 +433,8 @@ class PageFiles:
         b = self._pending
         if b is None or self._halted:
             return
+        for name in list(b.runs):
+            self._seal(b, name)
         self._pending = None
         self._inflight = b
         self._jobs.put(b)

@@ -24,7 +24,8 @@ class RecordType(IntEnum):
     PAGE_ACK = 16  # one record of its pages left a queue, ahead of its cursor (decisions 0063, 0066)
     PAGE_DELIVERY_COUNT = 17  # failed deliveries of a page record read back by a queue (decision 0063)
     # page files (paging/)
-    PAGED_MESSAGE = 20
+    PAGED_MESSAGE = 20  # one message (pages written before decision 0086; still read)
+    PAGED_MESSAGES = 21  # a run of messages appended together, one msgpack array (decision 0086)
 
 
 # Counter reservations (message ids, per-queue sequences) are written as a fresh record that
