@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,9 @@ import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import exactly_once_across_a_kill, send_confirmed
 from replicated_pair import admin_status, status_row
+from tandem.config import DEFAULT_CLUSTER_PASSWORD, DEFAULT_CLUSTER_USER
+from tandem.errors import ProtocolError
+from tandem.protocol import native as p_native
 
 
 async def _drain(url: str, queue: str) -> list[str]:
@@ -88,6 +92,50 @@ def test_a_backup_with_the_wrong_cluster_password_or_group_is_refused_and_both_l
     assert "refused" in b.log_text() and "refused" in p.primary.log_text()
     st = p.status(1)
     assert st["state"] == "waiting" and st["replication"] != "in-sync"
+    assert p.status(0)["replication"] == "unreplicated"
+
+
+class _ReplicaStartBefore0086(p_native.Packet, tag=40):
+    """REPLICA_START as a backup from before decision 0086 sends it: no store format."""
+
+    user: str
+    password: str
+    connector: str
+    group_name: str | None = None
+
+
+def test_a_backup_that_cannot_read_the_store_format_is_refused(pair: Any) -> None:
+    """A backup from before decision 0086 skips page records that hold runs of messages: had it
+    replicated, a failover would have made it active and it would have deleted every paged
+    message as read. It sends no store format in its REPLICA_START; the primary refuses it, says
+    why (to it and in its log), and stays unreplicated. (A real old backup, not a mock: the bytes
+    such a backup sends, on a real socket.)"""
+    p = pair()
+    p.primary.start()
+    p.wait_state(0, "active")
+    user, password = DEFAULT_CLUSTER_USER, DEFAULT_CLUSTER_PASSWORD
+    old_start = _ReplicaStartBefore0086(user, password, "127.0.0.1:1")
+    hello = p_native.Hello(p_native.PROTOCOL_VERSION, None, user, password, "tandem-backup")
+    reader = p_native.FrameReader(p_native.ServerPacket, 1 << 20, expect_magic=False)
+    got: list[Any] = []
+    with socket.create_connection(("127.0.0.1", p.primary.port), timeout=10) as sock:
+        sock.sendall(p_native.MAGIC + p_native.encode(hello) + p_native.encode(old_start))
+        deadline = time.monotonic() + 10
+        while not any(isinstance(x, p_native.Error) for x in got) and time.monotonic() < deadline:
+            data = sock.recv(65536)
+            if not data:
+                break
+            try:
+                got += reader.feed(data)
+            except ProtocolError:  # frames that are no packet: the store's files, streamed to it
+                got.append("the primary's replication stream")
+                break
+    errors = [x for x in got if isinstance(x, p_native.Error)]
+    assert errors and "store format" in errors[0].message, got
+    deadline = time.monotonic() + 10
+    while "store format" not in p.primary.log_text():
+        assert time.monotonic() < deadline, p.primary.log_text()
+        time.sleep(0.1)
     assert p.status(0)["replication"] == "unreplicated"
 
 

@@ -72,7 +72,7 @@ class PagedRecord(msgspec.Struct, array_like=True, gc=False):
 class PageStore(Protocol):
     """The page files (store/pages.py)."""
 
-    appended: int  # records appended so far: a connection whose send added some is paced (decision 0085)
+    appended: int  # messages appended so far: a connection whose send added some is paced (decision 0085)
 
     def append(self, address_id: int, page: int, message: Message, refs: list[tuple[int, int]], tx: int = 0) -> int: ...
     def append_tx(self, address_id: int, tx: int, n: int, message: Message, refs: list[tuple[int, int]]) -> int: ...

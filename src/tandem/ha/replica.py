@@ -44,6 +44,7 @@ from ..journal import files as jf
 from ..journal.storeio import Applier, ReplicaError
 from ..protocol import native as p
 from ..protocol.fileops import COPY, KINDS
+from ..store.records import STORE_FORMAT
 from .tls_link import open_tls_link
 
 log = logging.getLogger("tandem.ha")
@@ -163,7 +164,9 @@ class Replica:
                     cfg.connection_ttl,
                 )
             )
-            + p.encode(p.ReplicaStart(cfg.cluster_user, cfg.cluster_password, self.connector, cfg.group_name))
+            + p.encode(
+                p.ReplicaStart(cfg.cluster_user, cfg.cluster_password, self.connector, cfg.group_name, STORE_FORMAT)
+            )
         )
         self._thread = threading.Thread(target=self._link, name="replica-link", daemon=True)
         self._thread.start()

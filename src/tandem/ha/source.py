@@ -46,6 +46,7 @@ from ..config import BrokerConfig
 from ..errors import IllegalState, InvalidArgument, TandemError, Unauthorized
 from ..protocol import native as p
 from ..protocol.fileops import COPY, KINDS, FileOp
+from ..store.records import STORE_FORMAT
 
 log = logging.getLogger("tandem.ha")
 
@@ -102,6 +103,12 @@ def check_backup(cfg: BrokerConfig, pkt: p.ReplicaStart) -> None:
     if pkt.group_name is not None and pkt.group_name != cfg.group_name:
         raise InvalidArgument(
             f"replication refused: the backup's group-name {pkt.group_name!r} is not this primary's {cfg.group_name!r}"
+        )
+    if pkt.store_format < STORE_FORMAT:
+        raise InvalidArgument(
+            f"replication refused: the backup reads store format {pkt.store_format}, this primary writes "
+            f"{STORE_FORMAT} (page records holding runs of messages, decision 0086), which it would drop "
+            "on taking over: upgrade the backup to this primary's version"
         )
 
 

@@ -355,6 +355,7 @@ class ReplicaStart(Packet, tag=40):
     password: str
     connector: str  # where clients reach the backup (the primary tells them)
     group_name: str | None = None
+    store_format: int = 0  # the newest store format the backup reads (0: a backup from before decision 0086)
 
 
 class ReplicaAck(Packet, tag=41):

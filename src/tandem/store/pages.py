@@ -222,9 +222,9 @@ class PageFiles:
         self.on_backlog: Callable[[bool], None] = lambda behind: None
         self.queued = 0  # bytes appended and not yet written
         self.behind = False  # queued passed WRITE_HIGH and has not fallen to WRITE_LOW since
-        self.appended = 0  # records appended so far (a connection tells whether its sends were paged)
+        self.appended = 0  # messages appended so far (a connection tells whether its sends were paged)
         self.failed: BaseException | None = None
-        self._end: dict[str, int] = {}  # name -> bytes appended (the loop's view)
+        self._end: dict[str, int] = {}  # name -> bytes in its records (the loop's view: sealed runs, written or not)
         self._durable: dict[str, int] = {}  # name -> bytes written and synced
         self._keys: dict[str, int] = {}  # name -> its records' key, where that is not its page number
         self._renamed: dict[str, str] = {}  # old name -> new, until the batch that renames it is done
@@ -600,8 +600,12 @@ class PageFiles:
         return records, start + stop
 
     def paged_bytes(self, address_id: int) -> int:
+        """Bytes in the address's page files, appended ones not sealed into a record yet too."""
         prefix = f"a{address_id}-"
-        return sum(end - jf.FILE_HEADER_SIZE for name, end in self._end.items() if name.startswith(prefix))
+        n = sum(end - jf.FILE_HEADER_SIZE for name, end in self._end.items() if name.startswith(prefix))
+        if self._pending is not None:
+            n += sum(r.size for name, r in self._pending.runs.items() if name.startswith(prefix))
+        return n
 
 
 _LENGTH = struct.Struct("<I")  # a record's first field: its length

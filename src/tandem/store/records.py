@@ -28,6 +28,12 @@ class RecordType(IntEnum):
     PAGED_MESSAGES = 21  # a run of messages appended together, one msgpack array (decision 0086)
 
 
+# What a store written by this broker may hold that an older broker would misread: 1, page
+# records holding runs of messages (PAGED_MESSAGES, decision 0086), which a broker from before
+# would skip and then delete as read. A replicating backup must read it (ha/source.py).
+STORE_FORMAT = 1
+
+
 # Counter reservations (message ids, per-queue sequences) are written as a fresh record that
 # deletes its predecessor in the same batch, so the journal holds one live record per counter
 # and compaction drops the rest. Their record ids come from this range, apart from broker ids.
