@@ -78,6 +78,7 @@ SAMPLES: list[n.Packet] = [
     n.DeliverChunk(1, -16, 42, 0, b"range body", True),
     n.ReplicaStart("tandem.cluster", "pw", "127.0.0.1:61617", "pair-1"),
     n.ReplicaStart("u", "p", "h:1"),
+    n.ReplicaStart("u", "p", "h:1", None, 1),
     n.ReplicaAck(2**40),
     n.ReplicaSynced(7),
     n.ReplicaFailback(),

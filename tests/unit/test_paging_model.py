@@ -6,7 +6,9 @@ transactions too (committed, or cut by a crash after their page writes; paged wh
 committed, rolled back or cut by a crash, with other sends in between), consumes and
 acknowledges from their queues, reads ranges of a reader-only queue (the Spark source's) and
 acknowledges up to a sequence there, browses queues, purges, and restarts the broker's store
-from its files.
+from its files. Runs of messages in page records (decision 0086) are sealed at 160 bytes here
+(128 KiB in the broker), so that a loop pass's sends make several runs, across page rolls and
+a transaction's files alike.
 Range reads and browsers must return what the model holds, in order, whether it is in memory or
 in pages, and browsing must leave the queue as it was. After
 every step each queue's contents (in memory, then still in pages, in delivery order) must equal
@@ -36,6 +38,7 @@ from tandem.core.session import Transaction
 from tandem.core.settings import SettingsRepository
 from tandem.journal import JournalSettings
 from tandem.server.broker import restore_state
+from tandem.store import pages
 from tandem.store.journal_storage import JournalStorage
 
 JOURNAL = JournalSettings(file_size=64 * 1024, min_files=2, pool_files=1, buffer_timeout_ns=0, datasync=False)
@@ -87,6 +90,7 @@ class _Collect:
 class PagedStore(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        self.group_bytes, pages.GROUP_BYTES = pages.GROUP_BYTES, 160
         self.dir = Path(tempfile.mkdtemp(prefix="tandem-paging-"))
         self.loop = asyncio.new_event_loop()
         self.model: dict[str, list[int]] = {name: [] for name in QUEUES}
@@ -124,7 +128,10 @@ class PagedStore(RuleBasedStateMachine):
         store_loop.settle(self.loop, self.storage, 20)
 
     def teardown(self) -> None:
-        store_loop.close(self.loop, self.storage, Path(self.dir), 20)
+        try:
+            store_loop.close(self.loop, self.storage, Path(self.dir), 20)
+        finally:
+            pages.GROUP_BYTES = self.group_bytes
 
     # ---------------------------------------------------------------- rules
     @rule(address=st.sampled_from(["work", "news"]), n=st.integers(1, 30), size=st.integers(1, 120))

@@ -29,6 +29,7 @@ from tandem.ha.source import BackupStream, ReplicationSource
 from tandem.journal import Journal, JournalSettings
 from tandem.journal.storeio import Applier
 from tandem.protocol import native as p
+from tandem.store.records import STORE_FORMAT
 
 PREFIX = "tr"
 SETTINGS = JournalSettings(
@@ -41,6 +42,11 @@ SETTINGS = JournalSettings(
     compact_percentage=40,
 )
 CFG = BrokerConfig(initial_replication_sync_timeout=10_000)
+
+
+def _replica_start() -> p.ReplicaStart:
+    """What a backup of this version sends (ha/replica.py)."""
+    return p.ReplicaStart(CFG.cluster_user, CFG.cluster_password, "b:1", store_format=STORE_FORMAT)
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
@@ -177,7 +183,7 @@ class ReplicatedJournal(JournalWrites):
         self.link = link
 
         async def accept() -> None:
-            self.source.accept(link, p.ReplicaStart(CFG.cluster_user, CFG.cluster_password, "b:1"), [self.j], self.data)
+            self.source.accept(link, _replica_start(), [self.j], self.data)
 
         self._run(accept())
         assert link.accepted
@@ -256,7 +262,7 @@ def test_a_batch_is_confirmed_only_once_the_backup_has_it(tmp_path: Path) -> Non
         j.add(1, 1, b"alone")
         await durable("alone")  # no backup: the disk is enough
         link = LoopbackLink(tmp_path / "backup")
-        source.accept(link, p.ReplicaStart(CFG.cluster_user, CFG.cluster_password, "b:1"), [j], tmp_path / "primary")
+        source.accept(link, _replica_start(), [j], tmp_path / "primary")
         b: BackupStream = link.replica
         while not b.synced:
             await asyncio.sleep(0.005)
@@ -305,7 +311,7 @@ def test_the_sync_reports_its_progress_then_in_sync(tmp_path: Path) -> None:
                 seen.append(source.state())
 
         link = Watching(tmp_path / "backup")
-        source.accept(link, p.ReplicaStart(CFG.cluster_user, CFG.cluster_password, "b:1"), [j], tmp_path / "primary")
+        source.accept(link, _replica_start(), [j], tmp_path / "primary")
         b: BackupStream = link.replica
         while not b.synced:
             await asyncio.sleep(0.005)
@@ -356,7 +362,7 @@ def test_writes_made_while_the_backup_catches_up_are_not_held_for_it(tmp_path: P
 
         link = Paused(tmp_path / "backup")
         link.hold = True  # the backup's acknowledgements are held until release()
-        source.accept(link, p.ReplicaStart(CFG.cluster_user, CFG.cluster_password, "b:1"), [j], tmp_path / "primary")
+        source.accept(link, _replica_start(), [j], tmp_path / "primary")
         b: BackupStream = link.replica
         for _ in range(500):
             if b.copied:
