@@ -22,6 +22,7 @@ import stomp.exception
 
 import tandem
 from broker_process import BrokerProcess
+from tandem.journal.faults import ENV as FAULTS_ENV
 from tandem.protocol.stomp import SERVER_COMMANDS, Frame, StompParser
 from users import users_path, write_users
 
@@ -785,6 +786,39 @@ def test_acks_pipelined_in_one_packet_survive_a_kill(broker_factory: Factory, ra
     b.kill()
     b.start()
     assert [m.body for m in native_drain(b.url, "acked-together", 2)] == [b"m5", b"m7"]
+
+
+@pytest.mark.parametrize("packets", ["one", "two"])
+def test_a_receipt_comes_once_the_plain_acks_before_it_are_on_disk(
+    broker_factory: Factory, raws: Callable[[int], Raw], packets: str
+) -> None:
+    """A plain ACK of a persistent message, then an ACK with a receipt that writes nothing itself
+    (its message is not persistent), in one packet or the next: the RECEIPT says that ACK and
+    every ACK before it are on disk (docs/stomp.md), so a kill -9 right after it must not bring
+    the first message back. The message journal's syncs are slowed to 2 s (the fault seam), so
+    a receipt that does not wait for them arrives long before they are done."""
+    b = stomp_broker(broker_factory, env={FAULTS_ENV: "tandem-data:sync=delay2"})
+    r = raws(b.ports["stomp"])
+    r.connect("1.2")
+    r.send(
+        b"SEND\ndestination:/queue/acks-then-receipt\npersistent:true\nreceipt:stored\n\nkept\0"
+        b"SEND\ndestination:/queue/acks-then-receipt\npersistent:false\nreceipt:sent\n\npassing\0"
+    )
+    r.next_of("RECEIPT", **{"receipt-id": "stored"}, timeout=15)  # "kept" is on disk
+    r.next_of("RECEIPT", **{"receipt-id": "sent"})
+    r.send(b"SUBSCRIBE\nid:s\ndestination:/queue/acks-then-receipt\nack:client-individual\n\n\0")
+    kept, passing = r.messages(2)
+    assert (kept.body, passing.body) == (b"kept", b"passing")
+    if packets == "one":
+        r.send(_ack(kept) + _ack(passing, receipt="acked"))
+    else:
+        r.send(_ack(kept))
+        time.sleep(0.3)  # the broker has read it, and journaled it: not synced yet
+        r.send(_ack(passing, receipt="acked"))
+    r.next_of("RECEIPT", **{"receipt-id": "acked"}, timeout=15)
+    b.kill()
+    b.start()
+    assert native_drain(b.url, "acks-then-receipt", 0) == []  # "kept" was acknowledged for good
 
 
 def _sync_then_kill_and_restart(b: BrokerProcess) -> None:

@@ -552,13 +552,15 @@ class Queue:
             self._requeue([r for r in refs if not r.removed])
 
     # ----------------------------------------------------- acks and cancels
-    def acknowledge(self, refs: list[MessageRef], tx: list[object] | None = None) -> None:
-        """Delivered refs are done with: forget them, durably."""
+    def acknowledge(self, refs: list[MessageRef], tx: list[object] | None = None) -> bool:
+        """Delivered refs are done with: forget them, durably. True if that wrote to the journal
+        (or to `tx`): an answer that says so waits for the journal's sync."""
         self.delivering_count -= len(refs)
         self.messages_acked += len(refs)
         self._drop(refs, tx)
         if not self.consumers and self.host is not None and not self.message_count:
             self.host.queue_idle(self)
+        return self.durable and self.storage.persistent and any(r.message.durable for r in refs)
 
     def _drop(self, refs: list[MessageRef], tx: list[object] | None = None) -> None:
         persist = self.durable and self.storage.persistent

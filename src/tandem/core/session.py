@@ -246,8 +246,7 @@ class ServerSession:
         if tx is not None:
             tx.acks.append((q, refs))
             return False
-        q.acknowledge(refs)
-        return q.durable and q.storage.persistent and any(r.message.durable for r in refs)
+        return q.acknowledge(refs)
 
     def nack(self, cid: int, message_id: int) -> None:
         """Negative ack: the message goes back (after redelivery-delay) or to the dead-letter address."""

@@ -199,6 +199,9 @@ class StompConnection(asyncio.Protocol):
         self._pending_durable = 0
         self._receipts: list[bytes] = []
         self._receipts_durable = False
+        # Plain ACKs journaled since the last receipt that waited for the disk: the next receipt,
+        # whatever it answers, waits too (it says every ACK before it is on disk).
+        self._acks_unsynced = False
         self.last_received = self.loop.time()
         self.last_sent = self.last_received
         self.opened_at = self.last_received  # CONNECT must be accepted by handshake-timeout after this
@@ -563,8 +566,8 @@ class StompConnection(asyncio.Protocol):
 
     def _flush_receipts(self) -> None:
         receipts, self._receipts = self._receipts, []
-        if self._receipts_durable or self._pending_durable:
-            self._receipts_durable = False
+        if self._receipts_durable or self._pending_durable or self._acks_unsynced:
+            self._receipts_durable = self._acks_unsynced = False
             self._pending_durable += 1
 
             def done() -> None:
@@ -1021,7 +1024,8 @@ class StompConnection(asyncio.Protocol):
         """Acknowledge what the plain ACKs of this read took: one journal record per queue."""
         acked, self._acked = self._acked, {}
         for consumer, refs in acked.items():
-            consumer.queue.acknowledge(refs)
+            if consumer.queue.acknowledge(refs):
+                self._acks_unsynced = True
             if consumer.message_mode:
                 consumer.add_credits(len(refs))
 
