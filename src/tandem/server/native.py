@@ -1047,7 +1047,10 @@ class NativeConnection(asyncio.Protocol):
         channel, cmd = pkt.channel, pkt.cmd
 
         def acked(n: int) -> None:
-            self._reply(channel, cmd, {"acked": n}, after_journal=n > 0)
+            # Acknowledging nothing still says "acknowledged up to seq": an earlier ACK_UP_TO (a
+            # retry's first attempt, another reader) may have removed those messages in a batch
+            # not on disk yet, so the answer waits for the disk either way.
+            self._reply(channel, cmd, {"acked": n}, after_journal=True)
 
         q.ack_upto_soon(pkt.seq, acked)
 

@@ -65,6 +65,21 @@ _encode = encoder.encode
 BINDINGS_FILE_SIZE = 1024 * 1024
 
 
+class _TxAck:
+    """A transaction's acknowledgement of `message` on queue `queue_id`, resolved into its journal
+    operation (an ACK update, or the DELETE when no other durable queue holds the message) only
+    when the transaction's batch is handed to the journal. Deciding earlier lowered the message's
+    count at once: a plain ack on its other queue, meanwhile, saw no queue left and deleted the
+    record, while the transaction (waiting for a page write, decision 0049) could still be cut
+    by a crash, leaving the message gone from a queue that never acknowledged it."""
+
+    __slots__ = ("message", "queue_id")
+
+    def __init__(self, message: Message, queue_id: int) -> None:
+        self.message = message
+        self.queue_id = queue_id
+
+
 @dataclass
 class LoadedQueue:
     id: int
@@ -600,20 +615,24 @@ class JournalStorage:
             tx.append(Op(ADD, RecordType.MESSAGE, message.id, body))
 
     def store_ack(self, message: Message, queue: Queue, tx: list[object] | None = None) -> None:
-        message.durable_refs -= 1
-        rid = message.rid or message.id
-        if message.durable_refs <= 0:
-            op = Op(DELETE, 0, rid, b"")
-        else:
-            op = Op(UPDATE, RecordType.ACK, rid, _encode(AckRecord(queue.id)))
         if tx is not None:
-            tx.append(op)
-        elif op.kind == DELETE:
+            tx.append(_TxAck(message, queue.id))  # decided when the transaction is journaled
+            return
+        op = self._ack_op(message, queue.id)
+        if op.kind == DELETE:
             self.messages.delete(op.id)
             if message.large is not None:
                 self.large.record_deleted(message.id)
         else:
             self.messages.update(op.id, op.user_type, op.body)
+
+    def _ack_op(self, message: Message, queue_id: int) -> Op:
+        """The acknowledgement's operation, now: the last durable queue's deletes the record."""
+        message.durable_refs -= 1
+        rid = message.rid or message.id
+        if message.durable_refs <= 0:
+            return Op(DELETE, 0, rid, b"")
+        return Op(UPDATE, RecordType.ACK, rid, _encode(AckRecord(queue_id)))
 
     def store_acks(self, messages: list[Message], queue: Queue, tx: list[object] | None = None) -> None:
         """Acknowledge many messages on one queue: the last queue's ack is a DELETE, all in one record."""
@@ -660,10 +679,17 @@ class JournalStorage:
     def commit(self, tx: list[object]) -> None:
         """One atomic batch of `tx`'s journal operations; then its callables, in order (what
         must follow the batch: a page cursor passing acknowledgements in it, decision 0063)."""
-        ops = [op for op in tx if isinstance(op, Op)]
-        after = [f for f in tx if not isinstance(f, Op)]
-        if not all(callable(f) for f in after):
-            raise JournalError("transaction holds something that is not a journal operation")
+        ops: list[Op] = []
+        after: list[object] = []
+        for x in tx:
+            if isinstance(x, Op):
+                ops.append(x)
+            elif isinstance(x, _TxAck):
+                ops.append(self._ack_op(x.message, x.queue_id))
+            elif callable(x):
+                after.append(x)
+            else:
+                raise JournalError("transaction holds something that is not a journal operation")
         self.messages.batch(ops)
         if self.large.records:
             for op in ops:

@@ -1,0 +1,130 @@
+"""An answer that says something is stored must wait for whatever earlier write made it so, even
+when the command answered wrote nothing itself (both found in review, reproduced with kill -9).
+
+- A second ACK_UP_TO over messages an earlier one removed acks 0 messages; its answer still
+  says "acknowledged up to here", so it waits for the earlier one's records.
+- A transaction that acknowledges a message on one queue and commits a send to a paging
+  address journals its acknowledgement only once the page write is durable (decision 0049).
+  Meanwhile the message's other queue acknowledges it too: that must not delete the message's
+  record while the transaction's acknowledgement is not journaled (a crash then leaves the
+  transaction uncommitted and the message still on the first queue).
+
+The journal's and the page writer's writes are stalled through the fault seam's rules file
+(TANDEM_JOURNAL_FAULTS_FILE), armed at the moment the test chooses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import tandem.aio as aio
+from broker_process import BrokerProcess
+from tandem.journal.faults import ENV_FILE
+
+PAGED = {"paged.#": {"max-size-bytes": 16 * 1024, "address-full-policy": "PAGE", "page-size-bytes": 16 * 1024}}
+
+
+def _broker(broker_factory: Any, tmp_path: Path, **settings: Any) -> tuple[BrokerProcess, Path]:
+    rules = tmp_path / "faults"
+    rules.write_text("")
+    return broker_factory(env={ENV_FILE: str(rules)}, **settings).start(), rules
+
+
+async def _arm(rules: Path, rule: str) -> None:
+    await asyncio.to_thread(rules.write_text, rule + "\n")
+    await asyncio.sleep(0.2)  # the writers look at the file every 20 ms
+
+
+def test_an_ack_up_to_that_acks_nothing_waits_for_the_one_that_did(broker_factory: Any, tmp_path: Path) -> None:
+    b, rules = _broker(broker_factory, tmp_path)
+
+    async def scenario() -> int:
+        conn = await aio.connect(b.url, call_timeout=30_000)
+        try:
+            s = await conn.create_session()
+            await s.create_queue("rq", reader_only=True, exists_ok=True)
+            p = s.create_producer("rq")
+            for i in range(5):
+                await p.send(f"m{i}")
+            last = (await s.read_range("rq", 0, 10**9)).messages[-1].seq
+            await _arm(rules, "tandem-data:write=delay5")  # the next journal write stalls 5 s
+            first = asyncio.ensure_future(s.ack_upto("rq", last))
+            await asyncio.sleep(0.5)
+            assert not first.done()
+            s2 = await conn.create_session()
+            n = await s2.ack_upto("rq", last)  # (without the fix: answered at once)
+            assert first.done(), "the second ACK_UP_TO was answered before the first was stored"
+            return n
+        finally:
+            await conn.close()
+
+    n = asyncio.run(scenario())
+    assert n == 0
+    b.kill()
+    rules.write_text("")
+    b.start()
+
+    async def left() -> list[bytes]:
+        conn = await aio.connect(b.url)
+        try:
+            return [m.body for m in (await (await conn.create_session()).read_range("rq", 0, 10**9)).messages]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(left()) == []
+
+
+def test_a_transaction_s_ack_waiting_for_its_page_write_keeps_the_message_for_its_queue(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    b, rules = _broker(broker_factory, tmp_path, address_settings=PAGED)
+
+    async def scenario() -> None:
+        conn = await aio.connect(b.url, call_timeout=30_000)
+        s = await conn.create_session()
+        await s.create_queue("q1", "topic", "multicast", durable=True)
+        await s.create_queue("q2", "topic", "multicast", durable=True)
+        out = s.create_producer("paged.out")
+        for i in range(100):  # paged.out pages from now on
+            await out.send_async(f"fill{i}" + "x" * 400)
+        await out.flush()
+        await s.create_producer("topic").send("M")  # to q1 and q2
+        tx = await conn.create_session(transacted=True)
+        m1 = await (await tx.create_consumer("q1")).receive(5)
+        plain = await conn.create_session(ack_mode="individual")
+        m2 = await (await plain.create_consumer("q2")).receive(5)
+        assert m1 is not None and m2 is not None and m1.body == m2.body == b"M"
+        await _arm(rules, "tandem-paging:write=delay8")  # the next page write stalls 8 s
+        await tx.create_producer("paged.out").send("out")  # paged at the commit
+        commit = asyncio.ensure_future(tx.commit())  # acks M on q1: journaled after the page write
+        await asyncio.sleep(0.5)
+        assert not commit.done()
+        ack = asyncio.ensure_future(m2.ack())  # q2's ack of M: its record is written at once
+        await asyncio.sleep(1.0)  # (its answer waits for the page writer, as every answer does)
+        assert not commit.done()
+        b.kill()  # before the page write: the transaction never committed
+        commit.cancel()
+        ack.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(conn.close(), 5)
+
+    asyncio.run(scenario())
+    rules.write_text("")
+    b.start()
+
+    async def after() -> tuple[bytes | None, bytes | None]:
+        conn = await aio.connect(b.url)
+        try:
+            s = await conn.create_session(ack_mode="individual")
+            on_q1 = await (await s.create_consumer("q1")).receive(5)
+            on_q2 = await (await s.create_consumer("q2")).receive(0.5)
+            return (None if on_q1 is None else on_q1.body), (None if on_q2 is None else on_q2.body)
+        finally:
+            await conn.close()
+
+    on_q1, on_q2 = asyncio.run(after())
+    assert on_q2 is None  # its acknowledgement was confirmed
+    assert on_q1 == b"M", "the uncommitted transaction's acknowledgement took M from q1"
