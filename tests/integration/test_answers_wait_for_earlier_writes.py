@@ -9,7 +9,13 @@ when the command answered wrote nothing itself (both found in review, reproduced
   record while the transaction's acknowledgement is not journaled (a crash then leaves the
   transaction uncommitted and the message still on the first queue).
 
-The journal's and the page writer's writes are stalled through the fault seam's rules file
+- A copy routed to an address that its own routing auto-creates (a dead letter, a transaction's
+  send) is journaled with the original's DELETE in one message-journal batch, while the new
+  address and queue go to the bindings journal. The batch waits for the bindings: written first,
+  a crash before the bindings reloads the copy without its queue (dropped as an orphan) while
+  the original's DELETE stands.
+
+The journals' and the page writer's writes are stalled through the fault seam's rules file
 (TANDEM_JOURNAL_FAULTS_FILE), armed at the moment the test chooses.
 """
 
@@ -19,6 +25,8 @@ import asyncio
 import contextlib
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 import tandem.aio as aio
 from broker_process import BrokerProcess
@@ -128,3 +136,54 @@ def test_a_transaction_s_ack_waiting_for_its_page_write_keeps_the_message_for_it
     on_q1, on_q2 = asyncio.run(after())
     assert on_q2 is None  # its acknowledgement was confirmed
     assert on_q1 == b"M", "the uncommitted transaction's acknowledgement took M from q1"
+
+
+async def _drain(url: str, queue: str) -> list[bytes]:
+    conn = await aio.connect(url)
+    try:
+        c = await (await conn.create_session(ack_mode="individual")).create_consumer(queue)
+        out = []
+        while (m := await c.receive(1.0)) is not None:
+            out.append(m.body)
+            await m.ack()  # (unacknowledged, a close would count a failed delivery: a dead letter)
+        return out
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("how", ["dead letter", "transaction"])
+def test_a_copy_to_an_address_its_routing_creates_is_journaled_after_that_address(
+    broker_factory: Any, tmp_path: Path, how: str
+) -> None:
+    dlq = {"in.#": {"dead-letter-address": "dla.new", "max-delivery-attempts": 1}}
+    b, rules = _broker(broker_factory, tmp_path, address_settings=dlq)
+
+    async def scenario() -> None:
+        conn = await aio.connect(b.url, call_timeout=30_000)
+        s = await conn.create_session()
+        await s.create_producer("in.q").send("M")  # confirmed
+        tx = await conn.create_session(transacted=True)
+        m = await (await tx.create_consumer("in.q")).receive(5)
+        assert m is not None and m.body == b"M"
+        await _arm(rules, "tandem-bindings:write=delay10")  # the next bindings write stalls 10 s
+        if how == "dead letter":
+            await tx.rollback()  # one failed delivery: M goes to dla.new, created by that move
+            pending = None
+        else:
+            await tx.create_producer("out.new").send(b"from " + m.body)  # creates out.new
+            pending = asyncio.ensure_future(tx.commit())  # M acknowledged, its result sent
+        await asyncio.sleep(1.5)  # (without the fix: the message batch is on disk by now)
+        assert pending is None or not pending.done()  # the commit waits for the bindings
+        b.kill()
+        if pending is not None:
+            pending.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(conn.close(), 5)
+
+    asyncio.run(scenario())
+    rules.write_text("")
+    b.start()
+    left = asyncio.run(_drain(b.url, "in.q"))
+    moved = asyncio.run(_drain(b.url, "dla.new" if how == "dead letter" else "out.new"))
+    # Either the move (the commit) is undone, M still on in.q, or it happened whole: never neither.
+    assert (left, moved) in (([b"M"], []), ([], [b"M" if how == "dead letter" else b"from M"])), (left, moved)

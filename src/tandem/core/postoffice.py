@@ -338,6 +338,17 @@ class PostOffice:
         if not refs:
             log.warning("message dropped", extra={"message_id": m.id, "queue": queue.name, "reason": reason})
         queue._drop([ref], ops)
+        self._journal_then_queue(ops, refs)
+
+    def _journal_then_queue(self, ops: list[object], refs: list[MessageRef]) -> None:
+        """Journal a move's or a commit's batch, then queue its copies. While the bindings journal
+        still writes (an address or queue this routing auto-created), the batch and the queueing
+        wait for it: the two journals are written apart, and copies on disk before their queue
+        would be dropped as orphans at a reload while the originals' DELETEs in the same batch
+        stand. (A copy is queued only once journaled: nothing can acknowledge it before.)"""
+        if ops and not self.storage.bindings_idle:
+            self.storage.after_bindings_durable(partial(self._page_tx_durable, [], ops, [], refs))
+            return
         if ops:
             self.storage.commit(ops)
         for r in refs:
@@ -632,10 +643,7 @@ class PostOffice:
                 self.remember(self.dedup_cache(TX_CACHE), empty_retry_key(dedup_id), ops)
         if paged or (paged_tx is not None and paged_tx.runs):
             return self._commit_paged(paged, ops, added, paged_tx)
-        if ops:
-            self.storage.commit(ops)
-        for ref in added:
-            ref.queue.add(ref)
+        self._journal_then_queue(ops, added)
         return bool(ops)
 
     def _commit_paged(
@@ -677,6 +685,9 @@ class PostOffice:
     def _page_tx_durable(
         self, txs: list[int], ops: list[object], pagers: list[AddressPager], added: list[MessageRef]
     ) -> None:
+        if ops and not self.storage.bindings_idle:  # after the queues its copies name (_journal_then_queue)
+            self.storage.after_bindings_durable(partial(self._page_tx_durable, txs, ops, pagers, added))
+            return
         if ops:
             try:
                 self.storage.commit(ops)
