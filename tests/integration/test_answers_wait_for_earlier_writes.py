@@ -15,6 +15,11 @@ when the command answered wrote nothing itself (both found in review, reproduced
   a crash before the bindings reloads the copy without its queue (dropped as an orphan) while
   the original's DELETE stands.
 
+- An auto-delete queue (`auto-delete-queues`) emptied by an acknowledgement is deleted only once
+  that acknowledgement, and whatever came with it, is stored: a transaction that takes its last
+  message and sends to it again keeps the queue (and the send), and a crash before the
+  acknowledgement is stored leaves queue and message.
+
 The journals' and the page writer's writes are stalled through the fault seam's rules file
 (TANDEM_JOURNAL_FAULTS_FILE), armed at the moment the test chooses.
 """
@@ -187,3 +192,41 @@ def test_a_copy_to_an_address_its_routing_creates_is_journaled_after_that_addres
     moved = asyncio.run(_drain(b.url, "dla.new" if how == "dead letter" else "out.new"))
     # Either the move (the commit) is undone, M still on in.q, or it happened whole: never neither.
     assert (left, moved) in (([b"M"], []), ([], [b"M" if how == "dead letter" else b"from M"])), (left, moved)
+
+
+@pytest.mark.parametrize("how", ["commit sends to it", "crash before the ack is stored"])
+def test_an_auto_delete_queue_goes_only_once_what_emptied_it_is_stored(
+    broker_factory: Any, tmp_path: Path, how: str
+) -> None:
+    b, rules = _broker(broker_factory, tmp_path, address_settings={"ad.#": {"auto-delete-queues": True}})
+
+    async def scenario() -> None:
+        conn = await aio.connect(b.url, call_timeout=30_000)
+        s = await conn.create_session()
+        await s.create_producer("ad.q").send("M")  # auto-creates the address and queue ad.q
+        tx = await conn.create_session(transacted=True)
+        c = await tx.create_consumer("ad.q")
+        m = await c.receive(5)
+        assert m is not None and m.body == b"M"
+        await c.close()  # its acknowledgement stays in the transaction
+        if how == "commit sends to it":
+            await tx.create_producer("ad.q").send("M2")
+            await tx.commit()  # answered: M acknowledged, M2 stored in ad.q
+            await conn.close()
+            return
+        await _arm(rules, "tandem-data:write=delay10")  # the commit's batch stalls 10 s
+        commit = asyncio.ensure_future(tx.commit())
+        await asyncio.sleep(1.5)
+        assert not commit.done()
+        b.kill()  # the commit never answered: M stays
+        commit.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(conn.close(), 5)
+
+    asyncio.run(scenario())
+    if how == "commit sends to it":
+        assert asyncio.run(_drain(b.url, "ad.q")) == [b"M2"]
+        return
+    rules.write_text("")
+    b.start()
+    assert asyncio.run(_drain(b.url, "ad.q")) == [b"M"]

@@ -294,8 +294,14 @@ def test_auto_delete_queues_when_idle(broker_factory: Any) -> None:
         await s.create_producer("temp.work").send("x")
         assert await c.receive(5) is not None
         await c.close()
-        names = {q["name"] for q in await conn.manage("queue.stat")}
-        addresses = {a["name"] for a in await conn.manage("address.list")}
+        # Deleted once the acknowledgement that emptied it is stored (a moment after the close).
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            names = {q["name"] for q in await conn.manage("queue.stat")}
+            addresses = {a["name"] for a in await conn.manage("address.list")}
+            if "temp.work" not in names or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
         c2 = await s.create_consumer("kept.work")  # default settings: not auto-deleted
         await c2.close()
         names2 = {q["name"] for q in await conn.manage("queue.stat")}

@@ -287,14 +287,26 @@ class PostOffice:
         return self._call_later(delay, fn)
 
     def queue_idle(self, queue: Queue) -> None:
-        """Auto-delete an auto-created queue once it has no consumers and no messages."""
-        if (
+        """Auto-delete an auto-created queue once it has no consumers and no messages: once what
+        emptied it is stored, and if it is still idle then. An acknowledgement empties the queue
+        in memory at once, but it (in a commit, with the commit's sends to this very queue) is
+        journaled after; the queue's deletion goes to the other journal, so deleted at once it
+        could be on disk first, and a crash would take the unacknowledged message with it."""
+        if self._idle(queue):  # (next turn: a commit acknowledging now hands its batch over first)
+            self.schedule(partial(self.storage.after_durable, partial(self._delete_if_idle, queue)))
+
+    @staticmethod
+    def _idle(queue: Queue) -> bool:
+        return (
             queue.auto_created
             and not queue.deleted
             and queue.settings.auto_delete_queues
             and not queue.consumers
             and not queue.message_count
-        ):
+        )
+
+    def _delete_if_idle(self, queue: Queue) -> None:
+        if self._idle(queue) and self.queues.get(queue.name) is queue:
             self.delete_queue(queue.name, force=True)
             addr = self.addresses.get(queue.address)
             if addr is not None and addr.auto_created and not addr.queues and addr.settings.auto_delete_addresses:
