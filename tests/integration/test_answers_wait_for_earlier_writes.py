@@ -51,6 +51,21 @@ async def _arm(rules: Path, rule: str) -> None:
     await asyncio.sleep(0.2)  # the writers look at the file every 20 ms
 
 
+async def _kill_now(b: BrokerProcess, conn: Any, *pending: asyncio.Future[Any] | None) -> None:
+    """kill -9 of the broker while `pending` calls wait; then the client is let go quietly."""
+    b.kill()
+    for f in pending:
+        if f is not None:
+            f.cancel()
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(conn.close(), 5)
+
+
+def _restart(b: BrokerProcess, rules: Path) -> None:
+    rules.write_text("")  # no more stalls
+    b.start()
+
+
 def test_an_ack_up_to_that_acks_nothing_waits_for_the_one_that_did(broker_factory: Any, tmp_path: Path) -> None:
     b, rules = _broker(broker_factory, tmp_path)
 
@@ -77,8 +92,7 @@ def test_an_ack_up_to_that_acks_nothing_waits_for_the_one_that_did(broker_factor
     n = asyncio.run(scenario())
     assert n == 0
     b.kill()
-    rules.write_text("")
-    b.start()
+    _restart(b, rules)
 
     async def left() -> list[bytes]:
         conn = await aio.connect(b.url)
@@ -118,15 +132,10 @@ def test_a_transaction_s_ack_waiting_for_its_page_write_keeps_the_message_for_it
         ack = asyncio.ensure_future(m2.ack())  # q2's ack of M: its record is written at once
         await asyncio.sleep(1.0)  # (its answer waits for the page writer, as every answer does)
         assert not commit.done()
-        b.kill()  # before the page write: the transaction never committed
-        commit.cancel()
-        ack.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(conn.close(), 5)
+        await _kill_now(b, conn, commit, ack)  # before the page write: the transaction never committed
 
     asyncio.run(scenario())
-    rules.write_text("")
-    b.start()
+    _restart(b, rules)
 
     async def after() -> tuple[bytes | None, bytes | None]:
         conn = await aio.connect(b.url)
@@ -179,15 +188,10 @@ def test_a_copy_to_an_address_its_routing_creates_is_journaled_after_that_addres
             pending = asyncio.ensure_future(tx.commit())  # M acknowledged, its result sent
         await asyncio.sleep(1.5)  # (without the fix: the message batch is on disk by now)
         assert pending is None or not pending.done()  # the commit waits for the bindings
-        b.kill()
-        if pending is not None:
-            pending.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(conn.close(), 5)
+        await _kill_now(b, conn, pending)
 
     asyncio.run(scenario())
-    rules.write_text("")
-    b.start()
+    _restart(b, rules)
     left = asyncio.run(_drain(b.url, "in.q"))
     moved = asyncio.run(_drain(b.url, "dla.new" if how == "dead letter" else "out.new"))
     # Either the move (the commit) is undone, M still on in.q, or it happened whole: never neither.
@@ -218,15 +222,11 @@ def test_an_auto_delete_queue_goes_only_once_what_emptied_it_is_stored(
         commit = asyncio.ensure_future(tx.commit())
         await asyncio.sleep(1.5)
         assert not commit.done()
-        b.kill()  # the commit never answered: M stays
-        commit.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(conn.close(), 5)
+        await _kill_now(b, conn, commit)  # the commit never answered: M stays
 
     asyncio.run(scenario())
     if how == "commit sends to it":
         assert asyncio.run(_drain(b.url, "ad.q")) == [b"M2"]
         return
-    rules.write_text("")
-    b.start()
+    _restart(b, rules)
     assert asyncio.run(_drain(b.url, "ad.q")) == [b"M"]
