@@ -230,3 +230,36 @@ def test_an_auto_delete_queue_goes_only_once_what_emptied_it_is_stored(
         return
     _restart(b, rules)
     assert asyncio.run(_drain(b.url, "ad.q")) == [b"M"]
+
+
+def test_a_commit_to_an_existing_queue_is_queued_at_once_while_other_bindings_are_written(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    """Only copies for queues whose own bindings record may not be on disk wait for the bindings
+    journal: a commit to a queue stored long ago is in it at once, however busy that journal is
+    with others' queues. Waiting for any bindings write would let a range reader (the Spark
+    source) see a last sequence ahead of what the queue holds, and its ACK_UP_TO pass a message
+    it never read."""
+    b, rules = _broker(broker_factory, tmp_path)
+
+    async def scenario() -> tuple[int, list[int]]:
+        conn = await aio.connect(b.url, call_timeout=30_000)
+        try:
+            s = await conn.create_session()
+            await s.create_queue("rq", reader_only=True, exists_ok=True)  # answered once stored
+            await _arm(rules, "tandem-bindings:write=delay3")  # the next bindings write stalls 3 s
+            other = asyncio.ensure_future((await conn.create_session()).create_queue("elsewhere"))
+            await asyncio.sleep(0.3)  # its record is being written
+            tx = await conn.create_session(transacted=True)
+            await tx.create_producer("rq").send("a")
+            commit = asyncio.ensure_future(tx.commit())
+            await asyncio.sleep(0.3)
+            _first, last, records = await s.read_range_records("rq", 0, 10**9)
+            await commit
+            await other
+            return last, [seq for seq, *_rest in records]
+        finally:
+            await conn.close()
+
+    last, seqs = asyncio.run(scenario())
+    assert seqs == list(range(1, last + 1)), (last, seqs)  # every sequence given out is readable

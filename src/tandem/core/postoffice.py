@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +79,7 @@ class PostOffice:
         self.addresses: dict[str, Address] = {}
         self.queues: dict[str, Queue] = {}
         self.queues_by_id: dict[int, Queue] = {}
+        self.fresh_queues: set[int] = set()  # durable queues whose bindings record may not be on disk yet
         self.dedup: dict[str, DuplicateIdCache] = {}
         self.page_txs: dict[int, int] = {}  # page transaction -> pages holding records of it
         self.tx_held_bytes = 0  # bytes of messages open transactions hold until their commit
@@ -216,6 +217,8 @@ class PostOffice:
         self._register(q, addr)
         if durable:
             self.storage.store_queue(q)
+            self.fresh_queues.add(q.id)
+            self.storage.after_bindings_durable(partial(self.fresh_queues.discard, q.id))
         return q
 
     def _register(self, q: Queue, addr: Address) -> None:
@@ -353,12 +356,14 @@ class PostOffice:
         self._journal_then_queue(ops, refs)
 
     def _journal_then_queue(self, ops: list[object], refs: list[MessageRef]) -> None:
-        """Journal a move's or a commit's batch, then queue its copies. While the bindings journal
-        still writes (an address or queue this routing auto-created), the batch and the queueing
-        wait for it: the two journals are written apart, and copies on disk before their queue
-        would be dropped as orphans at a reload while the originals' DELETEs in the same batch
-        stand. (A copy is queued only once journaled: nothing can acknowledge it before.)"""
-        if ops and not self.storage.bindings_idle:
+        """Journal a move's or a commit's batch, then queue its copies. A copy for a queue whose
+        bindings record may not be on disk yet (one this routing auto-created) makes the batch
+        and the queueing wait for it: the two journals are written apart, and copies on disk
+        before their queue would be dropped as orphans at a reload while the originals' DELETEs
+        in the same batch stand. (A copy is queued only once journaled: nothing can acknowledge
+        it before. Only then: a queue's last sequence would run ahead of what it holds, and a
+        range reader's ACK_UP_TO could pass a message it never read.)"""
+        if ops and self._needs_bindings(refs):
             self.storage.after_bindings_durable(partial(self._page_tx_durable, [], ops, [], refs))
             return
         if ops:
@@ -658,6 +663,16 @@ class PostOffice:
         self._journal_then_queue(ops, added)
         return bool(ops)
 
+    def _needs_bindings(self, refs: list[MessageRef], pagers: Sequence[AddressPager] = ()) -> bool:
+        """Some of `refs` (or of the queues the paged addresses route to) are in queues whose
+        bindings record may not be on disk yet."""
+        fresh = self.fresh_queues
+        if not fresh:
+            return False
+        return any(r.queue.id in fresh for r in refs) or any(
+            q.id in fresh for p in pagers for q in p.addr.queues.values()
+        )
+
     def _commit_paged(
         self,
         paged: list[tuple[AddressPager, Message, list[Queue]]],
@@ -697,7 +712,7 @@ class PostOffice:
     def _page_tx_durable(
         self, txs: list[int], ops: list[object], pagers: list[AddressPager], added: list[MessageRef]
     ) -> None:
-        if ops and not self.storage.bindings_idle:  # after the queues its copies name (_journal_then_queue)
+        if ops and self._needs_bindings(added, pagers):  # after the queues its copies name (_journal_then_queue)
             self.storage.after_bindings_durable(partial(self._page_tx_durable, txs, ops, pagers, added))
             return
         if ops:

@@ -469,10 +469,6 @@ class JournalStorage:
     def after_bindings_durable(self, cb: Callable[[], None]) -> None:
         self.bindings.after_durable(cb)
 
-    @property
-    def bindings_idle(self) -> bool:
-        return self.bindings.idle
-
     # -------------------------------------------------------------- messages
     def store_depaged(
         self, queue: Queue, messages: list[tuple[Message, int]], cursor: tuple[int, int], rid: int
@@ -846,5 +842,3 @@ class NullStorage:
 
     def after_bindings_durable(self, cb: Callable[[], None]) -> None:
         cb()
-
-    bindings_idle = True
