@@ -364,7 +364,7 @@ class PostOffice:
         it before. Only then: a queue's last sequence would run ahead of what it holds, and a
         range reader's ACK_UP_TO could pass a message it never read.)"""
         if ops and self._needs_bindings(refs):
-            self.storage.after_bindings_durable(partial(self._page_tx_durable, [], ops, [], refs))
+            self.storage.after_bindings_durable(partial(self._apply_commit, [], ops, [], refs))
             return
         if ops:
             self.storage.commit(ops)
@@ -699,7 +699,7 @@ class PostOffice:
             self.storage.store_page_tx(tx, ops)
             txs.append(tx)
         pagers = list({id(p): p for p in [*pagers, *(p for p, _m, _q in paged)]}.values())
-        self.pages.after_durable(partial(self._page_tx_durable, txs, ops, pagers, added))
+        self.pages.after_durable(partial(self._apply_commit, txs, ops, pagers, added))
         return True
 
     def _commit_after_pages(self, ops: list[object]) -> None:
@@ -709,11 +709,14 @@ class PostOffice:
         with contextlib.suppress(JournalIOError):
             self.storage.commit(ops)
 
-    def _page_tx_durable(
+    def _apply_commit(
         self, txs: list[int], ops: list[object], pagers: list[AddressPager], added: list[MessageRef]
     ) -> None:
-        if ops and self._needs_bindings(added, pagers):  # after the queues its copies name (_journal_then_queue)
-            self.storage.after_bindings_durable(partial(self._page_tx_durable, txs, ops, pagers, added))
+        """Journal a commit's (or a move's) batch, then queue its copies and make its page
+        transactions readable: once what it waited for is durable (its page writes, decision
+        0049; the bindings records of queues its copies name, `_journal_then_queue`)."""
+        if ops and self._needs_bindings(added, pagers):
+            self.storage.after_bindings_durable(partial(self._apply_commit, txs, ops, pagers, added))
             return
         if ops:
             try:

@@ -141,20 +141,16 @@ def decode_page(data: bytes, page: int, start: int = jf.FILE_HEADER_SIZE) -> tup
     single = RecordType.PAGED_MESSAGE
     while end - pos >= hs:
         length, rcrc, key, kind, utype, rid = unpack(data, pos)
-        if kind != add or key != page or length < hs or length > end - pos:
+        if kind != add or (utype != run and utype != single) or key != page or length < hs or length > end - pos:
+            break
+        if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
             break
         if utype == run:
-            if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
-                break
             out.extend(_owned(decode_run(mv[pos + hs : pos + length])))
-        elif utype == single:
-            if crc(mv[pos + _CRC_FROM : pos + length]) != rcrc:
-                break
+        else:
             r = decode(data[pos + hs : pos + length])  # a copy of the body: its Raw keeps only that
             r.mid = rid
             out.append(r)
-        else:
-            break
         pos += length
     parsed: list[rec.Parsed] = []
     stop = rec.scan(data, pos, page, parsed)
