@@ -20,6 +20,11 @@ when the command answered wrote nothing itself (both found in review, reproduced
   message and sends to it again keeps the queue (and the send), and a crash before the
   acknowledgement is stored leaves queue and message.
 
+- A paged message keeps the queue sequence it was written with across a restart; the queue's
+  next sequence after a crash must pass it, even when the reservation of that sequence (the
+  bindings journal's QUEUE_SEQ) never reached the disk. Otherwise a new message takes the same
+  sequence, and a range reader that reads in chunks skips it, then acknowledges it unread.
+
 The journals' and the page writer's writes are stalled through the fault seam's rules file
 (TANDEM_JOURNAL_FAULTS_FILE), armed at the moment the test chooses.
 """
@@ -263,3 +268,55 @@ def test_a_commit_to_an_existing_queue_is_queued_at_once_while_other_bindings_ar
 
     last, seqs = asyncio.run(scenario())
     assert seqs == list(range(1, last + 1)), (last, seqs)  # every sequence given out is readable
+
+
+@pytest.mark.parametrize("how", ["send", "commit"])
+def test_a_paged_message_s_sequence_is_not_given_again_after_a_crash(
+    broker_factory: Any, tmp_path: Path, how: str
+) -> None:
+    # A send pages at once. A transaction's two sends are held by its session (the address does
+    # not page then); at its commit the second would fill the address, so it is paged there
+    # (decision 0049: no sequences in the PAGE_TX record).
+    settings = {"pg.#": {"max-size-bytes": 0 if how == "send" else 1000, "address-full-policy": "PAGE"}}
+    body = "m1" + "x" * 600
+    b, rules = _broker(broker_factory, tmp_path, address_settings=settings)
+
+    async def before() -> None:
+        conn = await aio.connect(b.url, call_timeout=30_000)
+        s = await conn.create_session()
+        await s.create_queue("pg.q", reader_only=True)  # answered once its bindings record is stored
+        await _arm(rules, "tandem-bindings:write=delay20")  # the reservation (QUEUE_SEQ) stalls
+        if how == "send":
+            pending = asyncio.ensure_future(s.create_producer("pg.q").send(body))
+        else:
+            tx = await conn.create_session(transacted=True)
+            await tx.create_producer("pg.q").send(body)
+            await tx.create_producer("pg.q").send(body)
+            pending = asyncio.ensure_future(tx.commit())
+        await asyncio.sleep(1.5)  # the page write is on disk; the reservation is not
+        assert not pending.done()  # the answer waits for the reservation
+        await _kill_now(b, conn, pending)
+        assert [p.stat().st_size > 200 for p in (b.data_dir / "paging").glob("a*-*.page")] == [True]
+
+    async def after() -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+        conn = await aio.connect(b.url, call_timeout=30_000)
+        try:
+            s = await conn.create_session()
+            await s.create_producer("pg.q").send("m2")  # confirmed
+            _first, last, _recs = await s.read_range_records("pg.q", 0, 10**9)
+            whole = [(seq, d.body) for seq, _i, _c, d, _n in _recs]
+            lo, chunked = 0, []  # a reader that keeps offsets, a message at a time (as the Spark source)
+            while True:
+                _f, _l, chunk = await s.read_range_records("pg.q", lo, last, 1)
+                if not chunk:
+                    return whole, chunked
+                chunked += [(seq, d.body) for seq, _i, _c, d, _n in chunk]
+                lo = chunk[-1][0]
+        finally:
+            await conn.close()
+
+    asyncio.run(before())
+    _restart(b, rules)
+    whole, chunked = asyncio.run(after())
+    assert len({seq for seq, _body in whole}) == len(whole), whole  # no sequence held twice
+    assert (b"m2" in [body for _seq, body in chunked]), chunked  # the confirmed message is read

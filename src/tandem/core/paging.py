@@ -831,6 +831,12 @@ class AddressPager:
                     if r.tx not in txs:
                         txs.add(r.tx)
                         self.tx_pages_added(r.tx)
+                for qid, _seq in r.refs:
+                    # Its sequence is taken, whatever the reservation on disk says: one written
+                    # after the page (QUEUE_SEQ, bindings journal) may have been cut by the crash.
+                    q = queues.get(qid)
+                    if q is not None:
+                        q.seqs_used(self._seq_in(r, qid))
                 m = Message.decode(r.mid, r.raw)
                 if not m.durable:
                     continue

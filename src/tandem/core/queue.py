@@ -145,8 +145,8 @@ class Queue:
         return first
 
     def seqs_used(self, last: int) -> None:
-        """Reload: sequences up to `last` are taken (a committed paged transaction's, whose
-        reservation may not have reached the disk before a crash)."""
+        """Reload: sequences up to `last` are taken (a paged record's, or a committed paged
+        transaction's, whose reservation may not have reached the disk before a crash)."""
         if last >= self._next_seq:
             self._next_seq = last + 1
 
