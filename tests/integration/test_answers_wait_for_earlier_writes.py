@@ -319,4 +319,4 @@ def test_a_paged_message_s_sequence_is_not_given_again_after_a_crash(
     _restart(b, rules)
     whole, chunked = asyncio.run(after())
     assert len({seq for seq, _body in whole}) == len(whole), whole  # no sequence held twice
-    assert (b"m2" in [body for _seq, body in chunked]), chunked  # the confirmed message is read
+    assert b"m2" in [body for _seq, body in chunked], chunked  # the confirmed message is read
