@@ -320,3 +320,43 @@ def test_a_paged_message_s_sequence_is_not_given_again_after_a_crash(
     whole, chunked = asyncio.run(after())
     assert len({seq for seq, _body in whole}) == len(whole), whole  # no sequence held twice
     assert b"m2" in [body for _seq, body in chunked], chunked  # the confirmed message is read
+
+
+def test_a_paged_message_s_id_is_not_given_again_after_a_crash(broker_factory: Any, tmp_path: Path) -> None:
+    """Message ids resume after the id counter's reservation, or after the highest id the
+    journals hold. A reservation is written at every start; when a crash cuts it, the ids
+    handed out since are only in the pages, and must not be handed out again: a consumer
+    acknowledges by id."""
+    settings = {"pg.#": {"max-size-bytes": 0, "address-full-policy": "PAGE"}}  # everything pages
+    b, rules = _broker(broker_factory, tmp_path, address_settings=settings)
+
+    async def create() -> None:
+        async with await aio.connect(b.url) as conn:
+            await (await conn.create_session()).create_queue("pg.q")
+
+    async def before() -> None:
+        # Without dedup ids: a send's DUPLICATE_ID record would put an id above it in the journal.
+        conn = await aio.connect(b.url, call_timeout=30_000, auto_dedup=False)
+        s = await conn.create_session()
+        p = s.create_producer("pg.q")
+        pending = asyncio.ensure_future(asyncio.gather(*(p.send(f"m{i}") for i in range(1, 6))))
+        await asyncio.sleep(1.5)  # the page writes are on disk; the start's reservation is not
+        assert not pending.done()  # the answer waits for the reservation
+        await _kill_now(b, conn, pending)
+
+    async def after() -> list[tuple[int, bytes]]:
+        async with await aio.connect(b.url, auto_dedup=False) as conn:
+            s = await conn.create_session()
+            await s.create_producer("pg.q").send("m6")
+            _first, _last, recs = await s.read_range_records("pg.q", 0, 10**9)
+            return [(mid, d.body) for _seq, mid, _c, d, _n in recs]
+
+    asyncio.run(create())
+    b.stop()
+    rules.write_text("tandem-bindings:write=delay20\n")  # the next start's id reservation stalls
+    b.start()
+    asyncio.run(before())
+    _restart(b, rules)
+    held = asyncio.run(after())
+    assert [body for _mid, body in held] == [f"m{i}".encode() for i in range(1, 7)], held
+    assert len({mid for mid, _body in held}) == 6, held  # six messages, six ids

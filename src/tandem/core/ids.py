@@ -31,6 +31,13 @@ class IdGenerator:
             self._extend()
         return n
 
+    def seen(self, n: int) -> None:
+        """Reload: id `n` is stored where the journals' highest id does not look (a page)."""
+        if n >= self._next:
+            self._next = n + 1
+            if self._reserved - self._next < BLOCK // 2:
+                self._extend()
+
     @property
     def peek(self) -> int:
         return self._next

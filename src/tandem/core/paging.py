@@ -823,7 +823,13 @@ class AddressPager:
             self.pages.append(page)
             self.counts[page] = len(records)
             for i, r in enumerate(records):
+                # Ids a page holds are taken: the id counter's reservation written after them
+                # (bindings journal) may have been cut by the crash, and the journals' highest
+                # id does not count pages. A page transaction's id too: a new one given the id
+                # of one cut before its commit would be taken for it.
+                self.ids.seen(r.mid)
                 if r.tx:
+                    self.ids.seen(r.tx)
                     if r.tx not in committed:
                         self.tx_dead.add(r.tx)  # cut by a crash before its commit: never visible
                         continue
