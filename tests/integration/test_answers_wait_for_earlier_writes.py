@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 from pathlib import Path
 from typing import Any
 
@@ -360,3 +361,56 @@ def test_a_paged_message_s_id_is_not_given_again_after_a_crash(broker_factory: A
     held = asyncio.run(after())
     assert [body for _mid, body in held] == [f"m{i}".encode() for i in range(1, 7)], held
     assert len({mid for mid, _body in held}) == 6, held  # six messages, six ids
+
+
+def test_a_queue_id_a_message_record_names_is_not_given_again_after_a_crash(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    """A large message takes its id at LARGE_BEGIN and is routed at its end: a queue created in
+    between has a higher id, and the message's record names it while the queue's own record may
+    still be on its way to the bindings journal. A crash that cuts that record, and the start's
+    id reservation with it, leaves the queue's id only inside the message's record: given again
+    to a new queue, of another address, that queue would hold the message (found in review)."""
+    from tandem.client.message import Message as ClientMessage
+
+    b, rules = _broker(broker_factory, tmp_path)
+    body = b"L" * (300 * 1024)  # over min-large-message-size
+
+    async def create() -> None:
+        async with await aio.connect(b.url) as conn:
+            s = await conn.create_session()
+            await s.create_queue("a.q0", "a", "multicast")
+            await s.create_queue("b.q0", "b", "anycast")
+
+    async def before() -> None:
+        conn = await aio.connect(b.url, call_timeout=60_000, auto_dedup=False)
+        s1, s2 = await conn.create_session(), await conn.create_session()
+        prod = s1.create_producer("a")
+        ch, step = prod._begin_large(ClientMessage(b"").to_data("a"), len(body))  # takes its id now
+        await asyncio.sleep(0.3)
+        created = asyncio.ensure_future(s2.create_queue("a.qx", "a", "multicast"))  # a higher id
+        await asyncio.sleep(0.3)
+        sent = asyncio.ensure_future(prod._stream_large(ch, step, io.BytesIO(body), conn.generation))
+        await asyncio.sleep(1.5)  # routed to a.q0 and a.qx, its record written; the bindings are not
+        assert not created.done() and not sent.done()
+        await _kill_now(b, conn, created, sent)
+
+    async def new_queue() -> None:
+        async with await aio.connect(b.url) as conn:
+            await (await conn.create_session()).create_queue("b.new", "b", "anycast")
+
+    async def held(queue: str) -> list[int]:
+        async with await aio.connect(b.url) as conn:
+            return [len(m.body) for m in (await (await conn.create_session()).read_range(queue, 0, 10**9)).messages]
+
+    asyncio.run(create())
+    b.stop()
+    rules.write_text("tandem-bindings:write=delay20\n")  # the next start's id reservation stalls
+    b.start()
+    asyncio.run(before())
+    _restart(b, rules)
+    assert asyncio.run(held("a.q0")) == [len(body)]  # the message stayed, for the queue that was stored
+    asyncio.run(new_queue())
+    b.stop()
+    b.start()
+    assert asyncio.run(held("b.new")) == []  # nothing was ever sent to address b

@@ -840,9 +840,12 @@ class AddressPager:
                 for qid, _seq in r.refs:
                     # Its sequence is taken, whatever the reservation on disk says: one written
                     # after the page (QUEUE_SEQ, bindings journal) may have been cut by the crash.
+                    # A queue gone (or cut with it) keeps its id: the record still names it.
                     q = queues.get(qid)
                     if q is not None:
                         q.seqs_used(self._seq_in(r, qid))
+                    else:
+                        self.ids.seen(qid)
                 m = Message.decode(r.mid, r.raw)
                 if not m.durable:
                     continue

@@ -94,7 +94,8 @@ def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: 
         refs_by_queue = state.queue_refs
         for q in po.queues.values():
             n += q.adopt(refs_by_queue.pop(q.id, []))
-        for refs in refs_by_queue.values():  # queues deleted since: their messages go with them
+        for qid, refs in refs_by_queue.items():  # queues deleted since: their messages go with them
+            po.ids.seen(qid)  # (see below)
             for ref in refs:
                 if not ref.removed:
                     ref.message.durable_refs -= 1
@@ -108,6 +109,10 @@ def restore_state(po: PostOffice, storage: JournalStorage | NullStorage, state: 
             if target is not None:
                 target.add_loaded(MessageRef(m, target, seq, dc))
                 kept += 1
+            else:
+                # A queue deleted, or cut by a crash before its record was stored: the record
+                # still names it, so its id must never name another queue.
+                po.ids.seen(qid)
         if not kept:
             storage.delete_message(m.rid or m.id)
             continue
