@@ -213,14 +213,29 @@ class Queue:
     def _add_depaged(self, refs: list[MessageRef]) -> None:
         levels = self._levels
         size = 0
-        for ref in refs:
-            m = ref.message
-            if self.last_value_key is not None:
+        if self.last_value_key is not None:
+            for ref in refs:
+                m = ref.message
                 self._replace_last_value(ref)
-            levels[m.priority].append(ref)
-            if m.expiration and m.expiration < self._next_expiry:
-                self._next_expiry = m.expiration
-            size += len(m.raw)
+                levels[m.priority].append(ref)
+                if m.expiration and m.expiration < self._next_expiry:
+                    self._next_expiry = m.expiration
+                size += len(m.raw)
+        else:
+            prio = refs[0].message.priority if refs else 0
+            mixed = False
+            for ref in refs:
+                m = ref.message
+                if m.priority != prio:
+                    mixed = True
+                if m.expiration and m.expiration < self._next_expiry:
+                    self._next_expiry = m.expiration
+                size += len(m.raw)
+            if mixed:
+                for ref in refs:
+                    levels[ref.message.priority].append(ref)
+            else:  # one priority, the common case: one call for the batch
+                levels[prio].extend(refs)
         self._count += len(refs)
         self._bytes += size
         self._account(size, len(refs))
