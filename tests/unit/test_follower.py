@@ -354,6 +354,9 @@ def test_messages_acknowledged_within_one_poll_are_never_built(tmp_path: Path) -
         po = writer.postoffice
         session = ServerSession(po, None)
         queue = po.create_queue("q")
+        stored = asyncio.get_running_loop().create_future()
+        po.storage.after_bindings_durable(lambda: stored.set_result(None))
+        await stored  # sends to a queue whose record is not on disk yet wait for it
         for i in range(200):
             session.send_message(Message.create(po.ids.next(), MessageData("q", True, 4, 0, 1, None, 0, None, b"x")))
             if i % 2:  # every other one consumed and acknowledged at once

@@ -141,6 +141,7 @@ def _old_read_back(b: Broker, q: Queue, k: int) -> list[int]:
 def test_a_store_written_by_the_journaling_read_back_still_loads(data: Path) -> None:
     b = Broker(data)
     b.po.create_queue("work", "work", RoutingType.ANYCAST)
+    b.settle()  # its record stored: sends to it are not held for it
     sent = _send(b, 40)
     q = b.po.queue("work")
     in_memory = [r.message.id for r in q.iter_refs()]
@@ -184,6 +185,7 @@ def test_a_store_written_by_the_journaling_read_back_still_loads(data: Path) -> 
 def test_acknowledgements_ahead_of_the_cursor_are_kept_until_it_passes_them(data: Path) -> None:
     b = Broker(data)
     b.po.create_queue("work", "work", RoutingType.ANYCAST)
+    b.settle()  # its record stored: sends to it are not held for it
     sent = _send(b, 60)
     q = b.po.queue("work")
     taken = b.take(q, 30)
@@ -217,6 +219,7 @@ def test_a_purge_while_messages_read_back_are_in_delivery_survives_a_restart(dat
     """The cursor is held at a message in delivery: the purged span is journaled, not read again."""
     b = Broker(data)
     b.po.create_queue("work", "work", RoutingType.ANYCAST)
+    b.settle()  # its record stored: sends to it are not held for it
     sent = _send(b, 60)
     q = b.po.queue("work")
     taken = b.take(q, 20)
@@ -247,6 +250,7 @@ def test_ack_up_to_past_messages_in_delivery_survives_a_restart(data: Path) -> N
     acknowledges are journaled as a span and not delivered again after a restart."""
     b = Broker(data)
     b.po.create_queue("work", "work", RoutingType.ANYCAST)
+    b.settle()  # its record stored: sends to it are not held for it
     sent = _send(b, 60)
     q = b.po.queue("work")
     taken = b.take(q, 20)
@@ -285,6 +289,7 @@ def test_one_acknowledgement_batch_ahead_of_the_cursor_is_one_record_until_the_c
     skips each of them; the record goes only when the cursor is past the last one."""
     b = Broker(data)
     b.po.create_queue("work", "work", RoutingType.ANYCAST)
+    b.settle()  # its record stored: sends to it are not held for it
     sent = _send(b, 60)
     q = b.po.queue("work")
     taken = b.take(q, 40)

@@ -7,7 +7,6 @@ journal records go through `Storage`, atomically when several must agree
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -356,15 +355,16 @@ class PostOffice:
         self._journal_then_queue(ops, refs)
 
     def _journal_then_queue(self, ops: list[object], refs: list[MessageRef]) -> None:
-        """Journal a move's or a commit's batch, then queue its copies. A copy for a queue whose
+        """Journal a send's, a move's or a commit's batch, then queue its copies. A copy for a queue whose
         bindings record may not be on disk yet (one this routing auto-created) makes the batch
         and the queueing wait for it: the two journals are written apart, and copies on disk
         before their queue would be dropped as orphans at a reload while the originals' DELETEs
         in the same batch stand. (A copy is queued only once journaled: nothing can acknowledge
         it before. Only then: a queue's last sequence would run ahead of what it holds, and a
         range reader's ACK_UP_TO could pass a message it never read.)"""
-        if ops and self._needs_bindings(refs):
-            self.storage.after_bindings_durable(partial(self._apply_commit, [], ops, [], refs))
+        if self._needs_bindings(refs):  # (with no ops too: its copies keep their order behind those waiting)
+            _hold(refs, 1)
+            self.storage.after_bindings_durable(partial(self._apply_commit, [], ops, [], refs, True))
             return
         if ops:
             self.storage.commit(ops)
@@ -549,6 +549,12 @@ class PostOffice:
             pager = self._pager_for(message, queues)
             if pager is not None:
                 return True, self._page(pager, message, queues)
+            fresh = self.fresh_queues
+            if fresh and any(q.id in fresh for q in queues):  # behind a send waiting for them
+                sops: list[object] = []
+                refs = self._store(message, queues, sops)
+                self._journal_then_queue(sops, refs)
+                return bool(refs), bool(sops)
             refs = self._store(message, queues, None)
             for ref in refs:
                 ref.queue.add(ref)
@@ -565,15 +571,16 @@ class PostOffice:
             if dops:
                 # Journaled once the page is durable, never before: an id on disk whose message
                 # is not would make the client's resend look like a duplicate (decision 0045).
-                self.pages.after_durable(partial(self._commit_after_pages, dops))
+                # Nor before the records of queues this routing created: a reload drops the
+                # pages of an address it does not know.
+                self.pages.after_durable(partial(self._apply_commit, [], dops, [pager], []))
             return True, durable or bool(dops)
         ops: list[object] = []
         refs = self._store(message, queues, ops)
         self.remember(cache, dedup_id, ops if message.durable else None)
-        if ops:
-            self.storage.commit(ops)
-        for ref in refs:
-            ref.queue.add(ref)
+        # Message and id wait for the records of queues this routing created: on disk before
+        # them, the message would be dropped as an orphan at a reload and its id kept.
+        self._journal_then_queue(ops, refs)
         return bool(refs), bool(ops)
 
     # ----------------------------------------------------- duplicate detection
@@ -702,30 +709,33 @@ class PostOffice:
         self.pages.after_durable(partial(self._apply_commit, txs, ops, pagers, added))
         return True
 
-    def _commit_after_pages(self, ops: list[object]) -> None:
-        """Journal what waited for page writes (a paged send's dedup id). The journal may have
-        failed meanwhile: the broker is stopping, and nothing of it is confirmed. The page
-        writer's completion calls this: it must not raise (what follows there would be skipped)."""
-        with contextlib.suppress(JournalIOError):
-            self.storage.commit(ops)
-
     def _apply_commit(
-        self, txs: list[int], ops: list[object], pagers: list[AddressPager], added: list[MessageRef]
+        self,
+        txs: list[int],
+        ops: list[object],
+        pagers: list[AddressPager],
+        added: list[MessageRef],
+        held: bool = False,
     ) -> None:
-        """Journal a commit's (or a move's) batch, then queue its copies and make its page
-        transactions readable: once what it waited for is durable (its page writes, decision
-        0049; the bindings records of queues its copies name, `_journal_then_queue`)."""
+        """Journal a commit's (or a move's, or a send's) batch, then queue its copies and make its
+        page transactions readable: once what it waited for is durable (its page writes, decision
+        0049; the bindings records of queues its copies name, `_journal_then_queue`). `held`: the
+        copies count against their addresses' limits meanwhile (`_hold`), until queued."""
         if ops and self._needs_bindings(added, pagers):
-            self.storage.after_bindings_durable(partial(self._apply_commit, txs, ops, pagers, added))
+            self.storage.after_bindings_durable(partial(self._apply_commit, txs, ops, pagers, added, held))
             return
-        if ops:
-            try:
-                self.storage.commit(ops)
-            except JournalIOError:  # failed since the pages were written (the broker is stopping):
-                return  # not committed, so its messages are never queued (a restart skips their pages)
-        for ref in added:
-            if not ref.queue.deleted:
-                ref.queue.add(ref)
+        try:
+            if ops:
+                try:
+                    self.storage.commit(ops)
+                except JournalIOError:  # failed since the pages were written (the broker is stopping):
+                    return  # not committed, so its messages are never queued (a restart skips their pages)
+            for ref in added:
+                if not ref.queue.deleted:
+                    ref.queue.add(ref)
+        finally:
+            if held:
+                _hold(added, -1)  # after they count as queued: no moment of room in between
         for pager in pagers:
             for tx in txs:
                 pager.tx_committed(tx)
@@ -824,3 +834,13 @@ class PostOffice:
                 if a.size_bytes or a.pager is not None
             },
         }
+
+
+def _hold(refs: list[MessageRef], sign: int) -> None:
+    """Copies waiting for their queues' records (`_journal_then_queue`) count against their
+    addresses' limits meanwhile (`sign` 1), as queued ones do, until queued (-1): a burst to a
+    queue just created must not pass a BLOCK or FAIL address's max-size-bytes while it waits."""
+    for r in refs:
+        a = r.queue.addr
+        if a is not None:
+            a.size_changed(sign * len(r.message.raw), sign)
