@@ -464,3 +464,41 @@ def test_a_send_to_a_queue_its_routing_creates_keeps_its_dedup_id_only_with_the_
     asyncio.run(first())
     _restart(b, rules)
     assert asyncio.run(resend()) == [b"M"]
+
+
+def test_a_restart_keeps_the_newest_dedup_ids(broker_factory: Any, tmp_path: Path) -> None:
+    """At a restart the dedup ids of paged messages that the cache does not hold are added back
+    (a crash may have cut the id's record, written after the page). Only those newer than what
+    the cache keeps belong there: adding back every one, ids the cache had pushed out long ago
+    took the newest places and pushed out the latest sends' ids, and a resend of the last one
+    was stored twice (found in review). Large messages are journaled, never paged."""
+    settings = {
+        "paged.#": {
+            "max-size-bytes": 4096,
+            "address-full-policy": "PAGE",
+            "page-size-bytes": 16 * 1024,
+            "id-cache-size": 10,
+        }
+    }
+    b, _rules = _broker(broker_factory, tmp_path, address_settings=settings)
+
+    async def first() -> None:
+        async with await aio.connect(b.url, min_large_message_size=2048) as conn:
+            p = (await conn.create_session()).create_producer("paged.q")
+            for i in range(1, 31):  # most of them paged
+                await p.send(f"d{i}".encode() + b" " * 1024, dedup_id=f"d{i}")
+            for i in range(1, 11):  # large: journaled
+                await p.send(f"n{i}".encode() + b" " * 3072, dedup_id=f"n{i}")
+
+    async def resend() -> list[bytes]:
+        async with await aio.connect(b.url, min_large_message_size=2048) as conn:
+            s = await conn.create_session()
+            await s.create_producer("paged.q").send(b"again", dedup_id="n10")  # refused as a duplicate
+            return [m.body[:5].rstrip() for m in (await s.read_range("paged.q", 0, 10**9)).messages]
+
+    asyncio.run(first())
+    b.kill()
+    b.start()
+    held = asyncio.run(resend())
+    assert b"again" not in held, held
+    assert len(held) == 40

@@ -51,5 +51,14 @@ class DuplicateIdCache:
                 evicted.append(rid)
         return evicted
 
+    def entries(self) -> list[tuple[str, int]]:
+        """(id, record id) of each id held, oldest first."""
+        return [(d, self.ids[d]) for d in self._order]
+
+    def reset(self, entries: list[tuple[str, int]]) -> None:
+        """(Reload) hold exactly `entries`, (id, record id) oldest first."""
+        self.ids = dict(entries)
+        self._order = deque(d for d, _rid in entries)
+
     def __len__(self) -> int:
         return len(self.ids)

@@ -495,6 +495,7 @@ class PostOffice:
                 floor[q.addr.id] = max(floor.get(q.addr.id, 0), page)
         for aid in floor:
             listing.setdefault(aid, [])
+        missing: dict[str, dict[str, int]] = {}  # address -> paged messages' dedup ids not held -> message id
         for aid, pages in listing.items():
             addr = by_id.get(aid)
             if addr is None:  # its address was deleted: so are its pages
@@ -502,19 +503,47 @@ class PostOffice:
                     self.pages.remove(aid, p)
                 continue
             pager = addr.pager = self._new_pager(addr, max(pages[-1] if pages else 0, floor.get(aid, 0)))
-            ops: list[object] = []
             for m in pager.load(pages, cursors, page_txs, page_tx_seqs, page_acks, page_counts, page_skips):
                 assert m.dedup_id is not None
-                cache = self.dedup_cache(m.address)
-                if m.dedup_id not in cache:  # its dedup record was still on its way when the broker stopped
-                    self.remember(cache, m.dedup_id, ops)
-            if ops:
-                self.storage.commit(ops)
+                if m.dedup_id not in self.dedup_cache(m.address):
+                    missing.setdefault(m.address, {})[m.dedup_id] = m.id
+        for address, found in missing.items():
+            self._restore_paged_dedup(address, found)
         for tx in page_txs:
             if tx not in self.page_txs:
                 self.storage.delete_page_tx(tx)  # its pages are all gone
         held = {*cursors, *(page_acks or ()), *(page_counts or ()), *(page_skips or ())}
         return [qid for qid in held if qid not in self.queues_by_id]
+
+    def _restore_paged_dedup(self, address: str, found: dict[str, int]) -> None:
+        """Dedup ids of paged messages the cache does not hold (`found`: id -> message id): the
+        id's record, written after the page, may have been cut by a crash. Each takes its place
+        in arrival order (message ids and record ids come from one counter) and only the newest
+        `id-cache-size` stay: added at the newest end, ids pushed out long ago took the places
+        of the latest sends' ids, whose resends were then stored again."""
+        cache = self.dedup_cache(address)
+        held = [(rid, d, False) for d, rid in cache.entries()]
+        merged = sorted(held + [(mid, d, True) for d, mid in found.items()])
+        keep = merged[len(merged) - cache.size :] if cache.size > 0 else []
+        if not any(new for _k, _d, new in keep):
+            return
+        kept = {d for _k, d, _new in keep}
+        ops: list[object] = []
+        gone = [rid for rid, d, _new in held if d not in kept and rid]
+        persist = self.persist_id_cache
+        if gone and persist:
+            self.storage.store_dedup(address, None, 0, gone, ops)
+        entries: list[tuple[str, int]] = []
+        for key, d, new in keep:
+            rid = key
+            if new:
+                rid = self.ids.next() if persist else 0
+                if persist:
+                    self.storage.store_dedup(address, d, rid, [], ops)
+            entries.append((d, rid))
+        cache.reset(entries)
+        if ops:
+            self.storage.commit(ops)
 
     # --------------------------------------------------------------- storing
     def _store(self, message: Message, queues: list[Queue], ops: list[object] | None) -> list[MessageRef]:
