@@ -21,7 +21,14 @@ import tandem.aio as aio
 from broker_process import BrokerProcess
 from client_io import drain_bodies, drain_texts, send_confirmed
 from reply_proxy import CommitReplyDropper
-from tandem.errors import CallTimeout, IllegalState, TandemError, TransactionRolledBack, Unblocked
+from tandem.errors import (
+    CallTimeout,
+    IllegalState,
+    TandemError,
+    TransactionOutcomeUnknown,
+    TransactionRolledBack,
+    Unblocked,
+)
 from tandem.testing import AsyncFaultProxy, FaultProxy, free_port
 
 FAST = {"client_failure_check_period": 500, "connect_timeout": 500, "retry_interval": 100}
@@ -680,3 +687,93 @@ def test_a_large_send_written_while_away_survives_a_loss_before_the_reattach_is_
 
     got = asyncio.run(drain_bodies(broker.url, "big", 1.0))
     assert got == [b"before", body, b"after"], [len(b) for b in got]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["redo", "ask"])
+def test_a_commit_that_timed_out_is_applied_once_after_a_reattach(broker_factory: Any, how: str) -> None:
+    """A COMMIT written into a blackhole raises TransactionOutcomeUnknown (its call timed out);
+    the link then reattaches within the TTL, so the broker's session, and the transaction's work
+    in it, lives on. The COMMIT stays among the kept commands: the reattach has the broker
+    execute it, and retry_commit() finds its id taken. Dropped, the work stayed in the broker's
+    transaction and the retry committed it with whatever the retry carried (found in review):
+    `redo` (send the rows again, retry) stored every row twice; `ask` (retry with nothing, as a
+    consumer asks whether its acknowledgements were applied) was told "not applied, they come
+    again" while it had just committed them."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    opts = {**WINDOW, **FAST, "connection_ttl": 20_000, "call_timeout": 1000, "client_failure_check_period": 3000}
+    rows = ["row-1", "row-2"]
+
+    async def main() -> tuple[bool, list[str], list[str]]:
+        if how == "ask":
+            await send_confirmed(broker.url, "inbox", "order-", 3)
+        events: Events = []
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, **opts)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            tx = await conn.create_session(transacted=True)
+            producer = tx.create_producer("orders")
+            consumer = await tx.create_consumer("inbox") if how == "ask" else None
+            if consumer is not None:
+                for _ in range(3):
+                    assert await consumer.receive(5) is not None
+            else:
+                for r in rows:
+                    await producer.send(r)
+            await proxy.blackhole()
+            with pytest.raises(TransactionOutcomeUnknown):
+                await tx.commit(dedup_id="batch-1")
+            await _until(lambda: not conn.ready, "the client notices the loss")
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches after the heal")
+            assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+            if how == "redo":
+                for r in rows:
+                    await producer.send(r)
+            applied = await tx.retry_commit()
+            again = []
+            if consumer is not None:
+                while (m := await consumer.receive(1)) is not None:
+                    again.append(m.text)
+                await tx.commit()
+            await conn.close()
+        return applied, again, await drain_texts(broker.url, "orders" if how == "redo" else "inbox")
+
+    applied, again, left = asyncio.run(main())
+    assert applied is False  # the first attempt was committed, by the reattach
+    if how == "redo":
+        assert left == rows  # once
+    else:
+        assert again == [] and left == []  # acknowledged once, by the first attempt
+
+
+@pytest.mark.timeout(60)
+def test_a_rollback_that_timed_out_is_applied_after_a_reattach(broker_factory: Any) -> None:
+    """As a commit: a ROLLBACK written into a blackhole stays among the kept commands, so the
+    reattach has the broker roll the work back, and the next commit carries only its own."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+    opts = {**WINDOW, **FAST, "connection_ttl": 20_000, "call_timeout": 1000, "client_failure_check_period": 3000}
+
+    async def main() -> list[str]:
+        events: Events = []
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, **opts)
+            conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
+            tx = await conn.create_session(transacted=True)
+            producer = tx.create_producer("orders")
+            await producer.send("undone")
+            await proxy.blackhole()
+            with pytest.raises(CallTimeout):
+                await tx.rollback()
+            await _until(lambda: not conn.ready, "the client notices the loss")
+            await proxy.heal()
+            await _until(lambda: events, "the client reattaches after the heal")
+            assert [k for k, _ in events] == [aio.FailureEvent.REATTACHED], events
+            await producer.send("kept")
+            await tx.commit()
+            await conn.close()
+        return await drain_texts(broker.url, "orders")
+
+    assert asyncio.run(main()) == ["kept"]

@@ -546,14 +546,19 @@ class AsyncConnection:
         ch.confirms.append(Pending(cmd, waiter, None))
 
     async def call(
-        self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
+        self,
+        ch: Channel,
+        make: Callable[[int], p.Packet],
+        timeout: float | None = None,
+        forever: bool = False,
+        keep: bool = False,
     ) -> Any:
         """Send a command and wait for its answer (up to call_timeout, or `forever` until the connection fails)."""
         await self.wait_ready(timeout)
         session = ch.session
         if session is not None and not session._callable.is_set():  # (no coroutine for the usual case)
             await self.wait_session(ch, timeout)
-        return await self._call_now(ch, make, timeout, forever)
+        return await self._call_now(ch, make, timeout, forever, keep)
 
     async def wait_session(self, ch: Channel, timeout: float | None = None) -> None:
         """Ready, yet the channel's session not restored: the link reattached to a restore still
@@ -569,8 +574,17 @@ class AsyncConnection:
             raise CallTimeout(f"the session was not restored within {t:.1f}s (call_timeout)") from None
 
     async def _call_now(
-        self, ch: Channel, make: Callable[[int], p.Packet], timeout: float | None = None, forever: bool = False
+        self,
+        ch: Channel,
+        make: Callable[[int], p.Packet],
+        timeout: float | None = None,
+        forever: bool = False,
+        keep: bool = False,
     ) -> Any:
+        """`keep`: a COMMIT or ROLLBACK stays among the kept commands when its call times out, so a
+        reattach has the broker execute it if it never got it. Dropped, the transaction's work
+        would stay in the broker's session (it lives on across a reattach) and the next commit
+        would apply it with whatever that one carries."""
         if self.closed:
             raise self._closed_error()
         cmd = ch.cmd()
@@ -587,7 +601,7 @@ class AsyncConnection:
             return await asyncio.wait_for(fut, t)
         except TimeoutError:
             ch.calls.pop(cmd, None)
-            if ch.kept is not None:  # given up: a reattach must not execute it later behind our back
+            if ch.kept is not None and not keep:  # given up: a reattach must not execute it later behind our back
                 for i, (kept_cmd, _) in enumerate(ch.kept):
                     if kept_cmd == cmd:
                         del ch.kept[i]

@@ -373,7 +373,7 @@ class AsyncSession:
         if self._rollback_only:
             # Work done on the new server since the failover belongs to the lost transaction: undo it too.
             try:
-                await conn._call_now(ch, lambda cmd: p.Rollback(ch.id, cmd))
+                await conn._call_now(ch, lambda cmd: p.Rollback(ch.id, cmd), keep=True)
             except TandemError:
                 pass  # still rollback-only: the next commit or rollback undoes it
             else:
@@ -383,7 +383,7 @@ class AsyncSession:
             )
         conn.check_open()  # from here on the COMMIT is written: a lost answer leaves the outcome unknown
         try:
-            result = await conn._call_now(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id, retry))
+            result = await conn._call_now(ch, lambda cmd: p.Commit(ch.id, cmd, dedup_id, retry), keep=True)
         except (ConnectionLost, CallTimeout) as exc:
             self._tx_done()
             self.unresolved_commit = dedup_id
@@ -407,7 +407,7 @@ class AsyncSession:
             c._emit_pending()
         ch = self.channel
         self._tx_done()
-        await self.conn.call(ch, lambda cmd: p.Rollback(ch.id, cmd))
+        await self.conn.call(ch, lambda cmd: p.Rollback(ch.id, cmd), keep=True)
 
     def _tx_done(self) -> None:
         self._tx_work = False
