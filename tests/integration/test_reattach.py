@@ -777,3 +777,37 @@ def test_a_rollback_that_timed_out_is_applied_after_a_reattach(broker_factory: A
         return await drain_texts(broker.url, "orders")
 
     assert asyncio.run(main()) == ["kept"]
+
+
+@pytest.mark.timeout(60)
+def test_a_consumer_whose_creation_timed_out_does_not_hold_messages(broker_factory: Any) -> None:
+    """create_consumer() raising CallTimeout while the broker did create the consumer (its answer
+    held by a slow link): the client closes it, as one it never saw. Forgotten, it stayed on the
+    broker with credit and took the queue's messages, which the client dropped as deliveries to
+    no consumer of its: withheld from everyone for the session's life (found in review)."""
+    port = free_port()
+    broker = _broker(broker_factory, port)
+
+    async def main() -> tuple[list[str], dict[str, Any]]:
+        await send_confirmed(broker.url, "jobs", "job-", 5)
+        async with AsyncFaultProxy(broker.port, port=port) as proxy:
+            conn = await aio.connect(proxy.url, call_timeout=1000)
+            s = await conn.create_session()
+            await proxy.cut("down")  # the broker's answers wait (nothing is lost)
+            with pytest.raises(CallTimeout):
+                await s.create_consumer("jobs")
+            await asyncio.sleep(1.0)
+            await proxy.heal()
+            c = await s.create_consumer("jobs")  # tried again on the same session
+            got = []
+            while (m := await c.receive(2)) is not None:
+                got.append(m.text)
+                assert m.delivery_count == 1  # the first consumer's deliveries were not failures
+            async with await aio.connect(broker.url) as admin:
+                stat = (await admin.manage("queue.stat", name="jobs"))[0]
+            await conn.close()
+        return got, stat
+
+    got, stat = asyncio.run(main())
+    assert got == [f"job-{i}" for i in range(5)]
+    assert stat["consumer_count"] == 1, stat

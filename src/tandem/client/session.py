@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .connection import AsyncConnection, Channel, Pending
 
 log = logging.getLogger("tandem.client")
+_closing: set[asyncio.Task[None]] = set()  # consumers being closed in the background (held: a task needs a reference)
 
 ACK_MODES = ("auto", "client", "individual")
 _NOT_RESTORED = "not sent: its session is not restored yet after a connection loss (send it again once connected)"
@@ -150,11 +151,28 @@ class AsyncSession:
         self.consumers[cid] = consumer
         try:
             result = await self.conn.call(self.channel, consumer._create_packet)
-        except BaseException:
+        except BaseException as exc:
             self.consumers.pop(cid, None)
+            if isinstance(exc, (CallTimeout, asyncio.CancelledError)) and not self.closed:
+                self._close_unseen_consumer(cid)
             raise
         consumer._created(result)
         return consumer
+
+    def _close_unseen_consumer(self, cid: int) -> None:
+        """The client gave up on creating consumer `cid` (its call timed out, or was cancelled),
+        but the broker may have made it: closed as one that received nothing, so what the broker
+        delivered to it goes back to the queue uncounted. Left alone, it would take the queue's
+        messages, which the client drops (no consumer of its), for the session's life."""
+        ch = self.channel
+
+        async def close() -> None:
+            with contextlib.suppress(TandemError):  # none made, or the session gone: nothing to close
+                await self.conn.call(ch, lambda cmd: p.CloseConsumer(ch.id, cmd, cid, [], 0))
+
+        task = self.conn.loop.create_task(close())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
 
     async def create_browser(self, queue: str, filter: str | None = None, window: int | None = None) -> AsyncConsumer:
         """A consumer that sees messages without removing them (no acks)."""
