@@ -208,7 +208,7 @@ class PagedStore(RuleBasedStateMachine):
             self.po.release(tx, discard=True)
             self._quiet()
         else:
-            self._restart(set(self.po.page_txs))
+            self._restart()
         assert self.po.tx_held_bytes == 0
         if outcome != "commit":
             left = [f.name for f in (self.dir / "paging").iterdir() if "-t" in f.name]
@@ -308,7 +308,7 @@ class PagedStore(RuleBasedStateMachine):
                 assert q.purge() == len(self.model[queue])
                 self.model[queue] = []
                 self._quiet()
-            self._restart(set(self.po.page_txs))
+            self._restart()
         self.model[queue][:0] = back
 
     def _read_range(self, start: int, end: int, limit: int) -> tuple[list[tuple[int, int]], int]:
@@ -379,11 +379,16 @@ class PagedStore(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        self._restart(set(self.po.page_txs))  # page transactions with pages left: their records are journaled
+        self._restart()  # page transactions with pages left: their records are journaled
 
-    def _restart(self, committed: set[int]) -> None:
+    def _restart(self, committed: set[int] | None = None) -> None:
+        """`committed`: the page transactions the journal must hold after the restart; by
+        default those with pages left once the stop has run what waited for the disk (a page
+        collected just before deletes its transaction's record then)."""
         assert self.storage is not None
         self._run(self.storage.stop())
+        if committed is None:
+            committed = set(self.po.page_txs)
         self.po = self._open()
         assert self.loaded_txs == committed  # none lost, none left behind once its pages are gone
 
