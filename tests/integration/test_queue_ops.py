@@ -274,6 +274,10 @@ def test_retry_sends_dead_letters_back_to_their_queue(broker_factory: Any) -> No
             await conn.close()
 
     run(fail_twice())
+    # The copies join the DLQ it auto-created once its record is stored, a moment after the close.
+    deadline = time.monotonic() + 5
+    while run(queue_stat(b.url, "DLQ"))["message_count"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert run(queue_stat(b.url, "DLQ"))["message_count"] == 3
     browsed = run(manage(b.url, "queue.browse", name="DLQ"))
     assert [r["headers"]["_AMQ_ORIG_ADDRESS"] for r in browsed] == ["orders"] * 3
