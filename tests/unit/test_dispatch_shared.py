@@ -82,3 +82,10 @@ def test_the_batch_path_shares_messages_round_robin() -> None:
     log, left, _expired = _run(False, [(4, False, 10)] * 6, [(-1, 0, -1)] * 3, 1)
     assert log == [(1, 1), (2, 2), (3, 3), (1, 4), (2, 5), (3, 6)]
     assert left == []
+
+
+def test_the_turn_carries_over_when_a_pass_uses_its_whole_budget() -> None:
+    """A pass delivers at most MAX_PER_PASS (1,000): the next one goes on from where it stopped."""
+    messages = [(4, False, 10)] * 2_500
+    consumers = [(-1, 0, -1)] * 3
+    assert _run(False, messages, consumers, 3) == _run(True, messages, consumers, 3)

@@ -526,6 +526,7 @@ class Queue:
         for level in reversed(self._levels):
             while level:
                 if delivered >= budget:
+                    self._rr = rr
                     return delivered
                 refs = level.take(min(budget - delivered, 64))
                 for k, ref in enumerate(refs):
