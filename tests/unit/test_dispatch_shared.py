@@ -89,3 +89,49 @@ def test_the_turn_carries_over_when_a_pass_uses_its_whole_budget() -> None:
     messages = [(4, False, 10)] * 2_500
     consumers = [(-1, 0, -1)] * 3
     assert _run(False, messages, consumers, 3) == _run(True, messages, consumers, 3)
+
+
+class _StreamingSink:
+    """Not writable while a large message's chunks go out (as the native session)."""
+
+    def __init__(self, log: list[tuple[int, int]]) -> None:
+        self.log = log
+        self.streams: list[int] = []
+
+    @property
+    def writable(self) -> bool:
+        return not self.streams
+
+    def deliver(self, consumer: Consumer, ref: MessageRef) -> None:
+        self.log.append((consumer.id, ref.message.id))
+        if ref.message.large is not None:
+            self.streams.append(1)
+
+
+def test_a_large_message_does_not_hold_the_other_consumers_back() -> None:
+    """The general loop goes on to the other consumers once one takes a large message (its sink
+    is busy with the chunks); the batch path ends its pass there and asks for the next one."""
+
+    def run(general: bool) -> list[tuple[int, int]]:
+        pending: list[Any] = []
+        q = Queue(1, "q", "q", RoutingType.ANYCAST, False, NullStorage(), pending.append)  # type: ignore[arg-type]
+        for mid in range(1, 7):
+            m = Message(mid, "q", False, 4, 0, 0, None, None, b"x" * 10)
+            if mid == 1:
+                m.large = object()  # type: ignore[assignment]
+            q.add(MessageRef(m, q, mid))
+        log: list[tuple[int, int]] = []
+        for cid in (1, 2):
+            q.consumers.append(Consumer(cid, q, _StreamingSink(log), -1, _AcceptAll() if general else None))  # type: ignore[arg-type]
+        pending.clear()
+        q._scheduled = False
+        q._dispatch_some()
+        for _ in range(5):  # the passes the queue asks for, and only those
+            if not pending:
+                break
+            pending.clear()
+            q._scheduled = False
+            q._dispatch_some()
+        return log
+
+    assert run(False) == run(True) == [(1, 1), (2, 2), (2, 3), (2, 4), (2, 5), (2, 6)]

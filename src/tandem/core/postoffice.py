@@ -362,7 +362,8 @@ class PostOffice:
         in the same batch stand. (A copy is queued only once journaled: nothing can acknowledge
         it before. Only then: a queue's last sequence would run ahead of what it holds, and a
         range reader's ACK_UP_TO could pass a message it never read.)"""
-        if self._needs_bindings(refs):  # (with no ops too: its copies keep their order behind those waiting)
+        if self._needs_bindings(refs) or any(r.queue.held for r in refs):
+            # (With no ops too, and behind copies already waiting: each queue keeps its order.)
             _hold(refs, 1)
             self.storage.after_bindings_durable(partial(self._apply_commit, [], ops, [], refs, True))
             return
@@ -579,7 +580,7 @@ class PostOffice:
             if pager is not None:
                 return True, self._page(pager, message, queues)
             fresh = self.fresh_queues
-            if fresh and any(q.id in fresh for q in queues):  # behind a send waiting for them
+            if any(q.held or q.id in fresh for q in queues):  # behind a copy waiting for them
                 sops: list[object] = []
                 refs = self._store(message, queues, sops)
                 self._journal_then_queue(sops, refs)
@@ -868,8 +869,11 @@ class PostOffice:
 def _hold(refs: list[MessageRef], sign: int) -> None:
     """Copies waiting for their queues' records (`_journal_then_queue`) count against their
     addresses' limits meanwhile (`sign` 1), as queued ones do, until queued (-1): a burst to a
-    queue just created must not pass a BLOCK or FAIL address's max-size-bytes while it waits."""
+    queue just created must not pass a BLOCK or FAIL address's max-size-bytes while it waits.
+    Their queues count them too: a later copy waits behind them even once the record is stored
+    (its callback may run for a later bindings batch), so a queue keeps its sequence order."""
     for r in refs:
+        r.queue.held += sign
         a = r.queue.addr
         if a is not None:
             a.size_changed(sign * len(r.message.raw), sign)

@@ -115,6 +115,7 @@ class Queue:
         self.scheduled_count = 0  # waiting out a redelivery delay
         self.deleted = False
         self.paused = False  # receives and counts, delivers to no consumer (decision 0067)
+        self.held = 0  # copies waiting to be queued behind a bindings record (PostOffice._journal_then_queue)
         # statistics
         self.messages_added = 0
         self.messages_acked = 0
@@ -558,9 +559,13 @@ class Queue:
                     self.delivering_count += 1
                     c.deliver(ref)
                     delivered += 1
-                    if m.large is not None:  # its chunks go out over several passes: nothing overtakes it
+                    if m.large is not None:
+                        # Its chunks go out over several passes and nothing of its consumer's may
+                        # overtake it: the pass ends here, and the next one (its sink not ready
+                        # then) serves the others, as the general loop would at once.
                         level.give_back(refs[k + 1 :])
                         self._rr = rr
+                        self.deliver_soon()
                         return delivered
         self._rr = rr
         return delivered
