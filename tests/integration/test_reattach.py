@@ -33,6 +33,8 @@ from tandem.testing import AsyncFaultProxy, FaultProxy, free_port
 
 FAST = {"client_failure_check_period": 500, "connect_timeout": 500, "retry_interval": 100}
 WINDOW = {"confirmation_window_size": 1024, "auto_dedup": False, "reconnect_attempts": -1}
+# A call times out (1 s) well before the client notices the link is gone (3 s): a command it gave up.
+SLOW_CHECK = {**WINDOW, **FAST, "connection_ttl": 20_000, "call_timeout": 1000, "client_failure_check_period": 3000}
 Events = list[tuple[aio.FailureEvent, TandemError | None]]
 
 
@@ -702,7 +704,6 @@ def test_a_commit_that_timed_out_is_applied_once_after_a_reattach(broker_factory
     again" while it had just committed them."""
     port = free_port()
     broker = _broker(broker_factory, port)
-    opts = {**WINDOW, **FAST, "connection_ttl": 20_000, "call_timeout": 1000, "client_failure_check_period": 3000}
     rows = ["row-1", "row-2"]
 
     async def main() -> tuple[bool, list[str], list[str]]:
@@ -710,7 +711,7 @@ def test_a_commit_that_timed_out_is_applied_once_after_a_reattach(broker_factory
             await send_confirmed(broker.url, "inbox", "order-", 3)
         events: Events = []
         async with AsyncFaultProxy(broker.port, port=port) as proxy:
-            conn = await aio.connect(proxy.url, **opts)
+            conn = await aio.connect(proxy.url, **SLOW_CHECK)
             conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
             tx = await conn.create_session(transacted=True)
             producer = tx.create_producer("orders")
@@ -754,12 +755,11 @@ def test_a_rollback_that_timed_out_is_applied_after_a_reattach(broker_factory: A
     reattach has the broker roll the work back, and the next commit carries only its own."""
     port = free_port()
     broker = _broker(broker_factory, port)
-    opts = {**WINDOW, **FAST, "connection_ttl": 20_000, "call_timeout": 1000, "client_failure_check_period": 3000}
 
     async def main() -> list[str]:
         events: Events = []
         async with AsyncFaultProxy(broker.port, port=port) as proxy:
-            conn = await aio.connect(proxy.url, **opts)
+            conn = await aio.connect(proxy.url, **SLOW_CHECK)
             conn.add_failure_listener(lambda kind, cause: events.append((kind, cause)))
             tx = await conn.create_session(transacted=True)
             producer = tx.create_producer("orders")

@@ -79,6 +79,7 @@ class PostOffice:
         self.queues: dict[str, Queue] = {}
         self.queues_by_id: dict[int, Queue] = {}
         self.fresh_queues: set[int] = set()  # durable queues whose bindings record may not be on disk yet
+        self.holding = 0  # copies waiting behind a bindings record, all queues (`_hold`)
         self.dedup: dict[str, DuplicateIdCache] = {}
         self.page_txs: dict[int, int] = {}  # page transaction -> pages holding records of it
         self.tx_held_bytes = 0  # bytes of messages open transactions hold until their commit
@@ -365,6 +366,7 @@ class PostOffice:
         if self._needs_bindings(refs) or any(r.queue.held for r in refs):
             # (With no ops too, and behind copies already waiting: each queue keeps its order.)
             _hold(refs, 1)
+            self.holding += len(refs)
             self.storage.after_bindings_durable(partial(self._apply_commit, [], ops, [], refs, True))
             return
         if ops:
@@ -580,7 +582,7 @@ class PostOffice:
             if pager is not None:
                 return True, self._page(pager, message, queues)
             fresh = self.fresh_queues
-            if any(q.held or q.id in fresh for q in queues):  # behind a copy waiting for them
+            if (fresh or self.holding) and any(q.held or q.id in fresh for q in queues):  # behind waiting copies
                 sops: list[object] = []
                 refs = self._store(message, queues, sops)
                 self._journal_then_queue(sops, refs)
@@ -766,6 +768,7 @@ class PostOffice:
         finally:
             if held:
                 _hold(added, -1)  # after they count as queued: no moment of room in between
+                self.holding -= len(added)
         for pager in pagers:
             for tx in txs:
                 pager.tx_committed(tx)
